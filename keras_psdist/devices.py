@@ -1,0 +1,81 @@
+"""Which devices run replicas and which hold parameters, on one host."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from keras_psdist._tf import device_util
+
+
+def local_devices() -> list[str]:
+    """Canonical names of every logical device of this process."""
+    return [device_util.canonicalize(d.name) for d in tf.config.list_logical_devices()]
+
+
+def default_compute_devices() -> list[str]:
+    """Every local GPU; with none, every logical CPU device (one by default)."""
+    gpus = tf.config.list_logical_devices("GPU")
+    chosen = gpus or tf.config.list_logical_devices("CPU")
+    return [device_util.canonicalize(d.name) for d in chosen]
+
+
+def default_parameter_devices(compute_devices: Sequence[str]) -> list[str]:
+    """The host CPU, or the only GPU when there is exactly one compute GPU.
+
+    This is `CentralStorageStrategy`'s rule: one GPU reads its variables
+    fastest from its own memory.
+    """
+    if len(compute_devices) == 1 and "GPU" in compute_devices[0].upper():
+        return [compute_devices[0]]
+    return [device_util.canonicalize("/device:CPU:0")]
+
+
+def resolve(devices: Sequence[str] | None, what: str) -> list[str] | None:
+    """Canonicalizes and checks user-given device names.
+
+    Args:
+        devices: Device names such as `"/gpu:0"`, or `None`.
+        what: The argument name, for error messages.
+
+    Returns:
+        The canonical names, or `None` when `devices` is `None`.
+
+    Raises:
+        ValueError: if the list is empty, has duplicates or names a device
+            this process does not have.
+    """
+    if devices is None:
+        return None
+    if isinstance(devices, str):
+        raise ValueError(
+            f"`{what}` must be a list of device names. Received: {what}={devices!r}."
+            f" Did you mean {what}=[{devices!r}]?"
+        )
+    devices = list(devices)
+    if not devices:
+        raise ValueError(f"`{what}` must name at least one device. Received: {what}=[]")
+    canonical = []
+    for d in devices:
+        try:
+            canonical.append(device_util.canonicalize(d))
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"`{what}` has an unparsable device name {d!r}: {e}"
+            ) from None
+    duplicates = sorted({d for d in canonical if canonical.count(d) > 1})
+    if duplicates:
+        raise ValueError(
+            f"`{what}` names a device twice: {duplicates}. Received: {devices}"
+        )
+    available = local_devices()
+    unknown = [d for d, c in zip(devices, canonical) if c not in available]
+    if unknown:
+        raise ValueError(
+            f"`{what}` names devices this process does not have: {unknown}. "
+            f"Available: {available}. To get several CPU replicas without a GPU, "
+            "call tf.config.set_logical_device_configuration before TensorFlow "
+            "initializes."
+        )
+    return canonical

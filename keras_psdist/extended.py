@@ -1,0 +1,529 @@
+"""`PSExtended`: the hook chain of a parameter-server strategy on one host.
+
+    _create_variable       -> placement policy picks the parameter device;
+                              slots follow `colocate_vars_with`
+    _call_for_each_replica -> one replica thread per compute device
+    _batch_reduce_to /     -> the aggregator over all replicas' values of a
+    _reduce_to                step, computed on a parameter device
+    _update                -> the optimizer update runs on the variable's device
+
+Variables exist once (a `PSVariable` on a parameter device); replicas read it
+there. There is no mirrored copy to keep in sync, so an update is one op per
+variable instead of one per replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from keras_psdist import placement as placement_lib
+from keras_psdist._tf import (
+    compute_batch_size,
+    cross_device_ops_lib,
+    device_util,
+    distribute_lib,
+    distribute_utils,
+    input_lib,
+    input_util,
+    mirrored_run,
+    numpy_dataset,
+    ps_values,
+    resource_variable_ops,
+    values,
+)
+from keras_psdist.aggregators import Aggregator
+from keras_psdist.staged_merge import StagedMerge, in_replica_control_flow
+from keras_psdist.variables import PSVariable, effective_aggregation
+
+ReduceOp = tf.distribute.ReduceOp
+_AGGREGATIONS = (
+    tf.VariableAggregation.NONE,
+    tf.VariableAggregation.SUM,
+    tf.VariableAggregation.MEAN,
+    tf.VariableAggregation.ONLY_FIRST_REPLICA,
+)
+
+
+class PSExtended(distribute_lib.StrategyExtendedV1):
+    """Implementation of `PSStrategy` (see its docstring for the user view)."""
+
+    def __init__(
+        self,
+        container_strategy: tf.distribute.Strategy,
+        compute_devices: Sequence[str],
+        parameter_devices: Sequence[str],
+        placement: str | placement_lib.PlacementFn,
+        aggregator: Aggregator,
+    ):
+        super().__init__(container_strategy)
+        self._compute_devices = tuple(compute_devices)
+        self._parameter_devices = tuple(parameter_devices)
+        self._host_device = device_util.canonicalize("/device:CPU:0")
+        self._input_host_device = numpy_dataset.SingleDevice(self._host_device)
+        self._policy = placement_lib.get_policy(placement, self._parameter_devices)
+        self._placement = placement_lib.Placement(self._parameter_devices)
+        self._aggregator = aggregator
+        # Gradients of one step are aggregated together on one device: a
+        # whole-vector rule needs them all, and the sum is memory-bound anyway.
+        self._reduction_device = self._parameter_devices[0]
+        self._gather_ops = cross_device_ops_lib.ReductionToOneDevice(
+            reduce_to_device=self._reduction_device
+        )
+        self._staged = StagedMerge(self._reduction_device)
+        # Lets a partial last batch leave some replicas without data.
+        self.experimental_enable_get_next_as_optional = True
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def placement(self) -> placement_lib.Placement:
+        """Where each variable was placed and the bytes per device."""
+        return self._placement
+
+    @property
+    def aggregator(self) -> Aggregator:
+        """The rule `batch_reduce_to` applies to per-replica values."""
+        return self._aggregator
+
+    # ------------------------------------------------------------ variables
+
+    def _create_variable(self, next_creator, **kwargs):
+        colocate_with = kwargs.pop("colocate_with", None)
+        aggregation = kwargs.pop("aggregation", tf.VariableAggregation.NONE)
+        if aggregation not in _AGGREGATIONS:
+            raise ValueError(
+                f"Invalid variable aggregation {aggregation!r} for variable "
+                f"{kwargs.get('name')!r}. Expected one of: {list(_AGGREGATIONS)}."
+            )
+        kwargs["initial_value"], shape, dtype = _materialize_initial_value(kwargs)
+        name = kwargs.get("name") or "Variable"
+        slot_of = None
+        if colocate_with is None:
+            device = self._policy(name, shape, dtype)
+            device = self._check_policy_device(device, name)
+        elif isinstance(colocate_with, numpy_dataset.SingleDevice):
+            device = colocate_with.device
+        else:
+            device = colocate_with.device
+            slot_of = colocate_with.name
+        with tf.init_scope(), tf.device(None), tf.device(device):
+            v = next_creator(**kwargs)
+        wrapped = PSVariable(self._container_strategy(), v, aggregation)
+        self._placement.record(
+            placement_lib.PlacedVariable(
+                name=v.name.split(":")[0],
+                device=device_util.canonicalize(v.device),
+                shape=tuple(v.shape.as_list()) if v.shape.rank is not None else (),
+                dtype=v.dtype.name,
+                bytes=placement_lib.variable_bytes(v.shape, v.dtype),
+                slot_of=slot_of,
+            )
+        )
+        return wrapped
+
+    def _check_policy_device(self, device, name):
+        try:
+            canonical = device_util.canonicalize(device)
+        except (TypeError, ValueError):
+            canonical = None
+        if canonical not in self._parameter_devices:
+            raise ValueError(
+                f"The placement policy put variable {name!r} on {device!r}, which "
+                f"is not a parameter device. Expected one of: "
+                f"{list(self._parameter_devices)}."
+            )
+        return canonical
+
+    def _validate_colocate_with_variable(self, colocate_with_variable):
+        distribute_utils.validate_colocate(colocate_with_variable, self)
+
+    def value_container(self, val):
+        if hasattr(val, "_aggregating_container") and not isinstance(
+            val, ps_values.AggregatingVariable
+        ):
+            wrapper = val._aggregating_container()
+            if wrapper is not None:
+                return wrapper
+        return val
+
+    def read_var(self, var):
+        return tf.identity(var)
+
+    # ------------------------------------------------------------- replicas
+
+    def _call_for_each_replica(self, fn, args, kwargs):
+        return mirrored_run.call_for_each_replica(
+            self._container_strategy(), fn, args, kwargs
+        )
+
+    # ------------------------------------------------------------ reduction
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        if not isinstance(value, values.DistributedValues):
+            return cross_device_ops_lib.reduce_non_distributed_value(
+                reduce_op, value, destinations, self._num_replicas_in_sync
+            )
+        [result] = self._batch_reduce_to(reduce_op, [(value, destinations)], options)
+        return result
+
+    def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
+        reduce_op = _as_reduce_op(reduce_op)
+        pairs = list(value_destination_pairs)
+        results = [None] * len(pairs)
+        dense, sparse = [], []
+        for i, (value, _) in enumerate(pairs):
+            per_replica = _per_replica_values(value, self._num_replicas_in_sync)
+            if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
+                sparse.append((i, per_replica))
+            else:
+                dense.append((i, per_replica))
+        with tf.device(self._reduction_device):
+            if dense:
+                reduced = self._aggregator.reduce(reduce_op, [vs for _, vs in dense])
+                for (i, _), r in zip(dense, reduced):
+                    results[i] = r
+            for i, per_replica in sparse:
+                results[i] = self._aggregator.reduce_sparse(reduce_op, per_replica)
+        return [self._to_destinations(r, dest) for r, (_, dest) in zip(results, pairs)]
+
+    def combine_for_variable(self, aggregation, value, var):
+        """Combines replica-context writes of `var` (see `variables.py`).
+
+        Plain arithmetic, never the aggregator: these are metric totals and
+        statistics, not gradients.
+        """
+        if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+            return self._local_results(value)[0]
+        n = self._num_replicas_in_sync
+        if not isinstance(value, values.DistributedValues):
+            if aggregation == tf.VariableAggregation.SUM:
+                return value * n
+            return value
+        per_replica = list(value.values)
+        with tf.device(var.device):
+            if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
+                total = _concat_slices(per_replica)
+                if aggregation == tf.VariableAggregation.MEAN:
+                    total = tf.IndexedSlices(
+                        total.values / n, total.indices, total.dense_shape
+                    )
+                return total
+            total = tf.add_n(per_replica) if n > 1 else tf.identity(per_replica[0])
+            if aggregation == tf.VariableAggregation.MEAN:
+                if total.dtype.is_floating or total.dtype.is_complex:
+                    total = total / tf.cast(n, total.dtype)
+                else:
+                    total = total // n
+            return total
+
+    # ------------------------------------------- sync inside control flow
+
+    def _use_merge_call(self):
+        # `merge_call` works everywhere but inside a replica's `cond` branch;
+        # there, the staged protocol of `staged_merge.py` takes over.
+        return not in_replica_control_flow()
+
+    def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
+        reduce_op = _as_reduce_op(reduce_op)
+        flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(value)]
+        out = self._staged.combine(
+            flat, lambda per_value: self._aggregator.reduce(reduce_op, per_value)
+        )
+        if out is None:
+            # Not the last replica: it never applies the result, so a stand-in
+            # of the right structure is enough.
+            out = [tf.identity(v) for v in flat]
+        self._staged.mark_agreed(out)
+        return tf.nest.pack_sequence_as(value, out)
+
+    def _replica_ctx_update(self, var, fn, args=(), kwargs=None, group=True):
+        if not in_replica_control_flow():
+            return super()._replica_ctx_update(var, fn, args, kwargs, group)
+        kwargs = kwargs or {}
+        aggregation = effective_aggregation(tf.VariableAggregation.NONE, var.dtype)
+        flat = tf.nest.flatten((args, kwargs))
+        staged = [i for i, x in enumerate(flat) if not self._staged.is_agreed(x)]
+
+        def combine(per_value):
+            return [self._combine_list(aggregation, column) for column in per_value]
+
+        combined = self._staged.combine([flat[i] for i in staged], combine)
+        if combined is None:
+            return None
+        for i, c in zip(staged, combined):
+            flat[i] = c
+        args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
+        return self._update(var, fn, args, kwargs, group)
+
+    def staged_assign(self, var, f, aggregation, args, kwargs):
+        """A replica-context write of `var` inside control flow (see
+        `staged_merge.py`): combined by `aggregation`, applied once."""
+        flat = tf.nest.flatten((args, kwargs))
+        staged = [i for i, x in enumerate(flat) if not self._staged.is_agreed(x)]
+        combined = self._staged.combine(
+            [flat[i] for i in staged],
+            lambda per_value: [self._combine_list(aggregation, c) for c in per_value],
+        )
+        if combined is None:
+            return var.get().value()
+        for i, c in zip(staged, combined):
+            flat[i] = c
+        args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
+        inner = var.get()
+        with tf.device(inner.device), distribute_lib.UpdateContext(inner.device):
+            return f(inner, *args, **kwargs)
+
+    def _combine_list(self, aggregation, column):
+        if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
+            return column[0]
+        total = tf.add_n(column) if len(column) > 1 else column[0]
+        if aggregation == tf.VariableAggregation.MEAN:
+            if total.dtype.is_floating or total.dtype.is_complex:
+                return total / tf.cast(len(column), total.dtype)
+            return column[0]
+        return total
+
+    def _to_destinations(self, tensor, destinations):
+        """Packs one reduced tensor the way `destinations` expects it."""
+        if isinstance(destinations, values.DistributedValues) or (
+            isinstance(destinations, tf.Tensor) and not _is_variable(destinations)
+        ):
+            # An all-reduce: every replica gets the same tensor. It stays on
+            # the parameter device; whoever reads it copies it once.
+            return distribute_utils.regroup(
+                (tensor,) * self._num_replicas_in_sync, wrap_class=values.Mirrored
+            )
+        return tensor
+
+    def _gather_to_implementation(self, value, destinations, axis, options):
+        if not isinstance(value, values.DistributedValues):
+            return value
+        return self._gather_ops._gather(
+            value, destinations=destinations, axis=axis, options=options
+        )
+
+    def _broadcast_to(self, tensor, destinations):
+        if isinstance(tensor, (float, int)):
+            return tensor
+        if not cross_device_ops_lib.check_destinations(destinations):
+            destinations = self._compute_devices
+        return self._gather_ops.broadcast(tensor, destinations)
+
+    # --------------------------------------------------------------- update
+
+    def _update(self, var, fn, args, kwargs, group):
+        inner = _unwrap(var)
+        with tf.device(inner.device), distribute_lib.UpdateContext(inner.device):
+            result = fn(
+                inner,
+                *self._select_single_value(args),
+                **self._select_single_value(kwargs),
+            )
+            if group:
+                return result
+            return tf.nest.map_structure(self._local_results, result)
+
+    def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
+        with (
+            tf.device(colocate_with.device),
+            distribute_lib.UpdateContext(colocate_with),
+        ):
+            result = fn(*args, **kwargs)
+            if group:
+                return result
+            return tf.nest.map_structure(self._local_results, result)
+
+    def _select_single_value(self, structured):
+        def select(x):
+            if isinstance(x, (values.Mirrored, values.PerReplica)):
+                return x._primary
+            return x
+
+        return tf.nest.map_structure(select, structured)
+
+    # ---------------------------------------------------------------- input
+
+    def _input_workers_with_options(self, options=None):
+        if not options or options.experimental_fetch_to_device:
+            return input_lib.InputWorkers([(self._host_device, self._compute_devices)])
+        return input_lib.InputWorkers(
+            [(self._host_device, (self._host_device,) * len(self._compute_devices))]
+        )
+
+    @property
+    def _input_workers(self):
+        return self._input_workers_with_options()
+
+    def _experimental_distribute_dataset(self, dataset, options):
+        _check_global_batch(dataset, self._num_replicas_in_sync)
+        return input_util.get_distributed_dataset(
+            dataset,
+            self._input_workers_with_options(options),
+            self._container_strategy(),
+            num_replicas_in_sync=self._num_replicas_in_sync,
+            options=options,
+        )
+
+    def _distribute_datasets_from_function(self, dataset_fn, options):
+        input_context = distribute_lib.InputContext(
+            num_input_pipelines=1,
+            input_pipeline_id=0,
+            num_replicas_in_sync=self._num_replicas_in_sync,
+        )
+        return input_util.get_distributed_datasets_from_function(
+            dataset_fn,
+            self._input_workers_with_options(options),
+            [input_context],
+            self._container_strategy(),
+            options=options,
+        )
+
+    def _experimental_make_numpy_dataset(self, numpy_input, session):
+        return numpy_dataset.one_host_numpy_dataset(
+            numpy_input, self._input_host_device, session
+        )
+
+    def _experimental_distribute_values_from_function(self, value_fn):
+        per_replica = [
+            value_fn(distribute_lib.ValueContext(i, self._num_replicas_in_sync))
+            for i in range(self._num_replicas_in_sync)
+        ]
+        return distribute_utils.regroup(per_replica, always_wrap=True)
+
+    # ------------------------------------------------------------ topology
+
+    @property
+    def _num_replicas_in_sync(self):
+        return len(self._compute_devices)
+
+    @property
+    def worker_devices(self):
+        return self._compute_devices
+
+    @property
+    def worker_devices_by_replica(self):
+        return [[d] for d in self._compute_devices]
+
+    @property
+    def parameter_devices(self):
+        return self._parameter_devices
+
+    def non_slot_devices(self, var_list):
+        return min(var_list, key=lambda x: x.name)
+
+    def _in_multi_worker_mode(self):
+        return False
+
+    @property
+    def experimental_between_graph(self):
+        return False
+
+    @property
+    def experimental_should_init(self):
+        return True
+
+    @property
+    def should_checkpoint(self):
+        return True
+
+    @property
+    def should_save_summary(self):
+        return True
+
+    @property
+    def _global_batch_size(self):
+        return True
+
+    def _get_local_replica_id(self, replica_id_in_sync_group):
+        return replica_id_in_sync_group
+
+    def _get_replica_id_in_sync_group(self, replica_id):
+        return replica_id
+
+
+def _materialize_initial_value(kwargs):
+    """Returns `(initial_value, shape, dtype)` with the shape known up front.
+
+    The placement policy weighs a variable by its bytes before it exists, so a
+    callable initial value (how Keras creates weights) is evaluated once here,
+    eagerly, on the host.
+    """
+    initial_value = kwargs.get("initial_value")
+    dtype = kwargs.get("dtype")
+    shape = kwargs.get("shape")
+    if callable(initial_value):
+        with tf.init_scope(), tf.device("/device:CPU:0"):
+            initial_value = initial_value()
+    value = getattr(initial_value, "wrapped_value", initial_value)
+    if shape is None:
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            value = tf.convert_to_tensor(value, dtype=dtype)
+            shape = value.shape
+    if dtype is None:
+        dtype = getattr(value, "dtype", None) or tf.convert_to_tensor(value).dtype
+    return initial_value, tf.TensorShape(shape), tf.as_dtype(dtype).base_dtype
+
+
+def _unwrap(var):
+    if isinstance(var, ps_values.AggregatingVariable):
+        return var.get()
+    if hasattr(
+        var, "_aggregating_container"
+    ) and resource_variable_ops.is_resource_variable(var):
+        return var
+    name = getattr(var, "name", repr(var))
+    raise ValueError(
+        f"Variable {name!r} was not created under this PSStrategy's scope, so it "
+        "has no parameter device. Build the model and call `model.compile()` "
+        "inside `with strategy.scope():`."
+    )
+
+
+def _is_variable(x):
+    return isinstance(x, tf.Variable) or resource_variable_ops.is_resource_variable(x)
+
+
+def _as_reduce_op(reduce_op):
+    if isinstance(reduce_op, str):
+        return ReduceOp(reduce_op.upper())
+    return reduce_op
+
+
+def _per_replica_values(value, num_replicas):
+    if isinstance(value, values.DistributedValues):
+        return list(value.values)
+    # A value that is the same in every replica, e.g. a Python constant.
+    return [value] * num_replicas
+
+
+def _concat_slices(slices):
+    slices = [
+        tf.convert_to_tensor(s) if not isinstance(s, tf.IndexedSlices) else s
+        for s in slices
+    ]
+    if not all(isinstance(s, tf.IndexedSlices) for s in slices):
+        return tf.add_n([tf.convert_to_tensor(s) for s in slices])
+    return tf.IndexedSlices(
+        tf.concat([s.values for s in slices], axis=0),
+        tf.concat([s.indices for s in slices], axis=0),
+        slices[0].dense_shape,
+    )
+
+
+def _check_global_batch(dataset, num_replicas):
+    """Refuses a batched dataset whose global batch cannot split evenly."""
+    try:
+        batch = int(compute_batch_size(dataset))
+    except Exception:  # noqa: BLE001 - unknown structure: nothing to check
+        return
+    if batch > 0 and batch % num_replicas:
+        raise ValueError(
+            f"The global batch size must be a multiple of the number of "
+            f"replicas so every replica gets an equal share. Received: global "
+            f"batch size {batch} with {num_replicas} replicas. Use a batch size "
+            f"such as {max(num_replicas, batch - batch % num_replicas)} or "
+            f"{batch + num_replicas - batch % num_replicas}."
+        )

@@ -1,0 +1,159 @@
+"""Where variables live: placement policies and the placement report.
+
+A policy maps a new variable `(name, shape, dtype)` to one of the parameter
+devices. Optimizer slots do not go through the policy: they follow their
+variable (`colocate_vars_with`), so a variable's update never crosses devices.
+
+Examples:
+
+>>> import tensorflow as tf
+>>> policy = get_policy("greedy", ["/cpu:0", "/cpu:1"])
+>>> policy("a", tf.TensorShape([1000]), tf.float32)
+'/cpu:0'
+>>> policy("b", tf.TensorShape([10]), tf.float32)
+'/cpu:1'
+>>> policy("c", tf.TensorShape([10]), tf.float32)  # cpu:1 holds fewer bytes
+'/cpu:1'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+PlacementFn = Callable[[str, tf.TensorShape, tf.DType], str]
+
+POLICIES = ("greedy", "round_robin")
+
+
+def variable_bytes(shape: tf.TensorShape, dtype: tf.DType) -> int:
+    """Bytes a dense variable of this shape and dtype occupies (0 if unknown)."""
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined():
+        return 0
+    return int(shape.num_elements()) * tf.as_dtype(dtype).size
+
+
+class GreedyPlacement:
+    """Puts each variable on the parameter device holding the fewest bytes.
+
+    The load balancer of AutoDist's PS strategy and TF1's
+    `GreedyLoadBalancingStrategy`: it keeps the bytes per device even without
+    knowing the model in advance. Ties go to the first device in order.
+    """
+
+    def __init__(self, devices: Sequence[str]):
+        self._load = dict.fromkeys(devices, 0)
+
+    def __call__(self, name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:
+        device = min(self._load, key=self._load.__getitem__)
+        self._load[device] += max(variable_bytes(shape, dtype), 1)
+        return device
+
+
+class RoundRobinPlacement:
+    """Cycles through the parameter devices, as `replica_device_setter` did."""
+
+    def __init__(self, devices: Sequence[str]):
+        self._cycle = itertools.cycle(devices)
+
+    def __call__(self, name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:
+        return next(self._cycle)
+
+
+def get_policy(placement: str | PlacementFn, devices: Sequence[str]) -> PlacementFn:
+    """Returns a placement function over `devices`.
+
+    Args:
+        placement: `"greedy"`, `"round_robin"`, or a callable
+            `(name, shape, dtype) -> device` returning one of `devices`.
+        devices: The parameter devices, canonical names.
+
+    Raises:
+        ValueError: for an unknown policy name.
+    """
+    if callable(placement):
+        return placement
+    if placement == "greedy":
+        return GreedyPlacement(devices)
+    if placement == "round_robin":
+        return RoundRobinPlacement(devices)
+    raise ValueError(
+        f"Unknown placement {placement!r}. Expected one of: "
+        f"{', '.join(POLICIES)}, or a callable (name, shape, dtype) -> device."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacedVariable:
+    """One row of the placement report."""
+
+    name: str
+    device: str
+    shape: tuple[int | None, ...]
+    dtype: str
+    bytes: int
+    slot_of: str | None = None
+
+
+class Placement:
+    """The record of where every variable of a strategy was put.
+
+    `strategy.extended.placement` is one of these; `str()` prints a table.
+    """
+
+    def __init__(self, devices: Sequence[str]):
+        self._devices = list(devices)
+        self._rows: list[PlacedVariable] = []
+
+    def record(self, row: PlacedVariable) -> None:
+        self._rows.append(row)
+
+    @property
+    def devices(self) -> list[str]:
+        """The parameter devices, in order."""
+        return list(self._devices)
+
+    @property
+    def variables(self) -> list[PlacedVariable]:
+        """Every placed variable, in creation order."""
+        return list(self._rows)
+
+    def device_of(self, name: str) -> str:
+        """The device of the variable named `name` (first match)."""
+        for row in self._rows:
+            if row.name == name:
+                return row.device
+        raise KeyError(
+            f"No variable named {name!r} was placed. Known: "
+            f"{', '.join(r.name for r in self._rows[:20])}"
+        )
+
+    def bytes_per_device(self) -> dict[str, int]:
+        """Total bytes of variables (slots included) on each device."""
+        load = dict.fromkeys(self._devices, 0)
+        for row in self._rows:
+            load[row.device] = load.get(row.device, 0) + row.bytes
+        return load
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __str__(self) -> str:
+        rows = [r for r in self._rows if r.slot_of is None]
+        slots = len(self._rows) - len(rows)
+        width = max([len(r.name) for r in rows] + [8])
+        lines = [f"{'variable':<{width}}  {'shape':<16} {'bytes':>10}  device"]
+        for r in rows:
+            shape = "x".join("?" if d is None else str(d) for d in r.shape) or "()"
+            lines.append(f"{r.name:<{width}}  {shape:<16} {r.bytes:>10}  {r.device}")
+        lines.append(
+            f"({slots} optimizer slot variables colocated with their variables)"
+        )
+        lines.append("bytes per parameter device (slots included):")
+        for device, nbytes in self.bytes_per_device().items():
+            lines.append(f"  {device}: {nbytes}")
+        return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""The variable a PSStrategy hands to Keras: one copy, on its parameter device.
+
+`PSVariable` wraps the single resource variable that lives on a parameter
+device. Reads from any replica fetch that one copy. Writes made in replica
+context (BatchNormalization's moving statistics, metric totals, the optimizer's
+`iterations`, a `SeedGenerator`'s state) are first combined across replicas,
+then applied once, on the variable's device, according to the variable's
+aggregation:
+
+| aggregation          | applied value                                   |
+|----------------------|-------------------------------------------------|
+| `SUM`                | sum of the replicas' values (metric totals)     |
+| `MEAN`               | mean of the replicas' values                    |
+| `ONLY_FIRST_REPLICA` | replica 0's value (`iterations`)                |
+| `NONE`, float dtype  | mean (BatchNormalization moving statistics)     |
+| `NONE`, other dtype  | replica 0's value (`SeedGenerator` state)       |
+
+`NONE` is where `CentralStorageStrategy` raises and `MirroredStrategy` keeps
+diverging copies. With a single copy, every replica computes the same update
+of an integer state, and the mean of per-replica float statistics is the
+statistic of the global batch when replicas see equal-sized shards.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from keras_psdist._tf import distribute_lib, ps_values, values
+from keras_psdist.staged_merge import in_replica_control_flow
+
+VariableAggregation = tf.VariableAggregation
+
+
+def effective_aggregation(
+    aggregation: tf.VariableAggregation, dtype: tf.DType
+) -> tf.VariableAggregation:
+    """The aggregation replica-context writes of this variable use."""
+    if aggregation != VariableAggregation.NONE:
+        return aggregation
+    if tf.as_dtype(dtype).is_floating:
+        return VariableAggregation.MEAN
+    return VariableAggregation.ONLY_FIRST_REPLICA
+
+
+class PSVariable(ps_values.AggregatingVariable):
+    """A variable stored once on a parameter device and shared by all replicas.
+
+    Behaves as a `tf.Variable` everywhere (Keras, checkpoints, SavedModel see
+    the wrapped variable). Create it through `PSStrategy.scope()`, never
+    directly.
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        v: tf.Variable,
+        aggregation: tf.VariableAggregation,
+    ):
+        super().__init__(strategy, v, aggregation)
+        self._replica_aggregation = effective_aggregation(aggregation, v.dtype)
+
+    def _assign_func(self, *args, **kwargs):
+        with distribute_lib.enter_or_assert_strategy(self._distribute_strategy):
+            f = kwargs.pop("f")
+            if distribute_lib.get_update_replica_id() is not None:
+                # Inside `extended.update`: the write is already agreed.
+                return f(self._v, *args, **kwargs)
+            extended = self._distribute_strategy.extended
+            if distribute_lib.in_cross_replica_context():
+                return extended.update(self, f, args=args, kwargs=kwargs)
+            if in_replica_control_flow():
+                return extended.staged_assign(
+                    self, f, self._replica_aggregation, args, kwargs
+                )
+            replica_context = distribute_lib.get_replica_context()
+
+            def merge_fn(
+                strategy, value, use_locking=False, name=None, read_value=True
+            ):
+                combined = strategy.extended.combine_for_variable(
+                    self._replica_aggregation, value, self
+                )
+                if isinstance(name, values.PerReplica):
+                    name = name.values[0]
+                return strategy.extended.update(
+                    self,
+                    f,
+                    args=(combined,),
+                    kwargs={
+                        "use_locking": use_locking,
+                        "name": name,
+                        "read_value": read_value,
+                    },
+                )
+
+            return replica_context.merge_call(merge_fn, args=args, kwargs=kwargs)
