@@ -8,7 +8,6 @@ touches one module, and the supported range pinned in `setup.cfg`
 """
 
 import tensorflow as tf
-from tensorflow.python.data.experimental.ops.distribute import compute_batch_size
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import (
     device_util,
@@ -43,7 +42,6 @@ def _check_tf_version() -> None:
 _check_tf_version()
 
 __all__ = [
-    "compute_batch_size",
     "cross_device_ops_lib",
     "device_util",
     "distribute_lib",

@@ -70,7 +70,7 @@ def resolve(devices: Sequence[str] | None, what: str) -> list[str] | None:
             f"`{what}` names a device twice: {duplicates}. Received: {devices}"
         )
     available = local_devices()
-    unknown = [d for d, c in zip(devices, canonical) if c not in available]
+    unknown = [d for d, c in zip(devices, canonical, strict=True) if c not in available]
     if unknown:
         raise ValueError(
             f"`{what}` names devices this process does not have: {unknown}. "

@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import (
-    compute_batch_size,
     cross_device_ops_lib,
     device_util,
     distribute_lib,
@@ -34,6 +33,7 @@ from keras_psdist._tf import (
     values,
 )
 from keras_psdist.aggregators import Aggregator
+from keras_psdist.aggregators.base import weighted_sum
 from keras_psdist.staged_merge import StagedMerge, in_replica_control_flow
 from keras_psdist.variables import PSVariable, effective_aggregation
 
@@ -72,6 +72,9 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             reduce_to_device=self._reduction_device
         )
         self._staged = StagedMerge(self._reduction_device)
+        # Each replica's share of the global batch in the step being traced
+        # (see `_batch_shares`); None outside a step or when unknown.
+        self._shares = None
         # Lets a partial last batch leave some replicas without data.
         self.experimental_enable_get_next_as_optional = True
 
@@ -98,6 +101,8 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
                 f"{kwargs.get('name')!r}. Expected one of: {list(_AGGREGATIONS)}."
             )
         kwargs["initial_value"], shape, dtype = _materialize_initial_value(kwargs)
+        if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
+            return self._create_replica_local(next_creator, aggregation, kwargs)
         name = kwargs.get("name") or "Variable"
         slot_of = None
         if colocate_with is None:
@@ -123,6 +128,37 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         )
         return wrapped
 
+    def _create_replica_local(self, next_creator, aggregation, kwargs):
+        """An ON_READ variable (a metric's total and count): one copy per
+        replica, on its compute device, combined when read.
+
+        Keras updates metric state as `v.assign(v + delta)` in each replica,
+        which is only right if each replica has its own copy; a shared copy
+        would sum the old value n times. These are not parameters, so they are
+        not in the placement report.
+        """
+
+        def create_components(**kw):
+            components = []
+            name = kw.get("name") or "Variable"
+            for i, device in enumerate(self._compute_devices):
+                component_kw = dict(kw)
+                if i > 0:
+                    component_kw["name"] = f"{name}/replica_{i}"
+                    component_kw["initial_value"] = components[0].value()
+                with tf.init_scope(), tf.device(None), tf.device(device):
+                    components.append(next_creator(**component_kw))
+            return components
+
+        kwargs["aggregation"] = aggregation
+        return distribute_utils.create_mirrored_variable(
+            self._container_strategy(),
+            create_components,
+            distribute_utils.VARIABLE_CLASS_MAPPING,
+            distribute_utils.VARIABLE_POLICY_MAPPING,
+            **kwargs,
+        )
+
     def _check_policy_device(self, device, name):
         try:
             canonical = device_util.canonicalize(device)
@@ -135,6 +171,14 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
                 f"{list(self._parameter_devices)}."
             )
         return canonical
+
+    def colocate_vars_with(self, colocate_with_variable):
+        # Checked before TF's own scope check, whose message ("Need to be
+        # inside strategy.scope()") hides the usual cause: a model built
+        # outside the scope.
+        if not isinstance(colocate_with_variable, numpy_dataset.SingleDevice):
+            _unwrap(colocate_with_variable)
+        return super().colocate_vars_with(colocate_with_variable)
 
     def _validate_colocate_with_variable(self, colocate_with_variable):
         distribute_utils.validate_colocate(colocate_with_variable, self)
@@ -154,19 +198,37 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     # ------------------------------------------------------------- replicas
 
     def _call_for_each_replica(self, fn, args, kwargs):
-        return mirrored_run.call_for_each_replica(
-            self._container_strategy(), fn, args, kwargs
-        )
+        previous = self._shares
+        self._shares = _batch_shares(args, kwargs, self._num_replicas_in_sync)
+        try:
+            return mirrored_run.call_for_each_replica(
+                self._container_strategy(), fn, args, kwargs
+            )
+        finally:
+            self._shares = previous
 
     # ------------------------------------------------------------ reduction
 
     def _reduce_to(self, reduce_op, value, destinations, options):
+        # Cross-replica reductions (reading a metric, reducing logs) are plain
+        # arithmetic; the aggregator is for all-reduces, i.e. gradients.
         if not isinstance(value, values.DistributedValues):
             return cross_device_ops_lib.reduce_non_distributed_value(
                 reduce_op, value, destinations, self._num_replicas_in_sync
             )
-        [result] = self._batch_reduce_to(reduce_op, [(value, destinations)], options)
-        return result
+        reduce_op = _as_reduce_op(reduce_op)
+        aggregation = (
+            tf.VariableAggregation.SUM
+            if reduce_op == ReduceOp.SUM
+            else tf.VariableAggregation.MEAN
+        )
+        column = [tf.convert_to_tensor(v) for v in value.values]
+        with tf.device(self._reduction_device):
+            if reduce_op == ReduceOp.MEAN and len(column) > 1:
+                result = tf.add_n(column) / tf.cast(len(column), column[0].dtype)
+            else:
+                result = self._combine_list(aggregation, column)
+        return self._to_destinations(result, destinations)
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
         reduce_op = _as_reduce_op(reduce_op)
@@ -181,12 +243,24 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
                 dense.append((i, per_replica))
         with tf.device(self._reduction_device):
             if dense:
-                reduced = self._aggregator.reduce(reduce_op, [vs for _, vs in dense])
-                for (i, _), r in zip(dense, reduced):
+                reduced = self._aggregator.reduce(
+                    reduce_op, [vs for _, vs in dense], shares=self._float_shares(dense)
+                )
+                for (i, _), r in zip(dense, reduced, strict=True):
                     results[i] = r
             for i, per_replica in sparse:
                 results[i] = self._aggregator.reduce_sparse(reduce_op, per_replica)
-        return [self._to_destinations(r, dest) for r, (_, dest) in zip(results, pairs)]
+        return [
+            self._to_destinations(r, dest)
+            for r, (_, dest) in zip(results, pairs, strict=True)
+        ]
+
+    def _float_shares(self, dense):
+        if self._shares is None or not dense:
+            return None
+        if not all(v.dtype.is_floating for _, vs in dense for v in vs):
+            return None
+        return self._shares
 
     def combine_for_variable(self, aggregation, value, var):
         """Combines replica-context writes of `var` (see `variables.py`).
@@ -196,27 +270,21 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         """
         if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
             return self._local_results(value)[0]
-        n = self._num_replicas_in_sync
         if not isinstance(value, values.DistributedValues):
             if aggregation == tf.VariableAggregation.SUM:
-                return value * n
+                return value * self._num_replicas_in_sync
             return value
         per_replica = list(value.values)
         with tf.device(var.device):
             if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
                 total = _concat_slices(per_replica)
                 if aggregation == tf.VariableAggregation.MEAN:
+                    n = len(per_replica)
                     total = tf.IndexedSlices(
                         total.values / n, total.indices, total.dense_shape
                     )
                 return total
-            total = tf.add_n(per_replica) if n > 1 else tf.identity(per_replica[0])
-            if aggregation == tf.VariableAggregation.MEAN:
-                if total.dtype.is_floating or total.dtype.is_complex:
-                    total = total / tf.cast(n, total.dtype)
-                else:
-                    total = total // n
-            return total
+            return self._combine_list(aggregation, per_replica)
 
     # ------------------------------------------- sync inside control flow
 
@@ -229,7 +297,10 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         reduce_op = _as_reduce_op(reduce_op)
         flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(value)]
         out = self._staged.combine(
-            flat, lambda per_value: self._aggregator.reduce(reduce_op, per_value)
+            flat,
+            lambda per_value: self._aggregator.reduce(
+                reduce_op, per_value, shares=self._float_shares([(0, flat)])
+            ),
         )
         if out is None:
             # Not the last replica: it never applies the result, so a stand-in
@@ -252,7 +323,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         combined = self._staged.combine([flat[i] for i in staged], combine)
         if combined is None:
             return None
-        for i, c in zip(staged, combined):
+        for i, c in zip(staged, combined, strict=True):
             flat[i] = c
         args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
         return self._update(var, fn, args, kwargs, group)
@@ -268,7 +339,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         )
         if combined is None:
             return var.get().value()
-        for i, c in zip(staged, combined):
+        for i, c in zip(staged, combined, strict=True):
             flat[i] = c
         args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
         inner = var.get()
@@ -276,14 +347,27 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             return f(inner, *args, **kwargs)
 
     def _combine_list(self, aggregation, column):
+        """Combines one variable's per-replica values by `aggregation`.
+
+        A float MEAN is weighted by each replica's share of the global batch
+        (see `_batch_shares`), so BatchNormalization's moving statistics are
+        those of the global batch even when a partial batch splits unevenly;
+        a replica that got no data (whose statistics are 0/0 = NaN) has
+        weight 0 and is left out.
+        """
+        column = [tf.convert_to_tensor(c) for c in column]
         if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
             return column[0]
-        total = tf.add_n(column) if len(column) > 1 else column[0]
-        if aggregation == tf.VariableAggregation.MEAN:
-            if total.dtype.is_floating or total.dtype.is_complex:
-                return total / tf.cast(len(column), total.dtype)
+        if len(column) == 1:
+            return tf.identity(column[0])
+        dtype = column[0].dtype
+        if aggregation == tf.VariableAggregation.SUM:
+            return tf.add_n(column)
+        if not dtype.is_floating:
             return column[0]
-        return total
+        if self._shares is None or len(self._shares) != len(column):
+            return tf.add_n(column) / tf.cast(len(column), dtype)
+        return weighted_sum(column, self._shares)
 
     def _to_destinations(self, tensor, destinations):
         """Packs one reduced tensor the way `destinations` expects it."""
@@ -357,7 +441,6 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         return self._input_workers_with_options()
 
     def _experimental_distribute_dataset(self, dataset, options):
-        _check_global_batch(dataset, self._num_replicas_in_sync)
         return input_util.get_distributed_dataset(
             dataset,
             self._input_workers_with_options(options),
@@ -467,6 +550,29 @@ def _materialize_initial_value(kwargs):
     return initial_value, tf.TensorShape(shape), tf.as_dtype(dtype).base_dtype
 
 
+def _batch_shares(args, kwargs, num_replicas):
+    """Each replica's fraction of the step's global batch, or None.
+
+    Read from the leading dimension of the first batched tensor of each
+    replica's inputs. A global batch that does not split evenly (any batch
+    size not a multiple of the replica count, or the last partial batch of an
+    epoch) gives unequal shares, and some replicas may get no data at all.
+    """
+    if num_replicas == 1:
+        return None
+    sizes = []
+    for r in range(num_replicas):
+        flat = tf.nest.flatten(distribute_utils.select_replica(r, (args, kwargs)))
+        first = next(
+            (t for t in flat if isinstance(t, tf.Tensor) and t.shape.rank), None
+        )
+        if first is None:
+            return None
+        sizes.append(tf.cast(tf.shape(first)[0], tf.float32))
+    total = tf.maximum(tf.add_n(sizes), 1.0)
+    return [size / total for size in sizes]
+
+
 def _unwrap(var):
     if isinstance(var, ps_values.AggregatingVariable):
         return var.get()
@@ -511,19 +617,3 @@ def _concat_slices(slices):
         tf.concat([s.indices for s in slices], axis=0),
         slices[0].dense_shape,
     )
-
-
-def _check_global_batch(dataset, num_replicas):
-    """Refuses a batched dataset whose global batch cannot split evenly."""
-    try:
-        batch = int(compute_batch_size(dataset))
-    except Exception:  # noqa: BLE001 - unknown structure: nothing to check
-        return
-    if batch > 0 and batch % num_replicas:
-        raise ValueError(
-            f"The global batch size must be a multiple of the number of "
-            f"replicas so every replica gets an equal share. Received: global "
-            f"batch size {batch} with {num_replicas} replicas. Use a batch size "
-            f"such as {max(num_replicas, batch - batch % num_replicas)} or "
-            f"{batch + num_replicas - batch % num_replicas}."
-        )

@@ -65,6 +65,7 @@ class Aggregator:
         self,
         reduce_op: tf.distribute.ReduceOp,
         per_replica: Sequence[Sequence[tf.Tensor]],
+        shares: Sequence[tf.Tensor] | None = None,
     ) -> list[tf.Tensor]:
         """Reduces per-replica values with `tf.distribute` semantics.
 
@@ -72,6 +73,11 @@ class Aggregator:
             reduce_op: `ReduceOp.SUM` (values are scaled by `1/n`, as Keras
                 sends gradients) or `ReduceOp.MEAN` (values at true scale).
             per_replica: As in `aggregate`.
+            shares: Each replica's fraction of the global batch (summing to
+                1), or `None` for equal shares. Replicas with share 0 got no
+                data; their values (possibly NaN) are replaced by zeros here.
+                Rules that can weigh replicas (`Mean`) override this to use
+                the shares exactly.
 
         Returns:
             One tensor per variable, with the meaning `reduce_op` asks for.
@@ -79,6 +85,14 @@ class Aggregator:
         if reduce_op == tf.distribute.ReduceOp.SUM:
             n = len(per_replica[0]) if per_replica else 1
             per_replica = [[v * tf.cast(n, v.dtype) for v in vs] for vs in per_replica]
+        if shares is not None:
+            per_replica = [
+                [
+                    tf.where(tf.cast(s, v.dtype) > 0, v, tf.zeros_like(v))
+                    for v, s in zip(vs, shares, strict=True)
+                ]
+                for vs in per_replica
+            ]
         return self.aggregate(per_replica)
 
     def reduce_sparse(
@@ -110,3 +124,16 @@ class Aggregator:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
+
+
+def weighted_sum(column: Sequence[tf.Tensor], shares: Sequence[tf.Tensor]) -> tf.Tensor:
+    """`sum_r shares[r] * column[r]`, leaving out replicas with share 0.
+
+    `tf.where`, not a product: a replica without data may hold NaN, and
+    `NaN * 0` is NaN.
+    """
+    terms = []
+    for value, share in zip(column, shares, strict=True):
+        share = tf.cast(share, value.dtype)
+        terms.append(tf.where(share > 0, value * share, tf.zeros_like(value)))
+    return tf.add_n(terms)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from keras_psdist.aggregators.base import Aggregator
+from keras_psdist.aggregators.base import Aggregator, weighted_sum
 
 
 class Mean(Aggregator):
@@ -49,9 +49,30 @@ class Mean(Aggregator):
         self,
         reduce_op: tf.distribute.ReduceOp,
         per_replica: Sequence[Sequence[tf.Tensor]],
+        shares: Sequence[tf.Tensor] | None = None,
     ) -> list[tf.Tensor]:
-        # Exact and cheaper than scaling by n and dividing again: the SUM of
-        # 1/n-scaled values is the mean of the true-scale ones.
+        """The mean of the replicas' per-example gradients, weighted by batch.
+
+        With equal shares, the SUM of 1/n-scaled values is the mean of the
+        true-scale ones: one `add_n` per variable. When the global batch
+        split unevenly, replica `r`'s value is weighted by `n * shares[r]`,
+        which makes the result the gradient of the mean loss over the whole
+        global batch, as on one device. Replicas with no data are left out.
+        """
+        if shares is None or not per_replica:
+            return self._reduce_equal(reduce_op, per_replica)
+        n = len(shares)
+        scale = float(n) if reduce_op == tf.distribute.ReduceOp.SUM else 1.0
+        even = tf.reduce_all(tf.abs(tf.stack(shares) - 1.0 / n) < 1e-6 / n)
+        return tf.cond(
+            even,
+            lambda: self._reduce_equal(reduce_op, per_replica),
+            lambda: [
+                weighted_sum(vs, [s * scale for s in shares]) for vs in per_replica
+            ],
+        )
+
+    def _reduce_equal(self, reduce_op, per_replica):
         if reduce_op == tf.distribute.ReduceOp.SUM:
             return [_sum(vs) for vs in per_replica]
         return self.aggregate(per_replica)

@@ -1,0 +1,197 @@
+"""Op counts of the `model.fit` train step under each strategy.
+
+A companion to `strategies.py` (same model, data, devices and strategies):
+it explains step-time differences by what each strategy makes TensorFlow run.
+For every strategy it builds and warms up the model, then reports
+
+* the traced graph of Keras' train function (`multi_step_on_iterator`, a
+  `tf.function`): its own nodes and the nodes of the functions it calls
+  (the per-step `one_step_on_data` with the strategy's replica code inlined);
+* the graph TensorFlow actually executes for one step, from the eager run
+  metadata (`context.enable_run_metadata()`): node count after Grappler, the
+  per-device partitions and the `_Send` / `_Recv` pairs that move tensors
+  between (logical) devices;
+* how many other functions one `fit` call runs eagerly (iterator setup etc.);
+* the op types whose counts differ most between strategies.
+
+How to run (from the repository root)::
+
+    python benchmarks/graph_ops.py [--replicas 4] [--batch 256] [--json PATH]
+
+Nothing is timed here; run `strategies.py` for step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import strategies as bench  # noqa: E402  (sets TF env vars before importing TF)
+from tensorflow.python.eager import context  # noqa: E402
+
+
+def _train_tf_function(model):
+    """The `tf.function` behind Keras 3's `model.train_function` closure."""
+    for cell in model.train_function.__closure__ or ():
+        value = cell.cell_contents
+        if hasattr(value, "experimental_get_tracing_count"):
+            return value
+    raise RuntimeError("could not find the tf.function in model.train_function")
+
+
+def _short_device(name: str) -> str:
+    return name.rsplit("/device:", 1)[-1] if name else "?"
+
+
+def analyze(name: str, devices: list[str], dataset, args) -> dict:
+    strategy = bench.make_strategy(name, devices)
+    model = bench.build_model(strategy, args.seed)
+    model.fit(dataset, epochs=1, steps_per_epoch=2, verbose=0, shuffle=False)
+
+    fn = _train_tf_function(model)
+    concrete = fn._list_all_concrete_functions()  # traced once by the warm-up
+    graph_def = concrete[0].graph.as_graph_def()
+    traced_ops = collections.Counter(n.op for n in graph_def.node)
+    for f in graph_def.library.function:
+        traced_ops.update(n.op for n in f.node_def)
+    traced = {
+        "tracing_count": fn.experimental_get_tracing_count(),
+        "top_level_nodes": len(graph_def.node),
+        "library_functions": len(graph_def.library.function),
+        "library_nodes": sum(len(f.node_def) for f in graph_def.library.function),
+        "op_types": dict(traced_ops),
+    }
+
+    context.enable_run_metadata()
+    try:
+        model.fit(dataset, epochs=1, steps_per_epoch=1, verbose=0, shuffle=False)
+        metadata = context.context().export_run_metadata()
+    finally:
+        context.disable_run_metadata()
+    graphs = list(metadata.function_graphs)
+    executed = None
+    if graphs:
+        # The train step is by far the largest function one fit step runs.
+        step = max(graphs, key=lambda g: len(g.post_optimization_graph.node))
+        ops = collections.Counter(n.op for p in step.partition_graphs for n in p.node)
+        partitions = {}
+        for p in step.partition_graphs:
+            dev = next((n.device for n in p.node if n.device), "")
+            partitions[_short_device(dev)] = len(p.node)
+        executed = {
+            "pre_optimization_nodes": len(step.pre_optimization_graph.node),
+            "post_optimization_nodes": len(step.post_optimization_graph.node),
+            "partition_nodes": dict(sorted(partitions.items())),
+            "send": ops["_Send"],
+            "recv": ops["_Recv"],
+            "op_types": dict(ops),
+            "other_functions_per_fit": len(graphs) - 1,
+        }
+    return {
+        "replicas": strategy.num_replicas_in_sync,
+        "traced": traced,
+        "executed": executed,
+    }
+
+
+def format_report(results: dict) -> str:
+    lines = []
+    header = (
+        f"{'strategy':<24} {'traced (top+lib)':>16} {'executed':>9} "
+        f"{'_Send/_Recv':>11} {'fns/fit':>7}  nodes per device partition"
+    )
+    lines += [header, "-" * len(header)]
+    for name, r in results.items():
+        label = bench.LABELS[name]
+        if "error" in r:
+            lines.append(f"{label:<24} failed: {r['error']}")
+            continue
+        t, e = r["traced"], r["executed"]
+        traced = f"{t['top_level_nodes']}+{t['library_nodes']}"
+        if e is None:  # a single-device function exports no run metadata
+            lines.append(f"{label:<24} {traced:>16} {'n/a':>9} {'n/a':>11} {'n/a':>7}")
+            continue
+        parts = " ".join(f"{d}:{n}" for d, n in e["partition_nodes"].items())
+        lines.append(
+            f"{label:<24} {traced:>16} {e['post_optimization_nodes']:>9} "
+            f"{e['send']:>5}/{e['recv']:<5} {e['other_functions_per_fit']:>7}  {parts}"
+        )
+    lines += [
+        "",
+        "traced   = nodes of Keras' train tf.function + of the functions it calls",
+        "executed = nodes of the executed step graph after Grappler (all partitions)",
+        "fns/fit  = other functions one fit() call of 1 step runs (iterator setup...)",
+    ]
+
+    # Op types whose executed counts differ most between strategies.
+    # (A single-device step, the default strategy's, exports no run metadata.)
+    source = {
+        n: r["executed"]["op_types"]
+        for n, r in results.items()
+        if "error" not in r and r["executed"] is not None
+    }
+    if len(source) > 1:
+        names = list(source)
+        all_ops = set().union(*source.values())
+        spread = {
+            op: max(source[n].get(op, 0) for n in names)
+            - min(source[n].get(op, 0) for n in names)
+            for op in all_ops
+        }
+        top = sorted((op for op in all_ops if spread[op]), key=lambda o: -spread[o])
+        top = top[:20]
+        lines += ["", "op types with the largest count differences (executed graph):"]
+        lines.append(f"{'op':<36}" + "".join(f"{n[:15]:>16}" for n in names))
+        for op in top:
+            lines.append(
+                f"{op:<36}" + "".join(f"{source[n].get(op, 0):>16}" for n in names)
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=bench._positive, default=4)
+    parser.add_argument("--batch", type=bench._positive, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--strategies", type=bench._strategy_list, default=list(bench.STRATEGIES)
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the counts as JSON")
+    args = parser.parse_args(argv)
+
+    devices = bench.split_host_cpu(args.replicas)
+    dataset = bench.make_dataset(args.batch, args.seed)
+    results = {}
+    for name in args.strategies:
+        bench._log(f"analyzing {bench.LABELS[name]} ...")
+        try:
+            results[name] = analyze(name, devices, dataset, args)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            results[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    print(
+        f"train-step graph size: MLP {bench.INPUT_DIM}-{bench.HIDDEN}-{bench.HIDDEN}-"
+        f"{bench.NUM_CLASSES}, adam, batch {args.batch}, "
+        f"{args.replicas} logical CPU devices"
+    )
+    print(format_report(results))
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            json.dumps(
+                {"environment": bench.environment(), "results": results}, indent=2
+            )
+            + "\n"
+        )
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

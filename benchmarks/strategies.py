@@ -1,0 +1,669 @@
+"""Side-by-side `model.fit` step time of PSStrategy vs TensorFlow's strategies.
+
+What it measures
+----------------
+The steady-state time of one `model.fit` training step of the same model
+under four strategies, all in ONE process on the same logical devices:
+
+* ``default``         -- no distribution (one device): the baseline;
+* ``mirrored``        -- ``tf.distribute.MirroredStrategy(devices)``;
+* ``central_storage`` -- ``tf.distribute.experimental.CentralStorageStrategy(devices)``;
+* ``ps``              -- ``keras_psdist.PSStrategy(devices=devices)``.
+
+Before TensorFlow initializes, the host CPU is split into ``--replicas``
+logical devices (default 4); every distributed strategy gets one replica per
+logical device. The model is an MLP 64 -> 512 -> 512 -> 2 (relu, relu,
+logits) trained with Adam on sparse categorical cross-entropy from logits, at
+a global batch of ``--batch`` (default 256) on synthetic NumPy data (nothing
+is downloaded).
+
+Method: each model is built and compiled under its strategy's scope, then a
+warm-up ``fit`` (1 epoch of 10 steps) traces and runs the train function so
+tracing is excluded. Then ``fit(..., epochs=1, steps_per_epoch=--steps,
+verbose=0)`` is timed ``--repeats`` times, the strategies interleaved
+round-robin within each repeat (the order rotates between repeats) so slow
+drift of the machine hits all of them alike. Per strategy the table shows:
+
+* ``ms/step``      -- wall time of the whole timed ``fit`` call / steps, the
+  median over repeats. It includes ``fit``'s per-call cost, which for the
+  distributed strategies is large (creating the distributed iterator on every
+  ``fit`` call) and noisy;
+* ``in-loop``      -- steady-state step time: from the start of the 2nd step
+  to the end of the epoch / (steps - 1), taken by a callback that hooks only
+  ``on_train_batch_begin`` / ``on_epoch_end`` (so Keras keeps its
+  asynchronous batch-end dispatch);
+* ``vs default``   -- each of those / the default strategy's (>1 = slower);
+* ``fit overhead`` -- per ``fit`` call: setup + first step + teardown;
+
+and, below, PSStrategy's time / MirroredStrategy's and / CentralStorage's.
+Logical CPU devices share the same physical cores, so replicas add no
+compute: the numbers show each strategy's *overhead* relative to one device,
+and are meant to be read as ratios measured side by side in one run, not as
+absolute throughput (absolute values drift between runs and machines).
+
+A strategy that raises (at build, warm-up or timing) is reported as
+``failed: <error>`` and the others still run.
+
+How to run
+----------
+From the repository root::
+
+    python benchmarks/strategies.py \\
+        --json benchmarks/results/strategies.json \\
+        --plot benchmarks/results/strategies.png
+
+Options: ``--replicas N``, ``--steps S``, ``--repeats R``, ``--batch B``,
+``--strategies default,mirrored,central_storage,ps`` (any subset),
+``--warmup-steps W``, ``--seed``, ``--json PATH`` (raw numbers and
+environment), ``--plot PATH`` (PNG bar chart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Before TensorFlow is imported anywhere in this process.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+STRATEGIES = ("default", "mirrored", "central_storage", "ps")
+LABELS = {
+    "default": "default (1 device)",
+    "mirrored": "MirroredStrategy",
+    "central_storage": "CentralStorageStrategy",
+    "ps": "PSStrategy",
+}
+INPUT_DIM = 64
+HIDDEN = 512
+NUM_CLASSES = 2
+NUM_SAMPLES = 8192
+
+
+# ------------------------------------------------------------------ setup
+
+
+def split_host_cpu(replicas: int) -> list[str]:
+    """Splits the host CPU into `replicas` logical devices; returns their names.
+
+    Must run before the TensorFlow runtime initializes.
+    """
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration()] * replicas
+    )
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def make_strategy(name: str, devices: list[str]) -> tf.distribute.Strategy:
+    """The strategy `name` over `devices` (one replica each)."""
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(devices)
+    if name == "central_storage":
+        return tf.distribute.experimental.CentralStorageStrategy(devices)
+    if name == "ps":
+        try:
+            import keras_psdist
+        except ImportError:  # running from a checkout without installing
+            sys.path.insert(0, str(REPO_ROOT))
+            import keras_psdist
+        return keras_psdist.PSStrategy(devices=devices)
+    raise ValueError(f"Unknown strategy {name!r}. Expected one of {STRATEGIES}.")
+
+
+def build_model(strategy: tf.distribute.Strategy, seed: int) -> keras.Model:
+    """The benchmark MLP, built and compiled under `strategy.scope()`.
+
+    The seed is reset first, so every strategy starts from the same weights.
+    """
+    keras.utils.set_random_seed(seed)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input(shape=(INPUT_DIM,)),
+                keras.layers.Dense(HIDDEN, activation="relu"),
+                keras.layers.Dense(HIDDEN, activation="relu"),
+                keras.layers.Dense(NUM_CLASSES),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate=1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    return model
+
+
+def make_dataset(batch: int, seed: int) -> tf.data.Dataset:
+    """Endless batches of synthetic data (a noisy linear rule, NumPy-made)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((NUM_SAMPLES, INPUT_DIM)).astype(np.float32)
+    w = rng.standard_normal(INPUT_DIM).astype(np.float32)
+    noise = 0.5 * rng.standard_normal(NUM_SAMPLES).astype(np.float32)
+    y = (x @ w + noise > 0).astype(np.int32)
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .repeat()
+        .batch(batch, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+# ----------------------------------------------------------------- timing
+
+
+class _StepClock(keras.callbacks.Callback):
+    """Timestamps of each step's start and of the epoch's end.
+
+    Only `on_train_batch_begin` / `on_epoch_end` are hooked, so Keras keeps
+    its asynchronous batch-end dispatch and logs are not pulled to NumPy.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.begins: list[float] = []
+        self.end: float | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begins.append(time.perf_counter())
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.end = time.perf_counter()
+
+
+@dataclass
+class Case:
+    """One strategy's model and measurements."""
+
+    name: str
+    label: str
+    replicas: int | None = None
+    model: keras.Model | None = None
+    error: str | None = None
+    error_traceback: str | None = None
+    failed_at: str | None = None
+    build_s: float | None = None
+    warmup_s: float | None = None
+    fit_ms_per_step: list[float] = field(default_factory=list)
+    loop_ms_per_step: list[float] = field(default_factory=list)
+    runs: list[dict] = field(default_factory=list)
+    final_loss: float | None = None
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        self.failed_at = stage
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.error_traceback = traceback.format_exc()
+        self.model = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.fit_ms_per_step)
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.fit_ms_per_step) if self.ok else None
+
+    @property
+    def median_loop_ms(self) -> float | None:
+        if self.error is None and self.loop_ms_per_step:
+            return statistics.median(self.loop_ms_per_step)
+        return None
+
+    @property
+    def median_overhead_s(self) -> float | None:
+        """Median per-`fit`-call cost outside the loop: setup + 1st step + teardown."""
+        per_run = [
+            r["setup_s"] + r["first_step_ms"] / 1e3 + r["teardown_s"]
+            for r in self.runs
+            if None not in (r["setup_s"], r["first_step_ms"], r["teardown_s"])
+        ]
+        return statistics.median(per_run) if per_run and self.ok else None
+
+
+def timed_fit(model: keras.Model, dataset: tf.data.Dataset, steps: int) -> dict:
+    """Runs one timed `fit` epoch of `steps` steps.
+
+    Returns a dict: `fit_ms` (fit wall time / steps), `loop_ms` (training loop
+    from the 2nd step to the epoch end / (steps - 1)), `setup_s` (fit start to
+    the 1st step), `first_step_ms`, `teardown_s` (epoch end to fit return) and
+    the last `loss`.
+    """
+    clock = _StepClock()
+    start = time.perf_counter()
+    history = model.fit(
+        dataset,
+        epochs=1,
+        steps_per_epoch=steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=[clock],
+    )
+    stop = time.perf_counter()
+    fit_ms = 1e3 * (stop - start) / steps
+    begins, end = clock.begins, clock.end
+    out = {
+        "fit_ms": fit_ms,
+        "loop_ms": fit_ms,
+        "setup_s": None,
+        "first_step_ms": None,
+        "teardown_s": None,
+        "loss": float(history.history.get("loss", [float("nan")])[-1]),
+    }
+    if begins and end is not None:
+        out["setup_s"] = begins[0] - start
+        out["teardown_s"] = stop - end
+        if len(begins) >= 2:
+            out["first_step_ms"] = 1e3 * (begins[1] - begins[0])
+            out["loop_ms"] = 1e3 * (end - begins[1]) / (len(begins) - 1)
+    return out
+
+
+def prepare(case: Case, devices, dataset, args) -> None:
+    """Builds, compiles and warms up `case`; records a failure instead of raising."""
+    try:
+        t0 = time.perf_counter()
+        strategy = make_strategy(case.name, devices)
+        case.replicas = strategy.num_replicas_in_sync
+        case.model = build_model(strategy, args.seed)
+        case.build_s = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - report and go on
+        case.fail("build", e)
+        return
+    try:
+        t0 = time.perf_counter()
+        case.model.fit(
+            dataset,
+            epochs=1,
+            steps_per_epoch=args.warmup_steps,
+            verbose=0,
+            shuffle=False,
+        )
+        case.warmup_s = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001
+        case.fail("warm-up", e)
+
+
+def run_benchmark(args) -> tuple[list[Case], dict]:
+    load_start = _loadavg()
+    devices = split_host_cpu(args.replicas)
+    dataset = make_dataset(args.batch, args.seed)
+    cases = [Case(name, LABELS[name]) for name in args.strategies]
+
+    for case in cases:
+        _log(f"building + warming up {case.label} ...")
+        prepare(case, devices, dataset, args)
+        if case.error:
+            _log(f"  {case.label} failed at {case.failed_at}: {case.error}")
+        else:
+            _log(f"  done (build {case.build_s:.1f}s, warm-up {case.warmup_s:.1f}s)")
+
+    order_log = []
+    for r in range(args.repeats):
+        # Round-robin, rotated each repeat so no strategy always runs first.
+        k = r % len(cases)
+        order = cases[k:] + cases[:k]
+        order_log.append([c.name for c in order])
+        parts = []
+        for case in order:
+            if case.error:
+                continue
+            try:
+                run = timed_fit(case.model, dataset, args.steps)
+            except Exception as e:  # noqa: BLE001
+                case.fail(f"repeat {r + 1}", e)
+                parts.append(f"{case.name}=failed")
+                continue
+            case.runs.append(run)
+            case.fit_ms_per_step.append(run["fit_ms"])
+            case.loop_ms_per_step.append(run["loop_ms"])
+            case.final_loss = run["loss"]
+            parts.append(f"{case.name}={run['fit_ms']:.2f}/{run['loop_ms']:.2f}")
+        _log(f"repeat {r + 1}/{args.repeats} (ms/step fit/in-loop): {' '.join(parts)}")
+
+    for case in cases:
+        if case.error is None and not case.fit_ms_per_step:
+            case.error = "no successful timed run"
+    info = {
+        "devices": devices,
+        "round_robin_orders": order_log,
+        "loadavg_start": load_start,
+        "loadavg_end": _loadavg(),
+    }
+    return cases, info
+
+
+def _loadavg() -> list[float] | None:
+    """1/5/15-minute load averages: other processes skew a 2-core machine."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- report
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _short_error(case: Case, width: int = 70) -> str:
+    text = f"failed ({case.failed_at}): {case.error}".splitlines()[0]
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def format_table(cases: list[Case], args) -> str:
+    by_name = {c.name: c for c in cases}
+    base = by_name.get("default")
+    base_ms = base.median_ms if base else None
+    base_loop = base.median_loop_ms if base else None
+
+    header = (
+        f"{'strategy':<24} {'replicas':>8} {'ms/step':>8} {'min..max':>14} "
+        f"{'vs default':>10} {'in-loop':>8} {'vs default':>10} {'fit overhead':>12}"
+    )
+    lines = [
+        f"model.fit step time: MLP {INPUT_DIM}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, "
+        f"adam, global batch {args.batch}, {args.replicas} logical CPU devices, "
+        f"{args.steps} steps x {args.repeats} repeats (median)",
+        header,
+        "-" * len(header),
+    ]
+    for case in cases:
+        if not case.ok:
+            lines.append(
+                f"{case.label:<24} {case.replicas or '-':>8} {_short_error(case)}"
+            )
+            continue
+        spread = f"{min(case.fit_ms_per_step):.2f}..{max(case.fit_ms_per_step):.2f}"
+        overhead = case.median_overhead_s
+        lines.append(
+            f"{case.label:<24} {case.replicas:>8} {case.median_ms:>8.2f} "
+            f"{spread:>14} {_x(_ratio(case.median_ms, base_ms)):>10} "
+            f"{case.median_loop_ms:>8.2f} "
+            f"{_x(_ratio(case.median_loop_ms, base_loop)):>10} "
+            f"{'n/a' if overhead is None else f'{overhead:.2f} s':>12}"
+        )
+    lines += [
+        "",
+        "ms/step      = fit() wall time / steps (includes fit's per-call cost)",
+        "in-loop      = steady-state loop only: 2nd step start -> epoch end, / (steps-1)",
+        "vs default   = time / the default strategy's time (>1 = slower)",
+        "fit overhead = per fit() call: setup (iterator creation) + 1st step + teardown",
+    ]
+    ps = by_name.get("ps")
+    if ps is not None:
+        for other in ("mirrored", "central_storage"):
+            o = by_name.get(other)
+            if o is None:
+                continue
+            r = _ratio(ps.median_ms, o.median_ms)
+            if r is None:
+                text = "n/a (a strategy failed)"
+            else:
+                r_loop = _ratio(ps.median_loop_ms, o.median_loop_ms)
+                text = (
+                    f"{r:.2f}x ms/step, {_x(r_loop)} in-loop (>1 = PSStrategy slower)"
+                )
+            lines.append(f"PSStrategy / {o.label}: {text}")
+    return "\n".join(lines)
+
+
+def _x(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
+
+
+def environment() -> dict:
+    try:
+        import keras_psdist
+
+        psdist_version = keras_psdist.__version__
+    except Exception:  # noqa: BLE001
+        psdist_version = None
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "sched_affinity": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else None,
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "keras_psdist": psdist_version,
+        "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+    }
+
+
+def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) -> None:
+    by_name = {c.name: c for c in cases}
+    base = by_name.get("default")
+    base_ms = base.median_ms if base else None
+    base_loop = base.median_loop_ms if base else None
+    payload = {
+        "benchmark": "strategies",
+        "config": {
+            "replicas": args.replicas,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "batch": args.batch,
+            "warmup_steps": args.warmup_steps,
+            "seed": args.seed,
+            "strategies": list(args.strategies),
+            "model": f"MLP {INPUT_DIM}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, adam, "
+            "sparse CE from logits",
+        },
+        "environment": environment(),
+        "devices": info["devices"],
+        "round_robin_orders": info["round_robin_orders"],
+        "loadavg_start": info["loadavg_start"],
+        "loadavg_end": info["loadavg_end"],
+        "wall_s": wall_s,
+        "results": {
+            c.name: {
+                "label": c.label,
+                "replicas": c.replicas,
+                "ok": c.ok,
+                "error": c.error,
+                "failed_at": c.failed_at,
+                "traceback": c.error_traceback,
+                "build_s": c.build_s,
+                "warmup_s": c.warmup_s,
+                "fit_ms_per_step": c.fit_ms_per_step,
+                "runs": c.runs,
+                "median_fit_overhead_s": c.median_overhead_s,
+                "loop_ms_per_step": c.loop_ms_per_step,
+                "median_ms_per_step": c.median_ms,
+                "median_loop_ms_per_step": c.median_loop_ms,
+                "ratio_to_default": _ratio(c.median_ms, base_ms),
+                "loop_ratio_to_default": _ratio(c.median_loop_ms, base_loop),
+                "final_loss": c.final_loss,
+            }
+            for c in cases
+        },
+    }
+    ps = by_name.get("ps")
+    if ps is not None:
+        payload["ps_ratios"] = {
+            other: {
+                "ms_per_step": _ratio(ps.median_ms, by_name[other].median_ms),
+                "in_loop": _ratio(ps.median_loop_ms, by_name[other].median_loop_ms),
+            }
+            for other in ("mirrored", "central_storage")
+            if other in by_name
+        }
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def write_plot(path: str, cases: list[Case], args) -> None:
+    """Grouped bars per strategy: fit ms/step and in-loop ms/step (median, min..max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = np.arange(len(cases))
+    width = 0.38
+    series = (
+        ("fit ms/step (fit wall / steps)", "fit_ms_per_step", -width / 2, "tab:blue"),
+        ("in-loop ms/step (steady state)", "loop_ms_per_step", width / 2, "tab:orange"),
+    )
+    for label, attr, offset, color in series:
+        medians, lows, highs = [], [], []
+        for case in cases:
+            vals = getattr(case, attr) if case.ok else []
+            m = statistics.median(vals) if vals else 0.0
+            medians.append(m)
+            lows.append(m - min(vals) if vals else 0.0)
+            highs.append(max(vals) - m if vals else 0.0)
+        ax.bar(
+            xs + offset,
+            medians,
+            width,
+            label=label,
+            color=color,
+            yerr=[lows, highs],
+            capsize=3,
+        )
+        for x, case, m in zip(xs, cases, medians, strict=True):
+            # Inside the bar, left of the min..max whisker.
+            ax.text(
+                x + offset - width / 4,
+                m / 2 if case.ok else 0.0,
+                f"{m:.1f}" if case.ok else "failed",
+                ha="center",
+                va="center" if case.ok else "bottom",
+                rotation=90,
+                fontsize=8,
+                color="white" if case.ok else "black",
+            )
+    ax.set_xticks(xs, [c.label.replace(" (1 device)", "\n(1 device)") for c in cases])
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_ylabel("ms / step (median; whiskers: min..max)")
+    ax.set_title(
+        f"model.fit step time, MLP {INPUT_DIM}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, "
+        f"batch {args.batch}, {args.replicas} logical CPU devices, "
+        f"{args.steps} steps x {args.repeats}",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------- CLI
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _strategy_list(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown strategies {unknown}; choose from {','.join(STRATEGIES)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Time model.fit steps of one MLP under the default strategy, "
+        "MirroredStrategy, CentralStorageStrategy and keras_psdist.PSStrategy.",
+    )
+    parser.add_argument(
+        "--replicas", type=_positive, default=4, help="logical CPU devices (default 4)"
+    )
+    parser.add_argument(
+        "--steps", type=_positive, default=50, help="steps per timed fit (default 50)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_positive,
+        default=5,
+        help="timed fits per strategy (default 5)",
+    )
+    parser.add_argument(
+        "--batch", type=_positive, default=256, help="global batch size (default 256)"
+    )
+    parser.add_argument(
+        "--warmup-steps", type=_positive, default=10, help="warm-up steps (default 10)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--strategies",
+        type=_strategy_list,
+        default=list(STRATEGIES),
+        help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH", help="write raw numbers + environment"
+    )
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart")
+    args = parser.parse_args(argv)
+    if args.batch % args.replicas:
+        parser.error(
+            f"--batch ({args.batch}) must be a multiple of --replicas ({args.replicas})"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    faulthandler.enable()  # a native abort at least leaves a Python traceback
+    start = time.perf_counter()
+    cases, info = run_benchmark(args)
+    wall_s = time.perf_counter() - start
+    print(format_table(cases, args))
+    print(
+        f"wall time: {wall_s:.1f}s; load average (1/5/15 min) at start "
+        f"{info['loadavg_start']}, at end {info['loadavg_end']} "
+        f"on {os.cpu_count()} CPUs"
+    )
+    if args.json:
+        write_json(args.json, cases, info, args, wall_s)
+        print(f"wrote {args.json}")
+    if args.plot:
+        write_plot(args.plot, cases, args)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Shared test setup.
+
+At import time, before any test module imports TensorFlow, the host CPU is
+split into 8 logical devices (only when no GPU is present) so multi-replica
+strategies can be exercised on a CPU-only machine.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+NUM_LOGICAL_CPUS = 8
+
+if not tf.config.list_physical_devices("GPU"):
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS,
+    )
+
+
+@pytest.fixture(scope="session")
+def cpu_devices() -> list[str]:
+    """Names of the logical CPU devices, e.g. `"/device:CPU:0"`."""
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+@pytest.fixture(scope="session")
+def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`(x_train, y_train, x_test, y_test)` from scikit-learn's bundled digits.
+
+    Features are float32 in [0, 1] with shape `(n, 64)`; labels are int32.
+    80/20 stratified split with a fixed seed (0).
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    y = y.astype(np.int32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.2, random_state=0, stratify=y
+    )
+    return x_train, y_train, x_test, y_test

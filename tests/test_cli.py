@@ -1,0 +1,94 @@
+"""Tests for the `keras-psdist` command line (run as subprocesses)."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The subprocess must find the checkout even without `pip install -e`.
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "keras_psdist", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+        env=env,
+    )
+
+
+def test_unknown_command_prints_usage_and_exits_2():
+    result = _run_cli("nosuch")
+    assert result.returncode == 2, result.stderr
+    assert "unknown command 'nosuch'" in result.stderr
+    assert "usage:" in result.stderr
+    assert "demo" in result.stderr
+
+
+def test_no_command_prints_usage_and_exits_2():
+    result = _run_cli()
+    assert result.returncode == 2, result.stderr
+    assert "demo" in result.stderr
+
+
+def test_help_lists_commands_and_exits_0():
+    result = _run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    assert "demo" in result.stdout
+    assert "--replicas" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("replicas", "0"), ("epochs", "0"), ("batch_size", "-1"), ("seed", "-3")],
+)
+def test_invalid_flag_value_exits_2_without_traceback(flag, value):
+    result = _run_cli("demo", f"--{flag}={value}")
+    assert result.returncode == 2, result.stderr
+    assert f"`--{flag}` must be >= " in result.stderr
+    assert f"Received: --{flag}={value}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_replicas_zero_message():
+    result = _run_cli("demo", "--replicas", "0")
+    assert result.returncode == 2, result.stderr
+    assert "Received: --replicas=0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_flag_exits_2():
+    result = _run_cli("demo", "--nosuch_flag=1")
+    assert result.returncode == 2, result.stderr
+    assert "nosuch_flag" in result.stderr
+
+
+def test_demo_trains_to_high_accuracy():
+    result = _run_cli("demo", "--epochs", "12", "--replicas", "4", timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    match = re.search(r"test accuracy: ([0-9.]+)", result.stdout)
+    assert match, result.stdout
+    assert float(match.group(1)) >= 0.93, result.stdout
+
+
+@pytest.mark.skipif(
+    bool(tf.config.list_physical_devices("GPU")),
+    reason="--replicas only splits the CPU; GPU machines use their GPUs",
+)
+def test_demo_batch_size_not_divisible_by_replicas_exits_2():
+    result = _run_cli(
+        "demo", "--epochs", "1", "--replicas", "4", "--batch_size", "130", timeout=600
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,68 @@
+"""Placement policies and the placement report, without a strategy."""
+
+import pytest
+import tensorflow as tf
+
+from keras_psdist import placement
+
+DEVICES = ["/cpu:0", "/cpu:1", "/cpu:2"]
+
+
+def test_greedy_balances_bytes():
+    policy = placement.get_policy("greedy", DEVICES)
+    sizes = [1000, 10, 10, 500, 400, 90, 5]
+    load = dict.fromkeys(DEVICES, 0)
+    for i, size in enumerate(sizes):
+        device = policy(f"v{i}", tf.TensorShape([size]), tf.float32)
+        load[device] += size * 4
+    # The 1000-element variable lands alone; the rest fill the lighter devices.
+    assert load == {"/cpu:0": 4000, "/cpu:1": 40 + 2000, "/cpu:2": 40 + 1600 + 360 + 20}
+
+
+def test_greedy_picks_least_loaded_device():
+    policy = placement.get_policy("greedy", DEVICES)
+    assert policy("a", tf.TensorShape([100]), tf.float32) == "/cpu:0"
+    assert policy("b", tf.TensorShape([50]), tf.float32) == "/cpu:1"
+    assert policy("c", tf.TensorShape([10]), tf.float32) == "/cpu:2"
+    assert policy("d", tf.TensorShape([10]), tf.float32) == "/cpu:2"
+    assert policy("e", tf.TensorShape([10]), tf.float32) == "/cpu:2"
+    assert policy("f", tf.TensorShape([10]), tf.float32) == "/cpu:2"
+    assert policy("g", tf.TensorShape([10]), tf.float32) == "/cpu:2"  # 160 < 200
+    assert policy("h", tf.TensorShape([10]), tf.float32) == "/cpu:1"  # tie: first
+
+
+def test_round_robin_cycles():
+    policy = placement.get_policy("round_robin", DEVICES)
+    got = [policy(str(i), tf.TensorShape([1]), tf.float32) for i in range(5)]
+    assert got == ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:0", "/cpu:1"]
+
+
+def test_callable_is_used_as_is():
+    def fn(name, shape, dtype):
+        return "/cpu:2"
+
+    assert placement.get_policy(fn, DEVICES) is fn
+
+
+def test_unknown_policy():
+    with pytest.raises(ValueError, match=r"Unknown placement 'nope'.*greedy, round_robin"):
+        placement.get_policy("nope", DEVICES)
+
+
+def test_variable_bytes():
+    assert placement.variable_bytes(tf.TensorShape([3, 4]), tf.float16) == 24
+    assert placement.variable_bytes(tf.TensorShape([None, 4]), tf.float32) == 0
+
+
+def test_report_table_and_totals():
+    report = placement.Placement(DEVICES[:2])
+    report.record(placement.PlacedVariable("dense/kernel", "/cpu:0", (4, 2), "float32", 32))
+    report.record(placement.PlacedVariable("m", "/cpu:0", (4, 2), "float32", 32, "dense/kernel"))
+    report.record(placement.PlacedVariable("dense/bias", "/cpu:1", (2,), "float32", 8))
+    assert report.bytes_per_device() == {"/cpu:0": 64, "/cpu:1": 8}
+    assert report.device_of("dense/bias") == "/cpu:1"
+    text = str(report)
+    assert "dense/kernel" in text and "4x2" in text
+    assert "1 optimizer slot variables" in text
+    with pytest.raises(KeyError, match="No variable named 'x'"):
+        report.device_of("x")
