@@ -23,9 +23,7 @@ flags.DEFINE_integer(
     "replicas", 4, "Number of logical CPU replicas (ignored when a GPU is present)."
 )
 flags.DEFINE_integer("epochs", 10, "Number of training epochs.")
-flags.DEFINE_integer(
-    "batch_size", 128, "Global batch size; must be a multiple of the replica count."
-)
+flags.DEFINE_integer("batch_size", 128, "Global batch size, split over the replicas.")
 flags.DEFINE_string(
     "aggregator", "mean", "Gradient aggregation rule used across replicas."
 )

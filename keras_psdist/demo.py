@@ -48,8 +48,8 @@ def run_demo(
         replicas: The number of replicas the caller configured. Only reported;
             the strategy uses every visible device.
         epochs: Number of training epochs.
-        batch_size: Global batch size. Must be a multiple of the number of
-            replicas, otherwise the strategy raises a `ValueError`.
+        batch_size: Global batch size (any size; an uneven split over the
+            replicas is weighted exactly).
         aggregator: Name of the gradient aggregation rule, e.g. `"mean"`.
         seed: Random seed for weight initialization and shuffling.
 

@@ -22,7 +22,9 @@ def _aggregate(rule, stacked):
 
 @pytest.mark.parametrize("name", RULES)
 def test_every_rule_has_a_numpy_reference(name):
-    assert name in REFERENCES, f"add a numpy reference for {name!r} to tests/reference.py"
+    assert name in REFERENCES, (
+        f"add a numpy reference for {name!r} to tests/reference.py"
+    )
 
 
 @pytest.mark.parametrize("name", RULES)
@@ -56,7 +58,9 @@ def test_replica_order_does_not_matter(name):
 def test_identical_inputs_give_that_input(name):
     value = np.arange(12, dtype=np.float32).reshape(3, 4) - 5.0
     stacked = np.stack([value] * 5)
-    np.testing.assert_allclose(_aggregate(aggregators.get(name), stacked), value, rtol=1e-6)
+    np.testing.assert_allclose(
+        _aggregate(aggregators.get(name), stacked), value, rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("name", RULES)
@@ -75,15 +79,23 @@ def test_sum_reduce_has_sum_meaning_of_scaled_inputs(name):
     true_scale = rng.normal(size=(4, 5)).astype(np.float32)
     rule = aggregators.get(name)
     [out] = rule.reduce(SUM, [[tf.constant(v / 4) for v in true_scale]])
-    np.testing.assert_allclose(out.numpy(), _aggregate(rule, true_scale), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        out.numpy(), _aggregate(rule, true_scale), rtol=1e-5, atol=1e-6
+    )
     [out_mean] = rule.reduce(MEAN, [[tf.constant(v) for v in true_scale]])
-    np.testing.assert_allclose(out_mean.numpy(), _aggregate(rule, true_scale), rtol=1e-5)
+    np.testing.assert_allclose(
+        out_mean.numpy(), _aggregate(rule, true_scale), rtol=1e-5
+    )
 
 
 def test_mean_sparse_stays_sparse_and_sums():
     rule = aggregators.get("mean")
-    a = tf.IndexedSlices(tf.constant([[1.0, 1.0]]), tf.constant([3]), tf.constant([1_000_000, 2]))
-    b = tf.IndexedSlices(tf.constant([[2.0, 2.0]]), tf.constant([3]), tf.constant([1_000_000, 2]))
+    a = tf.IndexedSlices(
+        tf.constant([[1.0, 1.0]]), tf.constant([3]), tf.constant([1_000_000, 2])
+    )
+    b = tf.IndexedSlices(
+        tf.constant([[2.0, 2.0]]), tf.constant([3]), tf.constant([1_000_000, 2])
+    )
     out = rule.reduce_sparse(SUM, [a, b])
     assert isinstance(out, tf.IndexedSlices)
     assert out.values.shape[0] == 2  # two rows, never a 1M-row table
@@ -95,7 +107,9 @@ def test_mean_sparse_stays_sparse_and_sums():
 
 
 def test_mean_refuses_byzantine_replicas():
-    with pytest.raises(ValueError, match="tolerates no Byzantine replica.*num_byzantine=1"):
+    with pytest.raises(
+        ValueError, match="tolerates no Byzantine replica.*num_byzantine=1"
+    ):
         aggregators.get("mean").check(num_replicas=4, num_byzantine=1)
 
 
@@ -103,11 +117,15 @@ def test_get_accepts_string_dict_and_instance():
     rule = aggregators.Mean()
     assert aggregators.get(rule) is rule
     assert isinstance(aggregators.get("mean"), aggregators.Mean)
-    assert isinstance(aggregators.get({"class_name": "mean", "config": {}}), aggregators.Mean)
+    assert isinstance(
+        aggregators.get({"class_name": "mean", "config": {}}), aggregators.Mean
+    )
 
 
 def test_unknown_name_lists_valid_ones():
-    with pytest.raises(ValueError, match=r"Unknown aggregator 'krumm'\. Expected one of: mean"):
+    with pytest.raises(
+        ValueError, match=r"Unknown aggregator 'krumm'\. Expected one of: mean"
+    ):
         aggregators.get("krumm")
 
 

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import tensorflow as tf
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,13 +81,8 @@ def test_demo_trains_to_high_accuracy():
     assert float(match.group(1)) >= 0.93, result.stdout
 
 
-@pytest.mark.skipif(
-    bool(tf.config.list_physical_devices("GPU")),
-    reason="--replicas only splits the CPU; GPU machines use their GPUs",
-)
-def test_demo_batch_size_not_divisible_by_replicas_exits_2():
-    result = _run_cli(
-        "demo", "--epochs", "1", "--replicas", "4", "--batch_size", "130", timeout=600
-    )
+def test_demo_unknown_aggregator_exits_2_with_the_strategy_error():
+    result = _run_cli("demo", "--epochs", "1", "--aggregator", "krumm", timeout=600)
     assert result.returncode == 2, result.stdout + result.stderr
+    assert "Unknown aggregator 'krumm'. Expected one of: mean" in result.stderr
     assert "Traceback" not in result.stderr

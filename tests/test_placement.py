@@ -45,7 +45,9 @@ def test_callable_is_used_as_is():
 
 
 def test_unknown_policy():
-    with pytest.raises(ValueError, match=r"Unknown placement 'nope'.*greedy, round_robin"):
+    with pytest.raises(
+        ValueError, match=r"Unknown placement 'nope'.*greedy, round_robin"
+    ):
         placement.get_policy("nope", DEVICES)
 
 
@@ -56,8 +58,12 @@ def test_variable_bytes():
 
 def test_report_table_and_totals():
     report = placement.Placement(DEVICES[:2])
-    report.record(placement.PlacedVariable("dense/kernel", "/cpu:0", (4, 2), "float32", 32))
-    report.record(placement.PlacedVariable("m", "/cpu:0", (4, 2), "float32", 32, "dense/kernel"))
+    report.record(
+        placement.PlacedVariable("dense/kernel", "/cpu:0", (4, 2), "float32", 32)
+    )
+    report.record(
+        placement.PlacedVariable("m", "/cpu:0", (4, 2), "float32", 32, "dense/kernel")
+    )
     report.record(placement.PlacedVariable("dense/bias", "/cpu:1", (2,), "float32", 8))
     assert report.bytes_per_device() == {"/cpu:0": 64, "/cpu:1": 8}
     assert report.device_of("dense/bias") == "/cpu:1"
