@@ -105,14 +105,14 @@ def get_weights(model: keras.Model) -> list[np.ndarray]:
 
 def assert_weights_close(actual, expected, rtol, atol):
     assert len(actual) == len(expected)
-    for i, (a, e) in enumerate(zip(actual, expected)):
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         np.testing.assert_allclose(
             a, e, rtol=rtol, atol=atol, err_msg=f"weight #{i} differs"
         )
 
 
 def assert_weights_differ(before, after):
-    assert any(not np.allclose(b, a) for b, a in zip(before, after)), (
+    assert any(not np.allclose(b, a) for b, a in zip(before, after, strict=True)), (
         "training did not change any weight"
     )
 
@@ -164,7 +164,8 @@ def test_fit_evaluate_predict_numpy(strategy_factory, digits):
         )
     counter = BatchCounter()
     history_cb = keras.callbacks.History()
-    epochs, batch_size = 8, 64
+    # 5 epochs reach ~0.93-0.96 test accuracy on one device for seeds 0-3.
+    epochs, batch_size = 5, 64
     history = model.fit(
         x_train,
         y_train,
@@ -333,7 +334,11 @@ def test_ema(strategy_factory, request, digits_small):
     # weights are the moving averages, after an odd number they are not.
     with strategy.scope():
         model = mlp(hidden=(32,))
-        optimizer = keras.optimizers.Adam(3e-3, use_ema=True, ema_overwrite_frequency=2)
+        # A short EMA (momentum 0.9) so that training visibly progresses
+        # although the weights are pulled back to the averages every 2 steps.
+        optimizer = keras.optimizers.Adam(
+            2e-2, use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=2
+        )
         model.compile(optimizer=optimizer, loss=sparse_ce())
 
     observed = []
@@ -346,21 +351,23 @@ def test_ema(strategy_factory, request, digits_small):
                 for v, a in zip(
                     model.trainable_variables,
                     optimizer._model_variables_moving_average,
+                    strict=True,
                 )
             )
             observed.append((step, same))
 
     history = model.fit(
-        x, y, batch_size=64, epochs=2, verbose=0, callbacks=[WatchOverwrite()]
+        x, y, batch_size=64, epochs=4, verbose=0, callbacks=[WatchOverwrite()]
     )
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses))
-    assert losses[-1] < losses[0], losses
-    assert [step for step, _ in observed] == list(range(1, 17))
+    assert losses[-1] < 0.75 * losses[0], losses
+    print("EMA LOSSES", losses)
+    assert [step for step, _ in observed] == list(range(1, 33))
     # The first step initializes the averages to the weights; from then on
     # they differ except right after an overwrite (every 2nd iteration).
     assert [same for _, same in observed] == [
-        step == 1 or step % 2 == 0 for step in range(1, 17)
+        step == 1 or step % 2 == 0 for step in range(1, 33)
     ]
 
     # (b) No overwrite: weights are the raw ones until finalize_variable_values.
