@@ -362,7 +362,6 @@ def test_ema(strategy_factory, request, digits_small):
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.75 * losses[0], losses
-    print("EMA LOSSES", losses)
     assert [step for step, _ in observed] == list(range(1, 33))
     # The first step initializes the averages to the weights; from then on
     # they differ except right after an overwrite (every 2nd iteration).
@@ -594,7 +593,7 @@ def test_model_checkpoint_and_backup_and_restore(
     # BackupAndRestore: interrupted at the start of epoch 2, a fresh model
     # resumes from epoch 2 with the weights saved after epoch 1.
     backup_dir = tmp_path / "backup"
-    epochs = 5
+    epochs = 4
     model = build_and_compile(seed=0)
     interrupt = InterruptAtEpoch(2)
     with pytest.raises(Interrupted):
@@ -619,7 +618,7 @@ def test_model_checkpoint_and_backup_and_restore(
         callbacks=[keras.callbacks.BackupAndRestore(str(backup_dir)), recorder],
     )
     assert recorder.first_epoch == 2
-    assert history.epoch == [2, 3, 4]
+    assert history.epoch == [2, 3]
     assert len(history.history["loss"]) < epochs
     assert_weights_close(
         recorder.weights_at_first_epoch,
