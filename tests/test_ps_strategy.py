@@ -209,6 +209,9 @@ def test_one_replica_per_device(cpu_devices, num_devices):
             {"num_byzantine": 1},
             r"`mean` aggregator tolerates no Byzantine.*num_byzantine=1",
         ),
+        ({"devices": []}, r"at least one device"),
+        ({"devices": ["/cpu:0", "/cpu:0"]}, r"names a device twice"),
+        ({"parameter_devices": ["/gpu:7"]}, r"`parameter_devices` names devices"),
     ],
     ids=[
         "unknown-device",
@@ -217,6 +220,9 @@ def test_one_replica_per_device(cpu_devices, num_devices):
         "unknown-aggregator",
         "negative-byzantine",
         "byzantine-with-mean",
+        "devices-empty",
+        "devices-duplicate",
+        "unknown-parameter-device",
     ],
 )
 def test_bad_arguments_raise_value_error(cpu_devices, kwargs, message):
