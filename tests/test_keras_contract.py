@@ -252,17 +252,16 @@ def test_batch_normalization_moving_statistics(strategy_factory, request, digits
             metrics=["accuracy"],
         )
     bn = model.layers[1]
-    history = model.fit(x_train, y_train, batch_size=64, epochs=5, verbose=0)
+    history = model.fit(x_train, y_train, batch_size=64, epochs=4, verbose=0)
     train_accuracy = history.history["accuracy"][-1]
     assert train_accuracy > 0.85, history.history
     # The statistics were updated at all.
     assert not np.allclose(bn.moving_mean.numpy(), 0.0)
     assert not np.allclose(bn.moving_variance.numpy(), 1.0)
-    _, eval_train_accuracy = model.evaluate(x_train, y_train, batch_size=64, verbose=0)
-    _, eval_test_accuracy = model.evaluate(x_test, y_test, batch_size=64, verbose=0)
-    assert eval_train_accuracy > 0.8, eval_train_accuracy
-    assert eval_test_accuracy > 0.8, eval_test_accuracy
-    assert abs(eval_train_accuracy - train_accuracy) < 0.1
+    # Inference uses the moving statistics: wrong ones show as a drop here.
+    _, eval_accuracy = model.evaluate(x_test, y_test, batch_size=64, verbose=0)
+    assert eval_accuracy > 0.8, (eval_accuracy, train_accuracy)
+    assert abs(eval_accuracy - train_accuracy) < 0.1, (eval_accuracy, train_accuracy)
 
 
 def test_kernel_regularizer_in_loss(strategy_factory, digits, digits_small):
