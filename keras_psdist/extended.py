@@ -32,12 +32,15 @@ from keras_psdist._tf import (
     resource_variable_ops,
     values,
 )
-from keras_psdist.aggregators import Aggregator
+from keras_psdist.aggregators import Aggregator, Mean
 from keras_psdist.aggregators.base import weighted_sum
 from keras_psdist.staged_merge import StagedMerge, in_replica_control_flow
 from keras_psdist.variables import PSVariable, effective_aggregation
 
 ReduceOp = tf.distribute.ReduceOp
+# Replica-context writes (metric totals, statistics) are combined with plain
+# arithmetic, never with the strategy's gradient aggregator.
+_PLAIN_MEAN = Mean()
 _AGGREGATIONS = (
     tf.VariableAggregation.NONE,
     tf.VariableAggregation.SUM,
@@ -216,18 +219,12 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             return cross_device_ops_lib.reduce_non_distributed_value(
                 reduce_op, value, destinations, self._num_replicas_in_sync
             )
-        reduce_op = _as_reduce_op(reduce_op)
-        aggregation = (
-            tf.VariableAggregation.SUM
-            if reduce_op == ReduceOp.SUM
-            else tf.VariableAggregation.MEAN
-        )
         column = [tf.convert_to_tensor(v) for v in value.values]
         with tf.device(self._reduction_device):
-            if reduce_op == ReduceOp.MEAN and len(column) > 1:
-                result = tf.add_n(column) / tf.cast(len(column), column[0].dtype)
+            if _as_reduce_op(reduce_op) == ReduceOp.SUM:
+                result = self._combine_list(tf.VariableAggregation.SUM, column)
             else:
-                result = self._combine_list(aggregation, column)
+                result = tf.add_n(column) / tf.cast(len(column), column[0].dtype)
         return self._to_destinations(result, destinations)
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
@@ -277,14 +274,13 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         per_replica = list(value.values)
         with tf.device(var.device):
             if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
-                total = _concat_slices(per_replica)
-                if aggregation == tf.VariableAggregation.MEAN:
-                    n = len(per_replica)
-                    total = tf.IndexedSlices(
-                        total.values / n, total.indices, total.dense_shape
-                    )
-                return total
-            return self._combine_list(aggregation, per_replica)
+                op = (
+                    ReduceOp.SUM
+                    if aggregation == tf.VariableAggregation.SUM
+                    else ReduceOp.MEAN
+                )
+                return _PLAIN_MEAN.reduce_sparse(op, per_replica)
+            return self._combine_list(aggregation, per_replica, self._shares)
 
     # ------------------------------------------- sync inside control flow
 
@@ -312,45 +308,52 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     def _replica_ctx_update(self, var, fn, args=(), kwargs=None, group=True):
         if not in_replica_control_flow():
             return super()._replica_ctx_update(var, fn, args, kwargs, group)
-        kwargs = kwargs or {}
         aggregation = effective_aggregation(tf.VariableAggregation.NONE, var.dtype)
-        flat = tf.nest.flatten((args, kwargs))
-        staged = [i for i, x in enumerate(flat) if not self._staged.is_agreed(x)]
-
-        def combine(per_value):
-            return [self._combine_list(aggregation, column) for column in per_value]
-
-        combined = self._staged.combine([flat[i] for i in staged], combine)
-        if combined is None:
-            return None
-        for i, c in zip(staged, combined, strict=True):
-            flat[i] = c
-        args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
-        return self._update(var, fn, args, kwargs, group)
+        return self._staged_apply(
+            aggregation,
+            args,
+            kwargs or {},
+            apply=lambda a, kw: self._update(var, fn, a, kw, group),
+            stand_in=lambda: None,
+        )
 
     def staged_assign(self, var, f, aggregation, args, kwargs):
         """A replica-context write of `var` inside control flow (see
         `staged_merge.py`): combined by `aggregation`, applied once."""
+        inner = var.get()
+
+        def apply(a, kw):
+            with tf.device(inner.device), distribute_lib.UpdateContext(inner.device):
+                return f(inner, *a, **kw)
+
+        return self._staged_apply(
+            aggregation, args, kwargs, apply=apply, stand_in=inner.value
+        )
+
+    def _staged_apply(self, aggregation, args, kwargs, apply, stand_in):
+        """Stages the arguments that differ between replicas, combines them by
+        `aggregation`, and calls `apply(args, kwargs)` in the last replica.
+        Other replicas return `stand_in()`."""
         flat = tf.nest.flatten((args, kwargs))
         staged = [i for i, x in enumerate(flat) if not self._staged.is_agreed(x)]
         combined = self._staged.combine(
             [flat[i] for i in staged],
-            lambda per_value: [self._combine_list(aggregation, c) for c in per_value],
+            lambda per_value: [
+                self._combine_list(aggregation, c, self._shares) for c in per_value
+            ],
         )
         if combined is None:
-            return var.get().value()
+            return stand_in()
         for i, c in zip(staged, combined, strict=True):
             flat[i] = c
         args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
-        inner = var.get()
-        with tf.device(inner.device), distribute_lib.UpdateContext(inner.device):
-            return f(inner, *args, **kwargs)
+        return apply(args, kwargs)
 
-    def _combine_list(self, aggregation, column):
+    def _combine_list(self, aggregation, column, shares=None):
         """Combines one variable's per-replica values by `aggregation`.
 
         A float MEAN is weighted by each replica's share of the global batch
-        (see `_batch_shares`), so BatchNormalization's moving statistics are
+        (`shares`, see `_batch_shares`), so BatchNormalization's moving statistics are
         those of the global batch even when a partial batch splits unevenly;
         a replica that got no data (whose statistics are 0/0 = NaN) has
         weight 0 and is left out.
@@ -365,9 +368,9 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             return tf.add_n(column)
         if not dtype.is_floating:
             return column[0]
-        if self._shares is None or len(self._shares) != len(column):
+        if shares is None or len(shares) != len(column):
             return tf.add_n(column) / tf.cast(len(column), dtype)
-        return weighted_sum(column, self._shares)
+        return weighted_sum(column, shares)
 
     def _to_destinations(self, tensor, destinations):
         """Packs one reduced tensor the way `destinations` expects it."""
@@ -603,17 +606,3 @@ def _per_replica_values(value, num_replicas):
         return list(value.values)
     # A value that is the same in every replica, e.g. a Python constant.
     return [value] * num_replicas
-
-
-def _concat_slices(slices):
-    slices = [
-        tf.convert_to_tensor(s) if not isinstance(s, tf.IndexedSlices) else s
-        for s in slices
-    ]
-    if not all(isinstance(s, tf.IndexedSlices) for s in slices):
-        return tf.add_n([tf.convert_to_tensor(s) for s in slices])
-    return tf.IndexedSlices(
-        tf.concat([s.values for s in slices], axis=0),
-        tf.concat([s.indices for s in slices], axis=0),
-        slices[0].dense_shape,
-    )

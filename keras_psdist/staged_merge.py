@@ -59,7 +59,7 @@ class StagedMerge:
         # Tensors that already hold a cross-replica result (see `agreed`).
         self._agreed: set = set()
 
-    def _next_site(self) -> int:
+    def _next_site(self) -> tuple[int, int]:
         thread = threading.current_thread()
         graph = tf.compat.v1.get_default_graph()
         counters = thread.__dict__.setdefault("_kpd_sites", {})

@@ -122,6 +122,17 @@ def assert_finite(weights):
         assert np.all(np.isfinite(w)), f"weight #{i} has non-finite values"
 
 
+def model_under_strategy(strategy_factory, build, optimizer):
+    """Returns `(model, initial_weights)`: a model built and compiled under a
+    fresh strategy, starting from the weights of a model built outside it."""
+    initial = get_weights(build())
+    with strategy_factory().scope():
+        model = build()
+        model.set_weights(initial)
+        model.compile(optimizer=optimizer, loss=sparse_ce())
+    return model, initial
+
+
 def single_device_reference(
     build, initial_weights, optimizer, x, y, batch_size, loss=None, epochs=1
 ):
@@ -396,13 +407,8 @@ def test_gradient_accumulation_matches_large_batch(
     def build():
         return mlp(hidden=(32,))
 
-    initial = get_weights(build())
-    strategy = strategy_factory()
-    with strategy.scope():
-        model = build()
-        model.set_weights(initial)
-        optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
-        model.compile(optimizer=optimizer, loss=sparse_ce())
+    optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+    model, initial = model_under_strategy(strategy_factory, build, optimizer)
     # 4 micro-batches of global batch 32 (8 per replica).
     model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     assert int(optimizer.iterations.numpy()) == 2
@@ -635,13 +641,8 @@ def test_sgd_matches_single_device(strategy_factory, digits_small):
     def build():
         return mlp(hidden=(32,))
 
-    initial = get_weights(build())
-    strategy = strategy_factory()
-    with strategy.scope():
-        model = build()
-        model.set_weights(initial)
-        optimizer = keras.optimizers.SGD(0.1)
-        model.compile(optimizer=optimizer, loss=sparse_ce())
+    optimizer = keras.optimizers.SGD(0.1)
+    model, initial = model_under_strategy(strategy_factory, build, optimizer)
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
     assert int(optimizer.iterations.numpy()) == 5
 
@@ -670,12 +671,9 @@ def test_embedding_sparse_gradients(strategy_factory):
             ]
         )
 
-    initial = get_weights(build())
-    strategy = strategy_factory()
-    with strategy.scope():
-        model = build()
-        model.set_weights(initial)
-        model.compile(optimizer=keras.optimizers.SGD(0.5), loss=sparse_ce())
+    model, initial = model_under_strategy(
+        strategy_factory, build, keras.optimizers.SGD(0.5)
+    )
     history = model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
     assert history.history["loss"][-1] < history.history["loss"][0]
