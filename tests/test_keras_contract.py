@@ -122,15 +122,18 @@ def assert_finite(weights):
         assert np.all(np.isfinite(w)), f"weight #{i} has non-finite values"
 
 
-def model_under_strategy(strategy_factory, build, optimizer):
-    """Returns `(model, initial_weights)`: a model built and compiled under a
-    fresh strategy, starting from the weights of a model built outside it."""
+def model_under_strategy(strategy_factory, build, make_optimizer):
+    """Returns `(model, optimizer, initial_weights)`: a model built and compiled
+    under a fresh strategy, starting from the weights of a model built outside
+    it. The optimizer is made inside the scope: Keras optimizers capture the
+    strategy they are created under."""
     initial = get_weights(build())
     with strategy_factory().scope():
         model = build()
         model.set_weights(initial)
+        optimizer = make_optimizer()
         model.compile(optimizer=optimizer, loss=sparse_ce())
-    return model, initial
+    return model, optimizer, initial
 
 
 def single_device_reference(
@@ -407,8 +410,11 @@ def test_gradient_accumulation_matches_large_batch(
     def build():
         return mlp(hidden=(32,))
 
-    optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
-    model, initial = model_under_strategy(strategy_factory, build, optimizer)
+    model, optimizer, initial = model_under_strategy(
+        strategy_factory,
+        build,
+        lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2),
+    )
     # 4 micro-batches of global batch 32 (8 per replica).
     model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     assert int(optimizer.iterations.numpy()) == 2
@@ -641,8 +647,9 @@ def test_sgd_matches_single_device(strategy_factory, digits_small):
     def build():
         return mlp(hidden=(32,))
 
-    optimizer = keras.optimizers.SGD(0.1)
-    model, initial = model_under_strategy(strategy_factory, build, optimizer)
+    model, optimizer, initial = model_under_strategy(
+        strategy_factory, build, lambda: keras.optimizers.SGD(0.1)
+    )
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
     assert int(optimizer.iterations.numpy()) == 5
 
@@ -671,8 +678,8 @@ def test_embedding_sparse_gradients(strategy_factory):
             ]
         )
 
-    model, initial = model_under_strategy(
-        strategy_factory, build, keras.optimizers.SGD(0.5)
+    model, _, initial = model_under_strategy(
+        strategy_factory, build, lambda: keras.optimizers.SGD(0.5)
     )
     history = model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
