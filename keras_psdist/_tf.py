@@ -8,6 +8,7 @@ touches one module, and the supported range pinned in `setup.cfg`
 """
 
 import tensorflow as tf
+from tensorflow.python.data.experimental.ops import distribute as data_distribute
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import (
     device_util,
@@ -22,7 +23,7 @@ from tensorflow.python.distribute import (
     values,
 )
 from tensorflow.python.distribute.v1 import input_lib as input_lib_v1
-from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.ops import handle_data_util, resource_variable_ops
 
 SUPPORTED_TF = ((2, 21), (2, 22))
 
@@ -43,9 +44,11 @@ _check_tf_version()
 
 __all__ = [
     "cross_device_ops_lib",
+    "data_distribute",
     "device_util",
     "distribute_lib",
     "distribute_utils",
+    "handle_data_util",
     "input_lib",
     "input_lib_v1",
     "input_util",

@@ -14,7 +14,6 @@ variable instead of one per replica.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,8 +25,6 @@ from keras_psdist._tf import (
     device_util,
     distribute_lib,
     distribute_utils,
-    input_lib,
-    input_util,
     mirrored_run,
     numpy_dataset,
     ps_values,
@@ -36,6 +33,9 @@ from keras_psdist._tf import (
 )
 from keras_psdist.aggregators import Aggregator, Mean
 from keras_psdist.aggregators.base import weighted_sum
+from keras_psdist.cluster.runtime import Topology
+from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.input import InputPipelines
 from keras_psdist.reduction import GradientReduction
 from keras_psdist.staged_merge import StagedMerge, in_replica_control_flow
 from keras_psdist.variables import PSVariable, effective_aggregation
@@ -58,24 +58,36 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     def __init__(
         self,
         container_strategy: tf.distribute.Strategy,
-        compute_devices: Sequence[str],
-        parameter_devices: Sequence[str],
+        topology: Topology,
         placement: str | placement_lib.PlacementFn,
         aggregator: Aggregator,
         attack: Any = None,
+        init_timeout: float = 120.0,
     ):
         super().__init__(container_strategy)
-        self._compute_devices = tuple(compute_devices)
-        self._parameter_devices = tuple(parameter_devices)
+        self._topology = topology
+        self._compute_devices = topology.compute_devices
+        self._parameter_devices = topology.parameter_devices
         self._host_device = device_util.canonicalize("/device:CPU:0")
         self._input_host_device = numpy_dataset.SingleDevice(self._host_device)
+        self._inputs = InputPipelines(container_strategy, topology)
         self._policy = placement_lib.get_policy(placement, self._parameter_devices)
         self._placement = placement_lib.Placement(self._parameter_devices)
-        # Gradients of one step are aggregated together on one device: a
-        # whole-vector rule needs them all, and the sum is memory-bound anyway.
-        self._reduction_device = self._parameter_devices[0]
+        self._shared = None
+        if topology.mode == "async":
+            self._shared = SharedVariables(
+                is_chief=topology.is_chief,
+                chief=topology.chief_name,
+                init_timeout=init_timeout,
+            )
+        self._reduction_device = _reduction_device(topology)
         self._reduction = GradientReduction(
-            aggregator, attack, self._reduction_device, len(self._compute_devices)
+            aggregator,
+            attack,
+            self._reduction_device,
+            len(self._compute_devices),
+            # In async mode a worker combines its own replicas' gradients.
+            spread_devices=() if topology.mode == "async" else self._parameter_devices,
         )
         self._gather_ops = cross_device_ops_lib.ReductionToOneDevice(
             reduce_to_device=self._reduction_device
@@ -93,6 +105,11 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     def placement(self) -> placement_lib.Placement:
         """Where each variable was placed and the bytes per device."""
         return self._placement
+
+    @property
+    def topology(self) -> Topology:
+        """Where the replicas, inputs and parameters are (one host or a cluster)."""
+        return self._topology
 
     @property
     def aggregator(self) -> Aggregator:
@@ -141,8 +158,14 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         else:
             device = colocate_with.device
             slot_of = colocate_with.name
-        with tf.init_scope(), tf.device(None), tf.device(device):
-            v = next_creator(**kwargs)
+        if self._shared is not None:
+            v = self._shared.create(
+                device,
+                **{**kwargs, "shape": shape, "dtype": dtype, "name": name},
+            )
+        else:
+            with tf.init_scope(), tf.device(None), tf.device(device):
+                v = next_creator(**kwargs)
         wrapped = PSVariable(self._container_strategy(), v, aggregation)
         self._placement.record(
             placement_lib.PlacedVariable(
@@ -481,38 +504,17 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     # ---------------------------------------------------------------- input
 
     def _input_workers_with_options(self, options=None):
-        if not options or options.experimental_fetch_to_device:
-            return input_lib.InputWorkers([(self._host_device, self._compute_devices)])
-        return input_lib.InputWorkers(
-            [(self._host_device, (self._host_device,) * len(self._compute_devices))]
-        )
+        return self._inputs.input_workers(options)
 
     @property
     def _input_workers(self):
         return self._input_workers_with_options()
 
     def _experimental_distribute_dataset(self, dataset, options):
-        return input_util.get_distributed_dataset(
-            dataset,
-            self._input_workers_with_options(options),
-            self._container_strategy(),
-            num_replicas_in_sync=self._num_replicas_in_sync,
-            options=options,
-        )
+        return self._inputs.distribute_dataset(dataset, options)
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
-        input_context = distribute_lib.InputContext(
-            num_input_pipelines=1,
-            input_pipeline_id=0,
-            num_replicas_in_sync=self._num_replicas_in_sync,
-        )
-        return input_util.get_distributed_datasets_from_function(
-            dataset_fn,
-            self._input_workers_with_options(options),
-            [input_context],
-            self._container_strategy(),
-            options=options,
-        )
+        return self._inputs.distribute_datasets_from_function(dataset_fn, options)
 
     def _experimental_make_numpy_dataset(self, numpy_input, session):
         return numpy_dataset.one_host_numpy_dataset(
@@ -548,23 +550,26 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         return min(var_list, key=lambda x: x.name)
 
     def _in_multi_worker_mode(self):
+        # TF means "collectives across client processes" by this (its input
+        # pipelines then agree on the end of data across clients). In-graph,
+        # one client sees every worker's pipeline; async workers never agree.
         return False
 
     @property
     def experimental_between_graph(self):
-        return False
+        return self._topology.mode == "async"
 
     @property
     def experimental_should_init(self):
-        return True
+        return self._topology.is_chief
 
     @property
     def should_checkpoint(self):
-        return True
+        return self._topology.is_chief
 
     @property
     def should_save_summary(self):
-        return True
+        return self._topology.is_chief
 
     @property
     def _global_batch_size(self):
@@ -575,6 +580,20 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
 
     def _get_replica_id_in_sync_group(self, replica_id):
         return replica_id
+
+
+def _reduction_device(topology):
+    """Where a step's gradients are combined.
+
+    On one host and in-graph, on the first parameter device, beside the
+    variables. In async mode, each worker combines only its own replicas'
+    gradients, so on the worker: its only device, else its host CPU.
+    """
+    if topology.mode != "async":
+        return topology.parameter_devices[0]
+    if len(topology.compute_devices) == 1:
+        return topology.compute_devices[0]
+    return topology.input_workers[0][0]
 
 
 def _materialize_initial_value(kwargs):

@@ -34,15 +34,27 @@ class GradientReduction:
         attack: A `keras_psdist.attacks.Attack` or `None`.
         device: The reduction device.
         num_replicas: The replica count n.
+        spread_devices: Devices to spread a per-variable rule's work over
+            (see `Aggregator.per_variable`): each variable's values are
+            combined on one of them, balanced by bytes, so that no one
+            parameter server receives every replica's every gradient.
+            Defaults to none: everything on `device`.
     """
 
     def __init__(
-        self, aggregator: Aggregator, attack: Any, device: str, num_replicas: int
+        self,
+        aggregator: Aggregator,
+        attack: Any,
+        device: str,
+        num_replicas: int,
+        spread_devices: Sequence[str] = (),
     ):
         self.aggregator = aggregator
         self.attack = attack
         self._device = device
         self._num_replicas = num_replicas
+        spread = aggregator.per_variable and attack is None
+        self._spread_devices = tuple(spread_devices) if spread else ()
         self._states: dict[tuple, Any] = {}
         names = tuple(aggregator.report_names)
         self._report = {
@@ -59,6 +71,8 @@ class GradientReduction:
         shares: Sequence[tf.Tensor] | None,
     ) -> list[tf.Tensor | tf.IndexedSlices]:
         """One step: aggregates, writes the state and report, returns the values."""
+        if len(self._spread_devices) > 1:
+            return self._spread(reduce_op, per_replica, shares)
         with tf.device(self._device):
             state_vars = self._state_variables(per_replica)
             state = tf.nest.map_structure(lambda v: v.read_value(), state_vars)
@@ -84,6 +98,18 @@ class GradientReduction:
             with tf.control_dependencies(writes):
                 return [_identity(v) for v in result.values]
 
+    def _spread(self, reduce_op, per_replica, shares):
+        out = [None] * len(per_replica)
+        groups = _balance_by_bytes(per_replica, self._spread_devices)
+        for device, indices in groups.items():
+            with tf.device(device):
+                result = self.aggregator.step(
+                    reduce_op, [per_replica[i] for i in indices], shares=shares
+                )
+                for i, value in zip(indices, result.values, strict=True):
+                    out[i] = _identity(value)
+        return out
+
     def report(self) -> dict[str, np.ndarray]:
         """The last step's per-replica report, `name -> array of shape [n]`."""
         return {name: var.numpy() for name, var in self._report.items()}
@@ -103,6 +129,25 @@ class GradientReduction:
                 initial,
             )
         return self._states[specs]
+
+
+def _balance_by_bytes(per_replica, devices):
+    """`device -> column indices`: largest first, each to the least-loaded."""
+    sizes = [_bytes(column[0]) for column in per_replica]
+    load = dict.fromkeys(devices, 0)
+    groups: dict[str, list[int]] = {}
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        device = min(devices, key=lambda d: load[d])
+        load[device] += sizes[i]
+        groups.setdefault(device, []).append(i)
+    return {device: sorted(indices) for device, indices in groups.items()}
+
+
+def _bytes(value):
+    if isinstance(value, tf.IndexedSlices):
+        value = value.values
+    elements = value.shape.num_elements()
+    return (elements or 0) * value.dtype.size
 
 
 def _bookkeeping_variable(initial_value, device, name):

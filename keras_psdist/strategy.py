@@ -8,10 +8,11 @@ from typing import Any
 from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
-from keras_psdist import devices as devices_lib
+from keras_psdist import checkpointing
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
+from keras_psdist.cluster import runtime
 from keras_psdist.extended import PSExtended
 
 
@@ -51,11 +52,35 @@ class PSStrategy(distribute_lib.Strategy):
             config dict), applied to the replicas it names every training
             step, to evaluate a rule: e.g. `attacks.SignFlip(replicas=[7])`.
             Defaults to `None`.
+        cluster_resolver: The cluster to train on: a
+            `tf.distribute.cluster_resolver.ClusterResolver` or a
+            `keras_psdist.cluster.ClusterConfig`, with jobs `ps`, `worker`
+            and optionally `chief`. Defaults to the cluster in the `TF_CONFIG`
+            environment variable, if set; else this process alone. See
+            docs/cluster.md.
+        mode: With a cluster, how it trains. `"sync"` (in-graph): this
+            process is the one client (the chief); the replicas are every
+            worker task's GPUs, else its CPU; the variables live on the ps
+            tasks; each step is synchronous, as on one host. `"async"`
+            (between-graph): every worker task runs the same script; the
+            variables live on the ps tasks, shared by all workers; each
+            worker applies its updates as they come, without waiting for the
+            others; the replicas are this worker's GPUs, else its CPU, and
+            the aggregator combines only those. Defaults to `"sync"`.
+        connect_timeout: Seconds to wait for the cluster's tasks to accept
+            connections before raising `ConnectionError`. Defaults to 20.
+        init_timeout: In async mode, seconds a worker waits for the chief to
+            initialise each variable before raising `TimeoutError`.
+            Defaults to 120.
 
     Raises:
         ValueError: for unknown devices, placement or aggregator names, an
             aggregator that cannot tolerate `num_byzantine` faulty replicas,
-            or an attack on replicas that do not exist.
+            an attack on replicas that do not exist, an invalid cluster (or
+            TF_CONFIG), or a task that cannot play the mode's role.
+        ConnectionError: if a task of the cluster does not answer within
+            `connect_timeout`.
+        OSError: if this task's port is held by another process.
 
     Examples:
 
@@ -76,6 +101,10 @@ class PSStrategy(distribute_lib.Strategy):
         aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean",
         num_byzantine: int | None = None,
         attack: Any = None,
+        cluster_resolver: Any = None,
+        mode: str = "sync",
+        connect_timeout: float = 20.0,
+        init_timeout: float = 120.0,
     ):
         if not callable(placement) and placement not in placement_lib.POLICIES:
             raise ValueError(
@@ -83,20 +112,43 @@ class PSStrategy(distribute_lib.Strategy):
                 f"{', '.join(placement_lib.POLICIES)}, or a callable "
                 "(name, shape, dtype) -> device."
             )
+        if mode not in runtime.MODES:
+            raise ValueError(
+                f"Unknown mode {mode!r}. Expected one of: {', '.join(runtime.MODES)}."
+            )
+        for name, value in (
+            ("connect_timeout", connect_timeout),
+            ("init_timeout", init_timeout),
+        ):
+            if not value > 0:
+                raise ValueError(
+                    f"`{name}` must be a positive number of seconds. "
+                    f"Received: {name}={value!r}"
+                )
         if num_byzantine is not None:
             check_count("num_byzantine", num_byzantine, minimum=0)
         aggregator = aggregators_lib.get(aggregator)
-        compute = devices_lib.resolve(devices, "devices") or (
-            devices_lib.default_compute_devices()
-        )
-        params = devices_lib.resolve(parameter_devices, "parameter_devices") or (
-            devices_lib.default_parameter_devices(compute)
-        )
-        aggregator = aggregator.bind(len(compute), num_byzantine)
+        config = runtime.resolve_config(cluster_resolver)
+        if config is None:
+            if mode == "async":
+                raise ValueError(
+                    "mode='async' trains between processes and needs a cluster: "
+                    "set TF_CONFIG (e.g. run the script with `keras-psdist "
+                    "launch --mode between-graph`) or pass cluster_resolver=."
+                )
+            topology = runtime.local_topology(devices, parameter_devices)
+        else:
+            topology = runtime.connect(
+                config, mode, devices, parameter_devices, connect_timeout
+            )
+        if topology.mode == "async":
+            checkpointing.install()
+        n = len(topology.compute_devices)
+        aggregator = aggregator.bind(n, num_byzantine)
         self._num_byzantine = aggregator.num_byzantine
-        attack = _resolve_attack(attack, len(compute), self._num_byzantine)
+        attack = _resolve_attack(attack, n, self._num_byzantine)
         super().__init__(
-            PSExtended(self, compute, params, placement, aggregator, attack)
+            PSExtended(self, topology, placement, aggregator, attack, init_timeout)
         )
 
     @property
@@ -106,11 +158,13 @@ class PSStrategy(distribute_lib.Strategy):
 
     def __repr__(self) -> str:
         ext = self.extended
+        mode = ext.topology.mode
         return (
             f"PSStrategy(devices={list(ext.worker_devices)}, "
             f"parameter_devices={list(ext.parameter_devices)}, "
             f"aggregator={ext.aggregator!r}, num_byzantine={self._num_byzantine}"
-            + (f", attack={ext.attack!r})" if ext.attack is not None else ")")
+            + (f", attack={ext.attack!r}" if ext.attack is not None else "")
+            + (f", mode={mode!r})" if mode != "local" else ")")
         )
 
 

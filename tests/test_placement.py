@@ -1,5 +1,6 @@
 """Placement policies and the placement report, without a strategy."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -72,3 +73,30 @@ def test_report_table_and_totals():
     assert "1 optimizer slot variables" in text
     with pytest.raises(KeyError, match="No variable named 'x'"):
         report.device_of("x")
+
+
+def test_per_variable_rule_spreads_gradients_over_parameter_devices(cpu_devices):
+    """The mean combines each variable's gradients on one parameter device,
+    balanced by bytes, instead of sending every gradient to one device."""
+    from keras_psdist import aggregators
+    from keras_psdist.reduction import GradientReduction
+
+    devices = [tf.config.list_logical_devices("CPU")[i].name for i in (2, 3)]
+    reduction = GradientReduction(
+        aggregators.get("mean").bind(2, 0),
+        None,
+        devices[0],
+        2,
+        spread_devices=devices,
+    )
+    columns = [
+        [tf.fill([1000], float(r + 1)) for r in range(2)],
+        [tf.fill([10], float(r + 3)) for r in range(2)],
+        [tf.fill([600], float(r + 5)) for r in range(2)],
+    ]
+    out = reduction(tf.distribute.ReduceOp.MEAN, columns, None)
+    for o, c in zip(out, columns, strict=True):
+        np.testing.assert_allclose(o.numpy(), (c[0].numpy() + c[1].numpy()) / 2)
+    where = [o.device.split("/")[-1] for o in out]
+    # The largest goes to one device, the next two to the other.
+    assert where[0] != where[2] and where[1] == where[2], where

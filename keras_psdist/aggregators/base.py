@@ -72,10 +72,15 @@ class Aggregator:
     Attributes:
         name: The string id the rule is registered under.
         report_names: The names of the per-replica diagnostics `apply` reports.
+        per_variable: True when each variable's result depends only on that
+            variable's values and the rule keeps no state and reports
+            nothing; the strategy may then combine different variables on
+            different parameter devices.
     """
 
     name: str = "aggregator"
     report_names: tuple[str, ...] = ()
+    per_variable: bool = False
 
     def __init__(self, num_byzantine: int | None = None):
         if num_byzantine is not None:

@@ -31,6 +31,7 @@ class Mean(Aggregator):
     """
 
     name = "mean"
+    per_variable = True
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
         super().check(num_replicas, num_byzantine)

@@ -1,0 +1,258 @@
+"""Where a PSStrategy's replicas, inputs and parameters are: one host or a cluster.
+
+A `Topology` is what `PSExtended` needs to know about the machines:
+
+| mode       | replicas                          | parameters        | input pipelines      |
+|------------|-----------------------------------|-------------------|----------------------|
+| `local`    | this process's GPUs, else CPUs    | host CPU (or GPU) | this process         |
+| `in-graph` | every worker task's GPUs, else    | every ps task's   | one per worker task, |
+|            | its CPU, driven by this client    | CPU               | on that worker       |
+| `async`    | this worker task's GPUs, else CPU | every ps task's   | this worker, on its  |
+|            |                                   | CPU, shared       | shard of the data    |
+
+`connect` joins TensorFlow's own gRPC runtime
+(`tf.config.experimental_connect_to_cluster`); nothing here speaks a protocol
+of its own. It checks, before TensorFlow does, what TensorFlow would turn into
+a hang or an opaque abort: tasks that do not answer within `connect_timeout`
+seconds, and this task's own port being held by another process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from keras_psdist import devices as devices_lib
+from keras_psdist._tf import device_util
+from keras_psdist.cluster.config import (
+    ClusterConfig,
+    check_port_free,
+    from_environment,
+    from_resolver,
+    wait_reachable,
+)
+
+MODES = ("sync", "async")
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Devices of a run.
+
+    Attributes:
+        mode: `"local"`, `"in-graph"` or `"async"`.
+        compute_devices: One replica per device, in replica order.
+        parameter_devices: Devices that hold variables.
+        input_workers: `(host device, its compute devices)` per input
+            pipeline, covering `compute_devices` in order.
+        config: The cluster, or `None` on one host.
+    """
+
+    mode: str
+    compute_devices: tuple[str, ...]
+    parameter_devices: tuple[str, ...]
+    input_workers: tuple[tuple[str, tuple[str, ...]], ...]
+    config: ClusterConfig | None = None
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process initialises shared state and writes checkpoints."""
+        return self.config is None or self.mode != "async" or self.config.is_chief
+
+    @property
+    def chief_name(self) -> str:
+        """The chief's task, e.g. `"worker:0"`, for messages."""
+        if self.config is None:
+            return "this process"
+        return "chief:0" if self.config.has_chief else "worker:0"
+
+    @property
+    def worker_index(self) -> int:
+        """This process's index among the processes that train (async), else 0."""
+        if self.mode != "async":
+            return 0
+        return _training_tasks(self.config).index(
+            (self.config.task_type, self.config.task_id)
+        )
+
+    @property
+    def num_training_processes(self) -> int:
+        """How many processes run the training script."""
+        if self.mode != "async":
+            return 1
+        return len(_training_tasks(self.config))
+
+
+def local_topology(
+    devices: Sequence[str] | None, parameter_devices: Sequence[str] | None
+) -> Topology:
+    """The one-host topology: replicas on this process's devices."""
+    compute = devices_lib.resolve(devices, "devices") or (
+        devices_lib.default_compute_devices()
+    )
+    params = devices_lib.resolve(parameter_devices, "parameter_devices") or (
+        devices_lib.default_parameter_devices(compute)
+    )
+    host = device_util.canonicalize("/device:CPU:0")
+    return Topology("local", tuple(compute), tuple(params), ((host, tuple(compute)),))
+
+
+def resolve_config(cluster_resolver) -> ClusterConfig | None:
+    """The cluster from `cluster_resolver`, else from TF_CONFIG, else `None`."""
+    if cluster_resolver is not None:
+        if isinstance(cluster_resolver, ClusterConfig):
+            return cluster_resolver
+        return from_resolver(cluster_resolver)
+    return from_environment()
+
+
+def connect(
+    config: ClusterConfig,
+    mode: str,
+    devices: Sequence[str] | None,
+    parameter_devices: Sequence[str] | None,
+    connect_timeout: float,
+) -> Topology:
+    """Connects this process to the cluster and returns the run's devices.
+
+    Args:
+        config: The validated cluster, with this process's task.
+        mode: `"sync"` (in-graph: this process is the one client) or
+            `"async"` (between-graph: every worker runs the script).
+        devices: Compute devices to use instead of the defaults, as full
+            names (`"/job:worker/replica:0/task:1/device:GPU:0"`).
+        parameter_devices: Parameter devices instead of every ps task's CPU.
+        connect_timeout: Seconds to wait for every task to accept connections.
+
+    Raises:
+        ValueError: if this task cannot play the mode's role.
+        ConnectionError: if a task does not answer within `connect_timeout`.
+        OSError: if this task's port is held by another process.
+    """
+    if mode == "async":
+        return _connect_between_graph(
+            config, devices, parameter_devices, connect_timeout
+        )
+    return _connect_in_graph(config, devices, parameter_devices, connect_timeout)
+
+
+def _connect_in_graph(config, devices, parameter_devices, connect_timeout):
+    if config.task_type not in (None, "chief"):
+        raise ValueError(
+            f"In-graph training (mode='sync' with a cluster) runs the training "
+            f"script in one client, the chief; this process is "
+            f"{config.task_type}:{config.task_id}. Run `keras-psdist serve` on "
+            "ps and worker tasks, and the script only as the chief (TF_CONFIG "
+            'task {"type": "chief", "index": 0}), e.g. with `keras-psdist '
+            "launch`; or pass mode='async' for between-graph training, where "
+            "every worker runs the script."
+        )
+    wait_reachable(_targets(config, ("ps", "worker")), connect_timeout)
+    if config.has_chief:
+        check_port_free(config.addresses("chief")[0])
+    # A ClusterSpec, not the resolver: with a resolver whose master() is
+    # local (every TFConfigClusterResolver's), TF silently does nothing.
+    tf.config.experimental_connect_to_cluster(
+        config.cluster_spec(),
+        job_name="chief",
+        task_index=0,
+        make_master_device_default=False,
+    )
+    input_workers = []
+    for task in range(config.num_workers):
+        host = config.device("worker", task)
+        input_workers.append((host, tuple(_task_compute_devices("worker", task))))
+    return _with_user_devices(
+        "in-graph", config, input_workers, devices, parameter_devices
+    )
+
+
+def _connect_between_graph(config, devices, parameter_devices, connect_timeout):
+    if config.task_type not in ("worker", "chief"):
+        raise ValueError(
+            f"Between-graph training (mode='async') runs the training script "
+            f"on every worker task; this process is "
+            f"{config.task_type}:{config.task_id}. Start ps tasks with "
+            "`keras-psdist serve`."
+        )
+    wait_reachable(_targets(config, ("ps",)), connect_timeout)
+    check_port_free(config.task_address)
+    # Only the ps tasks and this task: a client creates a context on every
+    # task it is told of, so listing the other workers would make each
+    # worker wait for, and reach into, all the others.
+    jobs = {"ps": dict(enumerate(config.addresses("ps")))}
+    jobs[config.task_type] = {config.task_id: config.task_address}
+    tf.config.experimental_connect_to_cluster(
+        config.cluster_spec(jobs),
+        job_name=config.task_type,
+        task_index=config.task_id,
+        make_master_device_default=True,
+    )
+    host = config.device(config.task_type, config.task_id)
+    compute = tuple(_task_compute_devices(config.task_type, config.task_id))
+    return _with_user_devices(
+        "async", config, [(host, compute)], devices, parameter_devices
+    )
+
+
+def _with_user_devices(mode, config, input_workers, devices, parameter_devices):
+    compute = tuple(d for _, ds in input_workers for d in ds)
+    if devices is not None:
+        chosen = tuple(devices_lib.resolve(devices, "devices"))
+        input_workers = [
+            (host, tuple(d for d in chosen if _same_task(d, host)))
+            for host, _ in input_workers
+        ]
+        input_workers = [(h, ds) for h, ds in input_workers if ds]
+        compute = tuple(d for _, ds in input_workers for d in ds)
+        stray = sorted(set(chosen) - set(compute))
+        if stray:
+            raise ValueError(
+                f"`devices` names devices outside the training tasks: {stray}. "
+                f"Expected devices of: {[h for h, _ in input_workers]}."
+            )
+    params = tuple(
+        devices_lib.resolve(parameter_devices, "parameter_devices")
+        or (config.device("ps", i) for i in range(config.num_ps))
+    )
+    return Topology(mode, compute, params, tuple(input_workers), config)
+
+
+def _task_compute_devices(job, task):
+    """A task's GPUs, else its CPU, as listed by the connected runtime."""
+    prefix = f"/job:{job}/replica:0/task:{task}/"
+    listed = [
+        device_util.canonicalize(d.name)
+        for d in tf.config.list_logical_devices()
+        if device_util.canonicalize(d.name).startswith(prefix)
+    ]
+    gpus = [d for d in listed if "/device:GPU:" in d]
+    if gpus:
+        return gpus
+    cpus = [d for d in listed if "/device:CPU:" in d]
+    if not cpus:
+        raise ConnectionError(
+            f"The runtime lists no device of {job}:{task} after connecting. "
+            f"Listed: {listed}. Is {job}:{task} running `keras-psdist serve`?"
+        )
+    return cpus
+
+
+def _same_task(device, host):
+    return device.split("/device:")[0] == host.split("/device:")[0]
+
+
+def _targets(config, jobs):
+    return {
+        f"{job}:{i}": address
+        for job in jobs
+        for i, address in enumerate(config.addresses(job))
+    }
+
+
+def _training_tasks(config):
+    return [("chief", 0)] * config.has_chief + [
+        ("worker", i) for i in range(config.num_workers)
+    ]

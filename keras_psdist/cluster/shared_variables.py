@@ -1,0 +1,122 @@
+"""Variables shared by every worker process of a between-graph run.
+
+In async (between-graph) training each worker runs the same script in its own
+process, so each builds the same model. For the workers to train one model,
+each variable must be one resource on a ps task, not one per process.
+TensorFlow shares a resource between clients that open it by the same
+`shared_name` and `container` on the same device; eager `tf.Variable`s are
+always anonymous, so the handle is opened with the raw `VarHandleOp` and
+wrapped in a `BaseResourceVariable`, without the deleter an eager variable
+gets (a worker that exits must not destroy the model for the others).
+
+The chief initialises each variable, once: if the variable already holds a
+value (the chief restarted while the ps tasks kept running), it is kept. The
+other workers wait until the chief has done so.
+
+Names: a variable's shared name is its name (Keras's path, e.g.
+`sequential/dense/kernel`), plus `_2`, `_3`, ... for the second and later
+variables of one name in a process. Workers running the same script create
+their variables in the same order, so the names agree.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import time
+
+import tensorflow as tf
+
+from keras_psdist._tf import handle_data_util, resource_variable_ops
+
+_POLL_SECONDS = 0.1
+_unique_ids = itertools.count()
+
+
+class SharedVariables:
+    """Creates (chief) or opens (other workers) variables on ps tasks.
+
+    Args:
+        is_chief: Whether this process initialises the variables.
+        chief: How to name the chief in messages, e.g. `"worker:0"`.
+        init_timeout: Seconds a non-chief waits for each variable's value.
+        container: The resource container on the ps tasks.
+    """
+
+    def __init__(
+        self,
+        is_chief: bool,
+        chief: str,
+        init_timeout: float,
+        container: str = "keras_psdist",
+    ):
+        self._is_chief = is_chief
+        self._chief = chief
+        self._init_timeout = init_timeout
+        self._container = container
+        self._name_counts: collections.Counter[str] = collections.Counter()
+
+    def create(
+        self,
+        device: str,
+        initial_value,
+        shape: tf.TensorShape,
+        dtype: tf.DType,
+        name: str,
+        trainable: bool | None = None,
+        **kwargs,
+    ) -> tf.Variable:
+        """The shared variable `name` on `device`, initialised or waited for."""
+        self._name_counts[name] += 1
+        count = self._name_counts[name]
+        shared_name = name if count == 1 else f"{name}_{count}"
+        with tf.init_scope(), tf.device(None), tf.device(device):
+            handle = resource_variable_ops.gen_resource_variable_ops.var_handle_op(
+                shape=shape,
+                dtype=dtype,
+                shared_name=shared_name,
+                container=self._container,
+                name=name.replace("/", "_"),
+            )
+            handle_data_util.set_handle_data(
+                handle, handle_data_util.create_handle_data(shape, dtype)
+            )
+            variable = resource_variable_ops.BaseResourceVariable(
+                trainable=trainable,
+                shape=shape,
+                dtype=dtype,
+                handle=handle,
+                synchronization=kwargs.get("synchronization"),
+                aggregation=kwargs.get("aggregation"),
+                constraint=kwargs.get("constraint"),
+                name=name,
+                unique_id=f"{shared_name}_{next(_unique_ids)}",
+                handle_name=name,
+                in_graph_mode=False,
+            )
+            if self._is_chief:
+                if not _is_initialized(handle):
+                    variable.assign(tf.cast(tf.convert_to_tensor(initial_value), dtype))
+            else:
+                self._wait_for_value(handle, shared_name, device)
+        return variable
+
+    def _wait_for_value(self, handle, shared_name, device):
+        deadline = time.monotonic() + self._init_timeout
+        while not _is_initialized(handle):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Waited {self._init_timeout:g} s for the chief "
+                    f"({self._chief}) to initialise variable {shared_name!r} on "
+                    f"{device}. Is the chief running the same script? If it "
+                    "is just slow to start, raise PSStrategy(init_timeout=...)."
+                )
+            time.sleep(_POLL_SECONDS)
+
+
+def _is_initialized(handle) -> bool:
+    return bool(
+        resource_variable_ops.gen_resource_variable_ops.var_is_initialized_op(
+            handle
+        ).numpy()
+    )

@@ -1,0 +1,114 @@
+"""A Keras training job on digits, run as one process of a cluster.
+
+Run by `tests/test_cluster_training.py` under `keras-psdist launch` (its
+TF_CONFIG says which task it is), and imported by the test for the
+one-process reference run with the same replicas.
+
+    python digits_job.py OUT_DIR MODE [SEED]
+
+writes `OUT_DIR/<task>.json` (what the test checks) and, in-graph,
+`OUT_DIR/weights.npz`.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+EPOCHS = 8
+BATCH_SIZE = 60
+
+
+def digits():
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return (x / 16.0).astype(np.float32), y.astype(np.int32)
+
+
+def build(strategy, seed=0):
+    with strategy.scope():
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.003),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    return model
+
+
+def train(model, seed=0, callbacks=()):
+    x, y = digits()
+    keras.utils.set_random_seed(seed)
+    history = model.fit(
+        x[:1500],
+        y[:1500],
+        batch_size=BATCH_SIZE,
+        epochs=EPOCHS,
+        verbose=2,
+        callbacks=list(callbacks),
+    )
+    _, accuracy = model.evaluate(x[1500:], y[1500:], verbose=0)
+    return history, float(accuracy)
+
+
+def main(out_dir, mode, seed=0):
+    import keras_psdist as kpd
+
+    strategy = kpd.PSStrategy(mode=mode)
+    topology = strategy.extended.topology
+    task = topology.config.task_name
+    if topology.mode == "async":
+        # A different seed per worker: equal initial weights then show that
+        # the workers share the chief's variables.
+        seed += topology.worker_index
+    model = build(strategy, seed)
+    initial = [w.numpy() for w in model.weights]
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(
+            os.path.join(out_dir, f"checkpoint_{task.replace(':', '_')}.weights.h5"),
+            save_weights_only=True,
+        )
+    ]
+    history, accuracy = train(model, seed, callbacks)
+    report = {
+        "task": task,
+        "mode": topology.mode,
+        "compute_devices": list(topology.compute_devices),
+        "variable_devices": {
+            p.name: p.device for p in strategy.extended.placement.variables
+        },
+        "steps": len(history.history["loss"]) * _steps_per_epoch(history),
+        "iterations": int(model.optimizer.iterations.numpy()),
+        "accuracy": accuracy,
+        "initial_checksum": float(sum(np.abs(w).sum() for w in initial)),
+        "is_chief": strategy.extended.should_checkpoint,
+    }
+    if topology.mode == "in-graph":
+        np.savez(
+            os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights]
+        )
+    with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
+        json.dump(report, f)
+    print(f"{task}: accuracy {accuracy:.3f} after {report['steps']} steps")
+
+
+def _steps_per_epoch(history):
+    return history.params["steps"]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)

@@ -1,0 +1,266 @@
+"""Training across processes on TensorFlow's gRPC runtime (`keras-psdist launch`).
+
+Each test starts a whole cluster on localhost (ps and worker servers, and the
+training processes) with `keras_psdist.cluster.launch`, which tears every
+process down when the job ends, fails or times out.
+"""
+
+import importlib.util
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import keras_psdist as kpd
+from keras_psdist import cluster
+
+pytestmark = pytest.mark.multiprocess
+
+JOB = Path(__file__).parent / "cluster_jobs" / "digits_job.py"
+LAUNCH_TIMEOUT_S = 420
+
+
+def _job_module():
+    spec = importlib.util.spec_from_file_location("digits_job", JOB)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _launch(tmp_path, mode, num_ps, num_workers):
+    out = io.StringIO()
+    code = cluster.launch(
+        [sys.executable, str(JOB), str(tmp_path), mode],
+        num_ps=num_ps,
+        num_workers=num_workers,
+        mode="in-graph" if mode == "sync" else "between-graph",
+        timeout_s=LAUNCH_TIMEOUT_S,
+        out=out,
+    )
+    log = out.getvalue()
+    assert code == 0, f"launch exited {code}:\n{log[-6000:]}"
+    reports = {
+        p.stem.replace("_", ":"): json.loads(p.read_text())
+        for p in tmp_path.glob("*.json")
+    }
+    return reports, log
+
+
+@pytest.fixture(scope="module")
+def in_graph_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("in_graph")
+    reports, log = _launch(tmp_path, "sync", num_ps=2, num_workers=2)
+    return reports["chief:0"], tmp_path, log
+
+
+def test_in_graph_places_variables_on_ps_tasks_and_spreads_them(in_graph_run):
+    report, _, _ = in_graph_run
+    assert report["mode"] == "in-graph"
+    assert report["compute_devices"] == [
+        "/job:worker/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:0",
+    ]
+    devices = set(report["variable_devices"].values())
+    assert all(d.startswith("/job:ps/") for d in devices), devices
+    assert devices == {
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    }
+
+
+def test_in_graph_learns_and_equals_the_one_process_run(in_graph_run, cpu_devices):
+    report, tmp_path, _ = in_graph_run
+    assert report["accuracy"] >= 0.9
+    job = _job_module()
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:2], parameter_devices=cpu_devices[2:4]
+    )
+    model = job.build(strategy)
+    _, accuracy = job.train(model)
+    cluster_weights = np.load(tmp_path / "weights.npz")
+    for i, w in enumerate(model.weights):
+        np.testing.assert_allclose(
+            cluster_weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5
+        )
+    assert accuracy == pytest.approx(report["accuracy"], abs=1e-6)
+
+
+def test_in_graph_streams_every_task_output(in_graph_run):
+    _, _, log = in_graph_run
+    for prefix in ("[chief:0]", "[ps:0]", "[ps:1]", "[worker:0]", "[worker:1]"):
+        assert prefix in log
+    assert "[chief:0] chief:0: accuracy" in log
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("async")
+    reports, log = _launch(tmp_path, "async", num_ps=1, num_workers=2)
+    return reports, tmp_path, log
+
+
+def test_async_workers_share_the_variables_on_the_ps(async_run):
+    reports, _, _ = async_run
+    assert set(reports) == {"worker:0", "worker:1"}
+    for report in reports.values():
+        assert report["mode"] == "async"
+        assert set(report["variable_devices"].values()) == {
+            "/job:ps/replica:0/task:0/device:CPU:0"
+        }
+    # Seeded differently, yet both start from the chief's initial weights.
+    assert reports["worker:0"]["initial_checksum"] == pytest.approx(
+        reports["worker:1"]["initial_checksum"], rel=1e-6
+    )
+    # Both workers' updates land in the one shared `iterations` counter: the
+    # last worker to finish sees more steps than its own. (Keras increments it
+    # by read-modify-write, so increments made at the same instant by two
+    # workers count once: it is not exactly the sum.)
+    steps = [r["steps"] for r in reports.values()]
+    last = max(r["iterations"] for r in reports.values())
+    assert min(steps) > 0
+    assert max(steps) < last <= sum(steps)
+
+
+def test_async_workers_learn(async_run):
+    reports, _, _ = async_run
+    for report in reports.values():
+        assert report["accuracy"] >= 0.85, report
+
+
+def test_async_checkpoints_are_written_by_the_chief_only(async_run):
+    reports, tmp_path, _ = async_run
+    assert reports["worker:0"]["is_chief"] and not reports["worker:1"]["is_chief"]
+    assert (tmp_path / "checkpoint_worker_0.weights.h5").exists()
+    assert not (tmp_path / "checkpoint_worker_1.weights.h5").exists()
+
+
+# ------------------------------------------------------------ bad set-ups
+
+
+def _listening_socket():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def _address(s):
+    return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_bad_tf_config_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}}')
+    with pytest.raises(ValueError, match="TF_CONFIG.*ps"):
+        kpd.PSStrategy()
+
+
+def test_unreachable_ps_is_a_clear_error_not_a_hang():
+    (port,) = cluster.pick_free_ports(1)
+    config = cluster.ClusterConfig(
+        {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 1}"]}
+    )
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"ps:0 at 127.0.0.1:{port}"):
+        kpd.PSStrategy(cluster_resolver=config, connect_timeout=2)
+    assert time.monotonic() - start < 30
+
+
+def test_default_connect_timeout_fails_within_30_seconds():
+    import inspect
+
+    default = inspect.signature(kpd.PSStrategy).parameters["connect_timeout"].default
+    assert default < 30
+
+
+def test_own_port_in_use_is_a_clear_error():
+    ps = _listening_socket()
+    held = _listening_socket()
+    try:
+        config = cluster.ClusterConfig(
+            {"ps": [_address(ps)], "worker": [_address(held)]},
+            task_type="worker",
+            task_id=0,
+        )
+        with pytest.raises(OSError, match=str(held.getsockname()[1])):
+            kpd.PSStrategy(cluster_resolver=config, mode="async")
+    finally:
+        ps.close()
+        held.close()
+
+
+def test_wrong_role_for_the_mode_is_a_clear_error():
+    ps, worker = _listening_socket(), _listening_socket()
+    try:
+        jobs = {"ps": [_address(ps)], "worker": [_address(worker)]}
+        with pytest.raises(ValueError, match="only as the chief"):
+            kpd.PSStrategy(cluster_resolver=cluster.ClusterConfig(jobs, "worker", 0))
+        with pytest.raises(ValueError, match="every worker task"):
+            kpd.PSStrategy(
+                cluster_resolver=cluster.ClusterConfig(jobs, "ps", 0), mode="async"
+            )
+    finally:
+        ps.close()
+        worker.close()
+
+
+def test_async_without_a_cluster_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="needs a cluster"):
+        kpd.PSStrategy(mode="async")
+
+
+def test_worker_without_a_chief_times_out_with_a_clear_message(tmp_path):
+    """worker:1 of an async run whose chief never comes: it names the chief."""
+    ps_port, w0, w1 = cluster.pick_free_ports(3)
+    jobs = {
+        "ps": [f"127.0.0.1:{ps_port}"],
+        "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"],
+    }
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "keras_psdist", "serve"],
+        env={
+            **env,
+            "TF_CONFIG": json.dumps(
+                cluster.ClusterConfig(jobs, "ps", 0).to_tf_config()
+            ),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    script = (
+        "import keras, keras_psdist as kpd\n"
+        "s = kpd.PSStrategy(mode='async', init_timeout=3)\n"
+        "with s.scope():\n"
+        "    keras.layers.Dense(2).build((None, 3))\n"
+    )
+    try:
+        worker = subprocess.run(
+            [sys.executable, "-c", script],
+            env={
+                **env,
+                "TF_CONFIG": json.dumps(
+                    cluster.ClusterConfig(jobs, "worker", 1).to_tf_config()
+                ),
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    assert worker.returncode != 0
+    assert "Waited 3 s for the chief (worker:0)" in worker.stderr, worker.stderr[-3000:]
