@@ -68,7 +68,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices
-        self._host_device = device_util.canonicalize("/device:CPU:0")
+        self._host_device = topology.client_device
         self._input_host_device = numpy_dataset.SingleDevice(self._host_device)
         self._inputs = InputPipelines(container_strategy, topology)
         self._policy = placement_lib.get_policy(placement, self._parameter_devices)

@@ -15,15 +15,15 @@ On one host, a global batch of B examples is cut into the replicas' batches by
 `tf.data`'s rebatch (sizes differing by at most one, in replica order). An
 in-graph or async worker cuts every global batch the same way and keeps its
 own replicas' pieces, which is what makes an in-graph run equal a one-host run
-with the same replicas, and gives async workers disjoint data. Each worker reads the whole input for that; a
-pipeline that cannot be sent to the workers (one built on Python code,
-`from_generator`) is read on the chief instead, with a warning.
+with the same replicas, and gives async workers disjoint data. Each in-graph
+worker reads the whole input for that, and the pipeline must be one
+TensorFlow can send to another process (tensors, files): one built on Python
+code (`from_generator`, a `PyDataset`) is refused with the fix.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
-from absl import logging
 
 from keras_psdist._tf import (
     data_distribute,
@@ -68,15 +68,14 @@ class InputPipelines:
             )
         if len(topology.input_workers) > 1:
             clones = self._clone_to_workers(dataset)
-            if clones is not None:
-                ranges, start = [], 0
-                for _, devices in topology.input_workers:
-                    ranges.append((start, start + len(devices)))
-                    start += len(devices)
-                return self._pieces_of_global_batches(clones, ranges, n, options)
+            ranges, start = [], 0
+            for _, devices in topology.input_workers:
+                ranges.append((start, start + len(devices)))
+                start += len(devices)
+            return self._pieces_of_global_batches(clones, ranges, n, options)
         return input_util.get_distributed_dataset(
             dataset,
-            self._single_input_worker(options),
+            self.input_workers(options),
             self._strategy,
             num_replicas_in_sync=n,
             options=options,
@@ -105,30 +104,21 @@ class InputPipelines:
             dataset_fn, workers, contexts, self._strategy, options=options
         )
 
-    def _single_input_worker(self, options):
-        """All replicas fed from this process's host (one host, or a fallback)."""
-        workers = self.input_workers(options)
-        if workers.num_workers == 1:
-            return workers
-        devices = tuple(
-            d for ds in workers.compute_devices_for_worker_list() for d in ds
-        )
-        host = tf.config.list_logical_devices("CPU")[0].name
-        return input_lib.InputWorkers([(host, devices)])
-
     def _clone_to_workers(self, dataset):
-        """The dataset re-created on each worker task, or None if it cannot be."""
+        """The dataset re-created on each worker task."""
         hosts = [host for host, _ in self._topology.input_workers]
         try:
             clones = data_distribute.replicate(dataset, hosts)
         except (tf.errors.OpError, ValueError, TypeError) as e:
-            logging.warning(
-                "The input pipeline cannot be sent to the worker tasks (%s); it "
-                "runs on this process and its batches are sent to the workers. "
-                "Build it from tensors or files to run it on the workers.",
-                e,
-            )
-            return None
+            raise ValueError(
+                "In-graph training runs the input pipeline on every worker task, "
+                "and this one cannot be sent to them: it is built on Python code "
+                "(`Dataset.from_generator`, a `keras.utils.PyDataset`, "
+                "`py_function`) that exists only in this process. Build it from "
+                "tensors or files (`tf.data.Dataset.from_tensor_slices`, "
+                "`TFRecordDataset`), or use PSStrategy(mode='async'), where every "
+                f"worker runs its own pipeline. TensorFlow said: {e}"
+            ) from None
         return [clones[host] for host in hosts]
 
     def _pieces_of_global_batches(self, datasets, ranges, total, options):

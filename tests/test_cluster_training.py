@@ -60,6 +60,7 @@ def in_graph_run(tmp_path_factory):
     return reports["chief:0"], tmp_path, log
 
 
+@pytest.mark.xdist_group("in_graph_cluster")
 def test_in_graph_places_variables_on_ps_tasks_and_spreads_them(in_graph_run):
     report, _, _ = in_graph_run
     assert report["mode"] == "in-graph"
@@ -75,6 +76,7 @@ def test_in_graph_places_variables_on_ps_tasks_and_spreads_them(in_graph_run):
     }
 
 
+@pytest.mark.xdist_group("in_graph_cluster")
 def test_in_graph_learns_and_equals_the_one_process_run(in_graph_run, cpu_devices):
     report, tmp_path, _ = in_graph_run
     assert report["accuracy"] >= 0.9
@@ -92,6 +94,7 @@ def test_in_graph_learns_and_equals_the_one_process_run(in_graph_run, cpu_device
     assert accuracy == pytest.approx(report["accuracy"], abs=1e-6)
 
 
+@pytest.mark.xdist_group("in_graph_cluster")
 def test_in_graph_streams_every_task_output(in_graph_run):
     _, _, log = in_graph_run
     for prefix in ("[chief:0]", "[ps:0]", "[ps:1]", "[worker:0]", "[worker:1]"):
@@ -106,6 +109,7 @@ def async_run(tmp_path_factory):
     return reports, tmp_path, log
 
 
+@pytest.mark.xdist_group("async_cluster")
 def test_async_workers_share_the_variables_on_the_ps(async_run):
     reports, _, _ = async_run
     assert set(reports) == {"worker:0", "worker:1"}
@@ -128,12 +132,14 @@ def test_async_workers_share_the_variables_on_the_ps(async_run):
     assert max(steps) < last <= sum(steps)
 
 
+@pytest.mark.xdist_group("async_cluster")
 def test_async_workers_learn(async_run):
     reports, _, _ = async_run
     for report in reports.values():
         assert report["accuracy"] >= 0.85, report
 
 
+@pytest.mark.xdist_group("async_cluster")
 def test_async_checkpoints_are_written_by_the_chief_only(async_run):
     reports, tmp_path, _ = async_run
     assert reports["worker:0"]["is_chief"] and not reports["worker:1"]["is_chief"]

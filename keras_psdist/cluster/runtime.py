@@ -47,6 +47,7 @@ class Topology:
         parameter_devices: Devices that hold variables.
         input_workers: `(host device, its compute devices)` per input
             pipeline, covering `compute_devices` in order.
+        client_device: This process's CPU, by its name in the cluster.
         config: The cluster, or `None` on one host.
     """
 
@@ -54,6 +55,7 @@ class Topology:
     compute_devices: tuple[str, ...]
     parameter_devices: tuple[str, ...]
     input_workers: tuple[tuple[str, tuple[str, ...]], ...]
+    client_device: str
     config: ClusterConfig | None = None
 
     @property
@@ -96,7 +98,9 @@ def local_topology(
         devices_lib.default_parameter_devices(compute)
     )
     host = device_util.canonicalize("/device:CPU:0")
-    return Topology("local", tuple(compute), tuple(params), ((host, tuple(compute)),))
+    return Topology(
+        "local", tuple(compute), tuple(params), ((host, tuple(compute)),), host
+    )
 
 
 def resolve_config(cluster_resolver) -> ClusterConfig | None:
@@ -165,7 +169,13 @@ def _connect_in_graph(config, devices, parameter_devices, connect_timeout):
         host = config.device("worker", task)
         input_workers.append((host, tuple(_task_compute_devices("worker", task))))
     return _with_user_devices(
-        "in-graph", config, input_workers, devices, parameter_devices
+        "in-graph",
+        config,
+        input_workers,
+        devices,
+        parameter_devices,
+        # The client is `chief:0`, a job TF adds when the cluster has none.
+        client="/job:chief/replica:0/task:0/device:CPU:0",
     )
 
 
@@ -193,11 +203,11 @@ def _connect_between_graph(config, devices, parameter_devices, connect_timeout):
     host = config.device(config.task_type, config.task_id)
     compute = tuple(_task_compute_devices(config.task_type, config.task_id))
     return _with_user_devices(
-        "async", config, [(host, compute)], devices, parameter_devices
+        "async", config, [(host, compute)], devices, parameter_devices, client=host
     )
 
 
-def _with_user_devices(mode, config, input_workers, devices, parameter_devices):
+def _with_user_devices(mode, config, input_workers, devices, parameter_devices, client):
     compute = tuple(d for _, ds in input_workers for d in ds)
     if devices is not None:
         chosen = tuple(devices_lib.resolve(devices, "devices"))
@@ -217,7 +227,7 @@ def _with_user_devices(mode, config, input_workers, devices, parameter_devices):
         devices_lib.resolve(parameter_devices, "parameter_devices")
         or (config.device("ps", i) for i in range(config.num_ps))
     )
-    return Topology(mode, compute, params, tuple(input_workers), config)
+    return Topology(mode, compute, params, tuple(input_workers), client, config)
 
 
 def _task_compute_devices(job, task):
