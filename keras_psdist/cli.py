@@ -7,7 +7,7 @@ logical CPU devices) has been set up.
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 # Before anything in this process imports TensorFlow or Keras.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -38,15 +38,92 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("seed", 0, "Random seed for Keras, NumPy and Python.")
 
+# `serve`
+flags.DEFINE_string(
+    "job", None, "Task type to serve (ps or worker), instead of TF_CONFIG's."
+)
+flags.DEFINE_integer("task", None, "Task index to serve, instead of TF_CONFIG's.")
+
+# `launch`
+flags.DEFINE_integer("num_ps", 1, "Number of parameter-server tasks.")
+flags.DEFINE_integer("num_workers", 1, "Number of worker tasks.")
+flags.DEFINE_string(
+    "mode",
+    "in-graph",
+    "in-graph: servers for every ps and worker task, the command runs once as "
+    "the chief; between-graph: servers for the ps tasks, the command runs once "
+    "per worker.",
+)
+flags.DEFINE_string(
+    "host",
+    "127.0.0.1",
+    "Host in the tasks' addresses (TensorFlow's servers listen on every "
+    "interface regardless).",
+)
+flags.DEFINE_float(
+    "timeout",
+    None,
+    "Stop everything and exit 124 once training has run this many seconds.",
+)
+flags.DEFINE_float(
+    "startup_timeout", 60.0, "Seconds the servers may take to accept connections."
+)
+
 # Flags each command reads, with the smallest value each accepts.
-_MINIMUMS = {"replicas": 1, "epochs": 1, "batch_size": 1, "num_byzantine": 0, "seed": 0}
+_MINIMUMS = {
+    "replicas": 1,
+    "epochs": 1,
+    "batch_size": 1,
+    "num_byzantine": 0,
+    "seed": 0,
+    "task": 0,
+    "num_ps": 1,
+    "num_workers": 1,
+}
+
+# The flags each command reads, in the order `--help` lists them.
+_COMMAND_FLAGS = {
+    "demo": (
+        "replicas",
+        "epochs",
+        "batch_size",
+        "aggregator",
+        "num_byzantine",
+        "attack",
+        "seed",
+    ),
+    "serve": ("job", "task"),
+    "launch": (
+        "num_ps",
+        "num_workers",
+        "mode",
+        "host",
+        "timeout",
+        "startup_timeout",
+    ),
+}
+
+# What follows the flags on each command's usage line.
+_COMMAND_ARGS = {"launch": " -- COMMAND [ARGS...]"}
 
 
 class _CliError(Exception):
     """A user error: printed as one line to stderr, exit code 2."""
 
 
-def _usage() -> str:
+def _usage(command: str | None = None) -> str:
+    """The whole usage text, or one command's when `command` is given."""
+    if command in COMMANDS:
+        return "\n".join(
+            [
+                f"usage: {PROG} {command} [--flags]{_COMMAND_ARGS.get(command, '')}",
+                "",
+                _summary(COMMANDS[command]),
+                "",
+                "Flags:",
+                *_flag_lines(command),
+            ]
+        )
     width = max(len(name) for name in COMMANDS)
     lines = [
         f"usage: {PROG} COMMAND [--flags]",
@@ -56,22 +133,21 @@ def _usage() -> str:
             f"  {name.ljust(width)}  {_summary(fn)}"
             for name, fn in sorted(COMMANDS.items())
         ),
-        "",
-        "Flags:",
-        *(
-            f"  --{name} (default: {FLAGS[name].default!r})  {FLAGS[name].help}"
-            for name in (
-                "replicas",
-                "epochs",
-                "batch_size",
-                "aggregator",
-                "num_byzantine",
-                "attack",
-                "seed",
-            )
-        ),
     ]
+    for name in sorted(COMMANDS):
+        lines += [
+            "",
+            f"{name} flags ({PROG} {name} [--flags]{_COMMAND_ARGS.get(name, '')}):",
+            *_flag_lines(name),
+        ]
     return "\n".join(lines)
+
+
+def _flag_lines(command: str) -> list[str]:
+    return [
+        f"  --{name} (default: {FLAGS[name].default!r})  {FLAGS[name].help}"
+        for name in _COMMAND_FLAGS.get(command, ())
+    ]
 
 
 def _summary(fn: Callable) -> str:
@@ -115,7 +191,7 @@ def _split_host_cpu(replicas: int) -> None:
             ) from e
 
 
-def demo_command() -> int:
+def demo_command(args: Sequence[str] = ()) -> int:
     """Train a small MLP on the bundled digits dataset with PSStrategy."""
     for name in ("replicas", "epochs", "batch_size", "num_byzantine", "seed"):
         _check_minimum(name)
@@ -150,26 +226,117 @@ def demo_command() -> int:
     return 0
 
 
-# Command name -> function taking no arguments (it reads FLAGS) and returning
-# the process exit code. Later commands (`serve`, `launch`) register here.
-COMMANDS: dict[str, Callable[[], int]] = {
+def serve_command(args: Sequence[str] = ()) -> int:
+    """Run this task's TensorFlow gRPC server (TF_CONFIG) until SIGTERM/SIGINT."""
+    from keras_psdist.cluster import config as cluster_config
+
+    if FLAGS.task is not None:
+        _check_minimum("task")
+    try:
+        config = cluster_config.from_environment()
+    except ValueError as e:
+        raise _CliError(str(e)) from e
+    if config is None:
+        raise _CliError(
+            '`serve` needs the cluster in TF_CONFIG, e.g. TF_CONFIG=\'{"cluster": '
+            '{"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}, "task": '
+            '{"type": "ps", "index": 0}}\'. To run a whole cluster on this '
+            "machine, use `keras-psdist launch` instead."
+        )
+    if FLAGS.job is not None or FLAGS.task is not None:
+        task_type = config.task_type if FLAGS.job is None else FLAGS.job
+        task_id = config.task_id if FLAGS.task is None else FLAGS.task
+        if task_type is None or task_id is None:
+            raise _CliError(
+                "`serve` needs both the task type and index: TF_CONFIG has no "
+                f'"task", so pass both --job and --task. Received: --job='
+                f"{FLAGS.job}, --task={FLAGS.task}"
+            )
+        value = config.to_tf_config()
+        value["task"] = {"type": task_type, "index": task_id}
+        try:
+            config = cluster_config.from_tf_config(value, source="--job/--task")
+        except ValueError as e:
+            raise _CliError(str(e)) from e
+    if config.task_type is None:
+        raise _CliError(
+            '`serve` needs to know which task to serve: TF_CONFIG has no "task". '
+            'Set it (e.g. "task": {"type": "ps", "index": 0}) or pass --job and '
+            "--task."
+        )
+
+    from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, serve
+
+    try:
+        code = serve(config)
+    except cluster_config.PortInUseError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return PORT_IN_USE_EXIT_CODE
+    # Tearing down an interpreter with a started TF server takes a second or
+    # two (longer on a busy host) and saves nothing: leave at once, so that a
+    # launcher's shutdown is quick.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def launch_command(args: Sequence[str] = ()) -> int:
+    """Run a command on a parameter-server cluster of local processes."""
+    from keras_psdist.cluster.launcher import launch
+
+    for name in ("num_ps", "num_workers"):
+        _check_minimum(name)
+    for name in ("timeout", "startup_timeout"):
+        value = getattr(FLAGS, name)
+        if value is not None and not value > 0:
+            raise _CliError(f"`--{name}` must be > 0. Received: --{name}={value}")
+    try:
+        return launch(
+            list(args),
+            num_ps=FLAGS.num_ps,
+            num_workers=FLAGS.num_workers,
+            mode=FLAGS.mode,
+            host=FLAGS.host,
+            timeout_s=FLAGS.timeout,
+            startup_timeout_s=FLAGS.startup_timeout,
+        )
+    except ValueError as e:
+        raise _CliError(str(e)) from e
+
+
+# Command name -> function taking the arguments after `--` (only commands in
+# _TAKES_ARGS get any) and returning the process exit code; flags are in FLAGS.
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "demo": demo_command,
+    "launch": launch_command,
+    "serve": serve_command,
 }
+
+# Commands that take a command line after `--`.
+_TAKES_ARGS = ("launch",)
 
 _HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "--helpfull", "help")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """Parses `argv` into FLAGS; returns the positional arguments.
+    """Parses `argv` into FLAGS; returns `[prog, *positional]`.
 
+    Flag names may use hyphens (`--num-ps` is `--num_ps`). Everything after
+    the first `--` is returned untouched, after a `--` marker, for `launch`.
     Flag errors and help requests are handled here so they never reach absl's
     default usage printer (which documents the `__main__` module instead).
     """
-    if any(arg in _HELP_ARGS for arg in argv[1:]):
-        print(_usage())
+    own, rest = argv, None
+    if "--" in argv:
+        split = argv.index("--")
+        own, rest = argv[:split], argv[split + 1 :]
+    own = [own[0], *(_normalise_flag(arg) for arg in own[1:])]
+    if any(arg in _HELP_ARGS for arg in own[1:]):
+        command = next((a for a in own[1:] if a in COMMANDS), None)
+        print(_usage(command))
         sys.exit(0)
     try:
-        positional = FLAGS(argv)
+        positional = FLAGS(own)
     except flags.Error as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -177,7 +344,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
     # unless the user asked for something else.
     if FLAGS["verbosity"].using_default_value:
         FLAGS.verbosity = -1
-    return positional
+    return positional if rest is None else [*positional, "--", *rest]
+
+
+def _normalise_flag(arg: str) -> str:
+    """`--num-ps=2` -> `--num_ps=2`: hyphens in a flag's name, not its value."""
+    if not arg.startswith("-") or arg in ("-", "--"):
+        return arg
+    dashes = len(arg) - len(arg.lstrip("-"))
+    name, eq, value = arg[dashes:].partition("=")
+    return arg[:dashes] + name.replace("-", "_") + eq + value
 
 
 def _main(argv: list[str]) -> int:
@@ -187,14 +363,41 @@ def _main(argv: list[str]) -> int:
             print(f"{PROG}: error: unknown command {args[0]!r}", file=sys.stderr)
         print(_usage(), file=sys.stderr)
         return 2
-    if len(args) > 1:
+    command, extra, rest = args[0], args[1:], []
+    if "--" in extra:
+        split = extra.index("--")
+        extra, rest = extra[:split], extra[split + 1 :]
+    if command in _TAKES_ARGS and extra:
         print(
-            f"{PROG}: error: unexpected arguments: {' '.join(args[1:])}",
+            f"{PROG}: error: unexpected arguments before `--`: {' '.join(extra)}. "
+            f"Put the command to run after `--`: {PROG} {command} --num_ps 1 "
+            "--num_workers 2 -- python train.py",
+            file=sys.stderr,
+        )
+        return 2
+    if command not in _TAKES_ARGS and (extra or rest):
+        print(
+            f"{PROG}: error: unexpected arguments: {' '.join(extra + rest)}",
+            file=sys.stderr,
+        )
+        return 2
+    misplaced = [
+        (name, other)
+        for other, names in _COMMAND_FLAGS.items()
+        if other != command
+        for name in names
+        if name not in _COMMAND_FLAGS[command] and FLAGS[name].present
+    ]
+    if misplaced:
+        name, other = misplaced[0]
+        print(
+            f"{PROG}: error: `--{name}` is a flag of `{PROG} {other}`, not of "
+            f"`{PROG} {command}`. See `{PROG} {command} --help`.",
             file=sys.stderr,
         )
         return 2
     try:
-        return COMMANDS[args[0]]()
+        return COMMANDS[command](rest)
     except _CliError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

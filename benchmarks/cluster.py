@@ -1,0 +1,696 @@
+"""PSStrategy across local processes: in-graph step time and async throughput.
+
+What it measures
+----------------
+Two things, in one run, on the MLP of ``benchmarks/strategies.py``
+(64 -> 512 -> 512 -> 2, Adam, sparse cross-entropy from logits, global batch
+``--batch`` 256, synthetic NumPy data):
+
+1. **In-graph step time.** ``PSStrategy()`` as the chief of a local cluster
+   of 2 worker tasks and 2 ps tasks started by
+   ``keras_psdist.cluster.launch(mode="in-graph")`` (replicas: the workers'
+   CPUs; variables: the ps tasks' CPUs; every task its own process, talking
+   gRPC over localhost), against the same 2 replicas in one process: the host
+   CPU split into 4 logical devices, ``PSStrategy(devices=[cpu0, cpu1],
+   parameter_devices=[cpu2, cpu3])``.
+2. **Between-graph async throughput.** ``PSStrategy(mode="async")`` on every
+   worker task of a cluster of 1 ps task and 1, then 2, workers
+   (``launch(mode="between-graph")``). The batch size is global: with W
+   workers each worker step trains on ``batch / W`` examples.
+
+Method: every measurement runs in fresh processes (this script re-invoked
+with ``--role``), which build the model, run one warm-up epoch of ``--steps``
+steps (tracing and the first iterator fills excluded), then ``--epochs`` more
+epochs of ``--steps`` steps in the same ``fit`` call, each timed from
+``on_epoch_begin`` to ``on_epoch_end`` (Keras syncs the logs at the epoch
+end). Process start-up, connecting and warm-up are never timed.
+
+* In-graph: ms/step of a run = median over its timed epochs of epoch time /
+  steps. One-process and cluster runs alternate for ``--rounds`` rounds
+  (one-process, cluster, one-process, cluster, ...) so drift of the machine's
+  load hits both; the ratio cluster / one-process is taken per round and its
+  median reported.
+* Async: after the warm-up epoch, the workers wait for each other (a file
+  barrier), so their timed epochs overlap. Throughput = examples trained in
+  the timed epochs, summed over workers, / wall time from the earliest
+  worker's first timed epoch start to the latest worker's last epoch end
+  (clocks of one machine). The sum of each worker's own examples/s is also
+  recorded. 1-worker and 2-worker runs alternate for ``--rounds`` rounds;
+  the ratio 2-worker / 1-worker is the median of the per-round ratios.
+
+Children report through JSON files in a temporary directory, not through
+their logs; their output goes to log files there, and the last lines of a
+failed run's log are printed. ``launch`` stops every process it started,
+on success or failure.
+
+On one machine the processes share its cores: the in-graph ratio shows the
+cost of gRPC and of separate processes, not a gain, and the async speed-up
+is bounded by the number of cores.
+
+How to run
+----------
+From the repository root::
+
+    python benchmarks/cluster.py              # 7 to 9 minutes on 2 shared cores
+    python benchmarks/cluster.py --quick      # smoke run, about 1.5 minutes
+
+Options: ``--steps`` (steps per epoch, 40), ``--epochs`` (timed epochs per
+run, 5), ``--rounds`` (4), ``--batch`` (256), ``--seed``, ``--only
+in-graph|async``, ``--json PATH`` (raw numbers + machine; default
+``benchmarks/results/cluster.json``, with ``--quick`` ``cluster_quick.json``).
+The exit code is 1 if any run failed (its error and the last lines of its
+log are in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Before TensorFlow is imported anywhere in this process.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_JSON = RESULTS / "cluster.json"
+QUICK_JSON = RESULTS / "cluster_quick.json"
+
+ROLES = ("local", "in-graph", "async")
+# The cluster shapes compared.
+IN_GRAPH_WORKERS = 2
+IN_GRAPH_PS = 2
+ASYNC_PS = 1
+ASYNC_WORKERS = (1, 2)
+
+# Limits that turn a hang into a failure (seconds).
+RUN_TIMEOUT_S = 300.0
+BARRIER_TIMEOUT_S = 120.0
+
+
+# --------------------------------------------------------- child processes
+
+
+def _child_main(args: argparse.Namespace) -> int:
+    """What a child process does: build, warm up, time, write its JSON."""
+    import keras
+    import strategies  # benchmarks/strategies.py: same model and data
+    import tensorflow as tf
+
+    import keras_psdist as kpd
+
+    if args.role == "local":
+        cpus = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * 4
+        )
+        names = [d.name for d in tf.config.list_logical_devices("CPU")]
+        strategy = kpd.PSStrategy(devices=names[:2], parameter_devices=names[2:])
+    elif args.role == "in-graph":
+        strategy = kpd.PSStrategy()
+    else:
+        strategy = kpd.PSStrategy(mode="async")
+    topology = strategy.extended.topology
+    workers = topology.num_training_processes
+    index = topology.worker_index
+
+    model = strategies.build_model(strategy, args.seed)
+    dataset = strategies.make_dataset(args.batch, args.seed)
+
+    barrier = None
+    if args.role == "async":
+        barrier = _FileBarrier(Path(args.out_dir), index, workers)
+    clock = _make_epoch_clock()(barrier)
+    fit_start = time.perf_counter()
+    model.fit(
+        dataset,
+        epochs=1 + args.epochs,
+        steps_per_epoch=args.steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=[clock, keras.callbacks.TerminateOnNaN()],
+    )
+    timed = clock.epochs[1:]  # The first epoch is the warm-up.
+    examples_per_step = args.batch // workers
+    report = {
+        "role": args.role,
+        "mode": topology.mode,
+        "task": None if topology.config is None else topology.config.task_name,
+        "worker_index": index,
+        "num_training_processes": workers,
+        "compute_devices": list(topology.compute_devices),
+        "parameter_devices": list(topology.parameter_devices),
+        "replicas": strategy.num_replicas_in_sync,
+        "steps_per_epoch": args.steps,
+        "examples_per_step": examples_per_step,
+        "warmup_s": clock.epochs[0][1] - clock.epochs[0][0],
+        "fit_start_to_warmup_end_s": clock.warmup_end_perf - fit_start,
+        "barrier_wait_s": clock.barrier_wait_s,
+        "epoch_s": [end - begin for begin, end in timed],
+        "ms_per_step": [1e3 * (end - begin) / args.steps for begin, end in timed],
+        # Wall-clock (time.time) bounds of the timed epochs, comparable
+        # between processes of this machine.
+        "timed_start_wall": clock.wall[1][0],
+        "timed_end_wall": clock.wall[-1][1],
+        "examples": examples_per_step * args.steps * len(timed),
+        "final_loss": clock.last_loss,
+    }
+    name = report["task"] or "local"
+    path = Path(args.out_dir) / f"{name.replace(':', '_')}.json"
+    path.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+class _FileBarrier:
+    """Waits until every worker has reached the barrier (files in `out_dir`)."""
+
+    def __init__(self, out_dir: Path, index: int, count: int):
+        self.out_dir = out_dir
+        self.index = index
+        self.count = count
+
+    def __call__(self) -> None:
+        (self.out_dir / f"ready_{self.index}").touch()
+        deadline = time.monotonic() + BARRIER_TIMEOUT_S
+        while True:
+            ready = sum(
+                (self.out_dir / f"ready_{i}").exists() for i in range(self.count)
+            )
+            if ready == self.count:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Only {ready} of {self.count} workers reached the barrier "
+                    f"after {BARRIER_TIMEOUT_S:g} s."
+                )
+            time.sleep(0.01)
+
+
+def _make_epoch_clock():
+    import keras
+
+    class EpochClock(keras.callbacks.Callback):
+        """Begin/end of each epoch; runs `barrier` after the first (warm-up)."""
+
+        def __init__(self, barrier=None):
+            super().__init__()
+            self.barrier = barrier
+            self.epochs: list[tuple[float, float]] = []
+            self.wall: list[tuple[float, float]] = []
+            self.barrier_wait_s = 0.0
+            self.warmup_end_perf = None
+            self.last_loss = None
+            self._begin = None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._begin = (time.perf_counter(), time.time())
+
+        def on_epoch_end(self, epoch, logs=None):
+            end = (time.perf_counter(), time.time())
+            self.epochs.append((self._begin[0], end[0]))
+            self.wall.append((self._begin[1], end[1]))
+            if logs and "loss" in logs:
+                self.last_loss = float(logs["loss"])
+            if epoch == 0:
+                self.warmup_end_perf = end[0]
+                if self.barrier is not None:
+                    self.barrier()
+                    self.barrier_wait_s = time.perf_counter() - end[0]
+
+    return EpochClock
+
+
+# ------------------------------------------------------------ orchestration
+
+
+def _child_command(role: str, out_dir: Path, args: argparse.Namespace) -> list[str]:
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--role",
+        role,
+        "--out-dir",
+        str(out_dir),
+        "--steps",
+        str(args.steps),
+        "--epochs",
+        str(args.epochs),
+        "--batch",
+        str(args.batch),
+        "--seed",
+        str(args.seed),
+    ]
+
+
+def _use_checkout() -> None:
+    """Lets this process and its children import `keras_psdist` from this
+    checkout, installed or not."""
+    sys.path.insert(0, str(REPO_ROOT))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
+    )
+
+
+class RunFailed(RuntimeError):
+    """A measurement's processes failed; the message has their last lines."""
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def _reports(out_dir: Path, expected: int, log: Path, code: int) -> list[dict]:
+    found = sorted(out_dir.glob("*.json"))
+    if code != 0 or len(found) != expected:
+        raise RunFailed(
+            f"exit code {code}, {len(found)} of {expected} result files; last "
+            f"lines of {log}:\n{_tail(log)}"
+        )
+    return [json.loads(p.read_text()) for p in found]
+
+
+def run_local(work: Path, args: argparse.Namespace) -> dict:
+    """The one-process baseline: 2 logical CPU replicas + 2 parameter devices."""
+    out_dir = Path(tempfile.mkdtemp(prefix="local_", dir=work))
+    log = out_dir.with_suffix(".log")
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            code = subprocess.run(
+                _child_command("local", out_dir, args),
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=RUN_TIMEOUT_S,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    (report,) = _reports(out_dir, 1, log, code)
+    report["process_wall_s"] = time.perf_counter() - start
+    return report
+
+
+def run_cluster(
+    work: Path, role: str, num_ps: int, num_workers: int, args: argparse.Namespace
+) -> list[dict]:
+    """One `launch` of a local cluster; returns the training processes' reports."""
+    from keras_psdist.cluster import launch
+
+    mode = "in-graph" if role == "in-graph" else "between-graph"
+    out_dir = Path(tempfile.mkdtemp(prefix=f"{role}_{num_workers}w_", dir=work))
+    log = out_dir.with_suffix(".log")
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        code = launch(
+            _child_command(role, out_dir, args),
+            num_ps=num_ps,
+            num_workers=num_workers,
+            mode=mode,
+            timeout_s=RUN_TIMEOUT_S,
+            out=f,
+        )
+    expected = 1 if role == "in-graph" else num_workers
+    reports = _reports(out_dir, expected, log, code)
+    for report in reports:
+        report["launch_wall_s"] = time.perf_counter() - start
+    return reports
+
+
+def _ms_per_step(report: dict) -> float:
+    return statistics.median(report["ms_per_step"])
+
+
+def _throughput(reports: list[dict]) -> dict:
+    examples = sum(r["examples"] for r in reports)
+    span = max(r["timed_end_wall"] for r in reports) - min(
+        r["timed_start_wall"] for r in reports
+    )
+    return {
+        "examples": examples,
+        "span_s": span,
+        "examples_per_s": examples / span,
+        "sum_of_worker_examples_per_s": sum(
+            r["examples"] / sum(r["epoch_s"]) for r in reports
+        ),
+    }
+
+
+def measure_in_graph(work: Path, args, rounds: list[dict]) -> None:
+    for r in range(args.rounds):
+        entry = {"round": r}
+        rounds.append(entry)
+        for name in ("one_process", "cluster"):
+            _log(f"in-graph round {r + 1}/{args.rounds}: {name} ...")
+            try:
+                if name == "one_process":
+                    report = run_local(work, args)
+                else:
+                    (report,) = run_cluster(
+                        work, "in-graph", IN_GRAPH_PS, IN_GRAPH_WORKERS, args
+                    )
+            except RunFailed as e:
+                entry[name] = {"error": str(e)}
+                _log(f"  failed: {e}")
+                continue
+            entry[name] = report
+            _log(f"  {_ms_per_step(report):.1f} ms/step")
+        if _ok(entry, "one_process") and _ok(entry, "cluster"):
+            entry["ratio"] = _ms_per_step(entry["cluster"]) / _ms_per_step(
+                entry["one_process"]
+            )
+
+
+def measure_async(work: Path, args, rounds: list[dict]) -> None:
+    for r in range(args.rounds):
+        entry = {"round": r}
+        rounds.append(entry)
+        for workers in ASYNC_WORKERS:
+            key = f"workers_{workers}"
+            _log(f"async round {r + 1}/{args.rounds}: {workers} worker(s) ...")
+            try:
+                reports = run_cluster(work, "async", ASYNC_PS, workers, args)
+            except RunFailed as e:
+                entry[key] = {"error": str(e)}
+                _log(f"  failed: {e}")
+                continue
+            entry[key] = {"workers": reports, **_throughput(reports)}
+            _log(f"  {entry[key]['examples_per_s']:.0f} examples/s")
+        if _ok(entry, "workers_1") and _ok(entry, "workers_2"):
+            entry["ratio"] = (
+                entry["workers_2"]["examples_per_s"]
+                / entry["workers_1"]["examples_per_s"]
+            )
+
+
+def _ok(entry: dict, key: str) -> bool:
+    return key in entry and "error" not in entry[key]
+
+
+# ------------------------------------------------------------------ report
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "failed" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _range(values: list[float], spec: str) -> str:
+    return f"{min(values):{spec}}..{max(values):{spec}}" if values else ""
+
+
+def summarize(in_graph: list[dict], async_rounds: list[dict]) -> dict:
+    one = [_ms_per_step(e["one_process"]) for e in in_graph if _ok(e, "one_process")]
+    clu = [_ms_per_step(e["cluster"]) for e in in_graph if _ok(e, "cluster")]
+    ratios = [e["ratio"] for e in in_graph if "ratio" in e]
+    w1 = [e["workers_1"]["examples_per_s"] for e in async_rounds if _ok(e, "workers_1")]
+    w2 = [e["workers_2"]["examples_per_s"] for e in async_rounds if _ok(e, "workers_2")]
+    speedups = [e["ratio"] for e in async_rounds if "ratio" in e]
+    return {
+        "in_graph": {
+            "one_process_ms_per_step": one,
+            "cluster_ms_per_step": clu,
+            "ratios": ratios,
+            "one_process_median": _median_or_none(one),
+            "cluster_median": _median_or_none(clu),
+            "ratio_median": _median_or_none(ratios),
+        },
+        "async": {
+            "workers_1_examples_per_s": w1,
+            "workers_2_examples_per_s": w2,
+            "ratios": speedups,
+            "workers_1_median": _median_or_none(w1),
+            "workers_2_median": _median_or_none(w2),
+            "ratio_median": _median_or_none(speedups),
+        },
+    }
+
+
+def format_table(summary: dict, args, sections: tuple[str, ...]) -> str:
+    """The medians over rounds of the measurements in `sections`."""
+    ig, asy = summary["in_graph"], summary["async"]
+
+    def row(label, median, spec, values, ratio=False):
+        value = _fmt(median, spec, "x" if ratio else "")
+        return f"  {label:<36}{value:>10}   {_range(values, spec)}"
+
+    lines = [
+        f"MLP 64-512-512-2, Adam, global batch {args.batch}; per run 1 warm-up "
+        f"epoch + {args.epochs} timed epochs of {args.steps} steps; "
+        f"{args.rounds} rounds, alternating; medians over rounds (min..max)."
+    ]
+    if "in-graph" in sections:
+        lines += [
+            "",
+            f"{'In-graph step time, 2 replicas':<38}{'ms/step':>10}   min..max",
+            row(
+                "one process (4 logical CPUs)",
+                ig["one_process_median"],
+                ".1f",
+                ig["one_process_ms_per_step"],
+            ),
+            row(
+                "cluster: chief + 2 workers + 2 ps",
+                ig["cluster_median"],
+                ".1f",
+                ig["cluster_ms_per_step"],
+            ),
+            row(
+                "ratio cluster / one process",
+                ig["ratio_median"],
+                ".2f",
+                ig["ratios"],
+                ratio=True,
+            ),
+        ]
+    if "async" in sections:
+        lines += [
+            "",
+            f"{'Between-graph async, 1 ps':<38}{'examples/s':>10}   min..max",
+            row(
+                "1 worker",
+                asy["workers_1_median"],
+                ".0f",
+                asy["workers_1_examples_per_s"],
+            ),
+            row(
+                "2 workers (sum over workers)",
+                asy["workers_2_median"],
+                ".0f",
+                asy["workers_2_examples_per_s"],
+            ),
+            row(
+                "ratio 2 workers / 1 worker",
+                asy["ratio_median"],
+                ".2f",
+                asy["ratios"],
+                ratio=True,
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def format_rounds(in_graph: list[dict], async_rounds: list[dict]) -> str:
+    """One line per round: what each run measured, in the order it ran."""
+
+    def cell(entry, key, show):
+        return show(entry[key]) if _ok(entry, key) else "failed"
+
+    lines = ["Per round:"]
+    for e in in_graph:
+        one = cell(e, "one_process", lambda r: f"{_ms_per_step(r):.1f} ms/step")
+        clu = cell(e, "cluster", lambda r: f"{_ms_per_step(r):.1f} ms/step")
+        ratio = f"{e['ratio']:.2f}x" if "ratio" in e else "-"
+        lines.append(
+            f"  in-graph {e['round'] + 1}: one process {one}, cluster {clu}, "
+            f"ratio {ratio}"
+        )
+    for e in async_rounds:
+        w1 = cell(e, "workers_1", lambda r: f"{r['examples_per_s']:.0f} examples/s")
+        w2 = cell(e, "workers_2", lambda r: f"{r['examples_per_s']:.0f} examples/s")
+        ratio = f"{e['ratio']:.2f}x" if "ratio" in e else "-"
+        lines.append(
+            f"  async {e['round'] + 1}: 1 worker {w1}, 2 workers {w2}, ratio {ratio}"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    import keras
+    import tensorflow as tf
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "gpus": len(tf.config.list_physical_devices("GPU")),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------- CLI
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="PSStrategy across local processes: in-graph step time vs "
+        "one process, and between-graph async throughput with 1 and 2 workers.",
+    )
+    parser.add_argument(
+        "--steps", type=_positive, default=40, help="steps per epoch (default 40)"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=_positive,
+        default=5,
+        help="timed epochs per run, after 1 warm-up epoch (default 5)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_positive,
+        default=4,
+        help="alternating rounds of each comparison (default 4)",
+    )
+    parser.add_argument(
+        "--batch", type=_positive, default=256, help="global batch size (default 256)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--only",
+        choices=("in-graph", "async"),
+        help="run only one of the two measurements",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 5 steps x 2 timed epochs, 1 round",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="raw numbers + machine (default benchmarks/results/cluster.json; "
+        "with --quick, cluster_quick.json)",
+    )
+    parser.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
+    parser.add_argument("--out-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.epochs, args.rounds = 5, 2, 1
+    if args.json is None:
+        args.json = str(QUICK_JSON if args.quick else DEFAULT_JSON)
+    if args.batch % 4:
+        parser.error(f"--batch must be a multiple of 4. Received: {args.batch}")
+    if args.role and not args.out_dir:
+        parser.error("--role needs --out-dir")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.role:
+        return _child_main(args)
+    _use_checkout()
+    # TensorFlow's import prints its banner here, not in the middle of the runs.
+    import keras_psdist.cluster  # noqa: F401
+
+    start = time.perf_counter()
+    load_start = _loadavg()
+    in_graph: list[dict] = []
+    async_rounds: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kpd_cluster_bench_") as tmp:
+        work = Path(tmp)
+        if args.only in (None, "in-graph"):
+            measure_in_graph(work, args, in_graph)
+        if args.only in (None, "async"):
+            measure_async(work, args, async_rounds)
+    wall_s = time.perf_counter() - start
+    summary = summarize(in_graph, async_rounds)
+    print(format_rounds(in_graph, async_rounds))
+    print()
+    sections = ("in-graph", "async") if args.only is None else (args.only,)
+    print(format_table(summary, args, sections))
+    load_end = _loadavg()
+    print(
+        f"wall time {wall_s:.0f} s; load average (1/5/15 min) at start "
+        f"{load_start}, at end {load_end} on {os.cpu_count()} CPUs"
+    )
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                "settings": {
+                    k: getattr(args, k)
+                    for k in ("steps", "epochs", "rounds", "batch", "seed", "quick")
+                },
+                "machine": machine(),
+                "loadavg_start": load_start,
+                "loadavg_end": load_end,
+                "wall_s": wall_s,
+                "summary": summary,
+                "in_graph_rounds": in_graph,
+                "async_rounds": async_rounds,
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {out}")
+    failed = any(
+        "error" in v
+        for e in in_graph + async_rounds
+        for v in e.values()
+        if isinstance(v, dict)
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

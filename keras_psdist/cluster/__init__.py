@@ -1,0 +1,44 @@
+"""Running across processes on TensorFlow's own gRPC runtime.
+
+`config` parses and checks TF_CONFIG (without importing TensorFlow), `server`
+runs one task's `tf.distribute.Server` (`keras-psdist serve`), and `launcher`
+starts a whole cluster on this machine (`keras-psdist launch`). No transport
+of our own: tasks talk through TensorFlow's runtime.
+
+Examples:
+
+>>> from keras_psdist import cluster
+>>> config = cluster.from_tf_config(
+...     {"cluster": {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+...      "task": {"type": "ps", "index": 0}})
+>>> config.task_name, config.device("ps", 0)
+('ps:0', '/job:ps/replica:0/task:0/device:CPU:0')
+"""
+
+from keras_psdist.cluster.config import (
+    JOB_NAMES,
+    ClusterConfig,
+    PortInUseError,
+    check_port_free,
+    from_environment,
+    from_resolver,
+    from_tf_config,
+    pick_free_ports,
+    wait_reachable,
+)
+from keras_psdist.cluster.launcher import launch
+from keras_psdist.cluster.server import serve
+
+__all__ = [
+    "JOB_NAMES",
+    "ClusterConfig",
+    "PortInUseError",
+    "check_port_free",
+    "from_environment",
+    "from_resolver",
+    "from_tf_config",
+    "launch",
+    "pick_free_ports",
+    "serve",
+    "wait_reachable",
+]

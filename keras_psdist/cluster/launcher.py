@@ -1,0 +1,617 @@
+"""`keras-psdist launch`: a whole parameter-server cluster on this machine.
+
+Pure process management (no TensorFlow import): pick free ports, start a
+`keras-psdist serve` process per server task, run the training command with
+TF_CONFIG set for its task, stream every process's output with a `[task]`
+prefix, and tear every process down on success, failure, timeout or signal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from keras_psdist.cluster.config import (
+    ClusterConfig,
+    pick_free_ports,
+    wait_reachable,
+)
+from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, READY_LINE
+
+MODES = ("in-graph", "between-graph")
+
+# Exit codes, as shells and `timeout(1)` report them.
+EXIT_TIMEOUT = 124
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+# What each server task runs (with TF_CONFIG set to its task).
+SERVER_COMMAND = (sys.executable, "-m", "keras_psdist", "serve")
+
+# How long children get between SIGTERM and SIGKILL.
+GRACE_S = 5.0
+# Attempts at starting the servers when a port is taken between picking and
+# binding it.
+MAX_ATTEMPTS = 3
+
+_PR_SET_PDEATHSIG = 1
+
+
+def launch(
+    command: Sequence[str],
+    num_ps: int,
+    num_workers: int,
+    mode: str = "in-graph",
+    host: str = "127.0.0.1",
+    timeout_s: float | None = None,
+    startup_timeout_s: float = 60.0,
+    out: TextIO | None = None,
+) -> int:
+    """Runs `command` on a parameter-server cluster of local processes.
+
+    The cluster gets free ports on `host`. In `"in-graph"` mode the jobs are
+    `ps` x `num_ps`, `worker` x `num_workers` and one `chief`: every ps and
+    worker task runs `keras-psdist serve`, and `command` runs once, as
+    `chief:0`, driving the workers over gRPC. In `"between-graph"` mode the
+    jobs are `ps` x `num_ps` and `worker` x `num_workers` (no chief): only the
+    ps tasks run servers, and `command` runs once per worker task (its
+    TF_CONFIG task is `worker:i`).
+
+    Every process gets this environment plus `TF_CONFIG` for its task and
+    `PYTHONUNBUFFERED=1`, and no stdin. Its stdout and stderr are merged and
+    written line by line to `out`, prefixed with its task (`[ps:0] ...`,
+    `[chief:0] ...`); the launcher's own lines start with `[launch]`.
+    Training starts once every server accepts connections.
+
+    Every child runs in its own session (process group). However `launch`
+    ends (success, failure, timeout, SIGINT, SIGTERM), every group gets
+    SIGTERM, then SIGKILL after a grace period of 5 s, and `launch` returns
+    once they are gone, processes the children started included. If the
+    launcher itself is SIGKILLed, its children still die (`PR_SET_PDEATHSIG`,
+    Linux), but what they started does not. A process that moves to a
+    session of its own is out of reach either way.
+
+    Args:
+        command: The training command, e.g. `["python", "train.py"]`.
+        num_ps: Number of parameter-server tasks, >= 1.
+        num_workers: Number of worker tasks, >= 1.
+        mode: `"in-graph"` or `"between-graph"`. Defaults to `"in-graph"`.
+        host: Host (an address of this machine) the tasks' addresses use.
+            Defaults to `"127.0.0.1"`. TensorFlow's servers listen on every
+            interface whatever this is (see `keras_psdist.cluster.serve`).
+        timeout_s: Stop everything and return 124 when training has run this
+            many seconds (counted from when the training processes start, so
+            that the servers' start-up does not eat into it). Defaults to
+            `None` (no limit).
+        startup_timeout_s: How long the servers may take to accept
+            connections; past it, stop everything and return 1. Defaults to
+            60.
+        out: Where the output goes. Defaults to `sys.stdout`.
+
+    Returns:
+        The exit code: in-graph, the chief's; between-graph, 0 if every worker
+        exits 0, else the first non-zero code. 1 if a server fails to start or
+        dies while training runs, 124 on timeout, 130 on SIGINT, 143 on
+        SIGTERM; a process killed by signal N counts as 128 + N.
+
+    Raises:
+        ValueError: If an argument is invalid.
+
+    Examples:
+
+    >>> import sys
+    >>> code = launch(  # doctest: +SKIP
+    ...     [sys.executable, "train.py"], num_ps=1, num_workers=2)
+    """
+    command, mode = _check_args(
+        command, num_ps, num_workers, mode, host, timeout_s, startup_timeout_s
+    )
+    run = _Launch(
+        command, num_ps, num_workers, mode, host, timeout_s, startup_timeout_s, out
+    )
+    return run()
+
+
+def _check_args(
+    command: Sequence[str],
+    num_ps: int,
+    num_workers: int,
+    mode: str,
+    host: str,
+    timeout_s: float | None,
+    startup_timeout_s: float,
+) -> tuple[list[str], str]:
+    if isinstance(command, str):
+        raise ValueError(
+            "`command` must be a sequence of arguments, e.g. "
+            f"['python', 'train.py']. Received the string {command!r}; split it "
+            "(shlex.split) or pass a list."
+        )
+    command = list(command)
+    if not command or not command[0]:
+        raise ValueError(
+            "`command` is empty: give the training command to run, e.g. "
+            "`keras-psdist launch --num_ps 1 --num_workers 2 -- python train.py`."
+        )
+    for name, value in (("num_ps", num_ps), ("num_workers", num_workers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"`{name}` must be an integer >= 1. Received: {value!r}")
+    normalised = str(mode).replace("_", "-")
+    if normalised not in MODES:
+        raise ValueError(f"Unknown mode {mode!r}. Expected one of: {', '.join(MODES)}.")
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"`timeout_s` must be > 0. Received: timeout_s={timeout_s}")
+    if not startup_timeout_s > 0:
+        raise ValueError(
+            "`startup_timeout_s` must be > 0. Received: "
+            f"startup_timeout_s={startup_timeout_s}"
+        )
+    try:
+        pick_free_ports(1, host)
+    except OSError as e:
+        raise ValueError(
+            f"Cannot open ports on host {host!r} ({e}). Give an address of this "
+            "machine, e.g. 127.0.0.1."
+        ) from None
+    return command, normalised
+
+
+@dataclasses.dataclass
+class _Child:
+    name: str  # The task, e.g. "ps:0".
+    address: str
+    proc: subprocess.Popen
+    reader: threading.Thread
+    is_server: bool
+    ready: threading.Event  # Set when a server prints its READY_LINE.
+
+
+class _Stop(Exception):
+    """Ends the run early with `code` after printing `message`."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _PortTaken(Exception):
+    """A server could not bind its port: worth retrying with new ports."""
+
+
+class _Output:
+    """Writes `[prefix] line` to a stream, whole lines, from several threads."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def line(self, prefix: str, text: str) -> None:
+        with self._lock:
+            if self._broken:
+                return
+            try:
+                self._stream.write(f"[{prefix}] {text}\n")
+                self._stream.flush()
+            except (OSError, ValueError):
+                # A closed pipe (e.g. `| head`) must not stop the run.
+                self._broken = True
+
+    def copy(self, prefix: str, stream, on_line: Callable[[str], None]) -> None:
+        """Copies `stream` (bytes) line by line until EOF."""
+        for raw in iter(stream.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            on_line(text)
+            self.line(prefix, text)
+
+
+class _Signals:
+    """Records SIGINT/SIGTERM while active (main thread only)."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        self.received.append(signum)
+
+    def check(self) -> None:
+        if self.received:
+            signum = self.received[0]
+            raise _Stop(
+                128 + signum,
+                f"received {signal.Signals(signum).name}; stopping every task",
+            )
+
+
+class _Launch:
+    """One `launch` call: state shared by start-up, monitoring and teardown."""
+
+    def __init__(
+        self,
+        command: list[str],
+        num_ps: int,
+        num_workers: int,
+        mode: str,
+        host: str,
+        timeout_s: float | None,
+        startup_timeout_s: float,
+        out: TextIO | None,
+    ):
+        self.command = command
+        self.num_ps = num_ps
+        self.num_workers = num_workers
+        self.mode = mode
+        self.host = host
+        self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.output = _Output(sys.stdout if out is None else out)
+        self.children: list[_Child] = []
+        self.signals = _Signals()
+        self.deadline: float | None = None  # Set when training starts.
+        self.preexec = _parent_death_signal()
+
+    def __call__(self) -> int:
+        try:
+            with self.signals:
+                try:
+                    config = self._start_servers()
+                    return self._train(config)
+                except _Stop as stop:
+                    self.log(stop.message)
+                    return stop.code
+                except KeyboardInterrupt:
+                    self.log("interrupted; stopping every task")
+                    return EXIT_SIGINT
+                finally:
+                    self._teardown(self.children)
+        except KeyboardInterrupt:  # A second Ctrl-C during teardown.
+            self._kill(self.children)
+            return EXIT_SIGINT
+
+    def log(self, text: str) -> None:
+        self.output.line("launch", text)
+
+    # Start-up.
+
+    def _layout(self) -> ClusterConfig:
+        jobs = {"ps": self.num_ps, "worker": self.num_workers}
+        if self.mode == "in-graph":
+            jobs["chief"] = 1
+        ports = iter(pick_free_ports(sum(jobs.values()), self.host))
+        return ClusterConfig(
+            {
+                job: tuple(f"{self._address_host()}:{next(ports)}" for _ in range(n))
+                for job, n in jobs.items()
+            }
+        )
+
+    def _address_host(self) -> str:
+        # An IPv6 literal needs brackets in "host:port".
+        if ":" in self.host and not self.host.startswith("["):
+            return f"[{self.host}]"
+        return self.host
+
+    def _server_tasks(self, config: ClusterConfig) -> list[tuple[str, int]]:
+        jobs = ("ps", "worker") if self.mode == "in-graph" else ("ps",)
+        return [(job, i) for job in jobs for i in range(len(config.addresses(job)))]
+
+    def _training_tasks(self, config: ClusterConfig) -> list[tuple[str, int]]:
+        if self.mode == "in-graph":
+            return [("chief", 0)]
+        return [("worker", i) for i in range(config.num_workers)]
+
+    def _start_servers(self) -> ClusterConfig:
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            config = self._layout()
+            self._log_layout(config)
+            servers = []
+            for job, i in self._server_tasks(config):
+                servers.append(
+                    self._spawn(
+                        config.with_task(job, i), list(SERVER_COMMAND), is_server=True
+                    )
+                )
+            try:
+                self._wait_for_servers(servers)
+                return config
+            except _PortTaken as e:
+                self._teardown(servers)
+                self.children = [c for c in self.children if c not in servers]
+                if attempt == MAX_ATTEMPTS:
+                    raise _Stop(
+                        1,
+                        f"{e} Gave up after {MAX_ATTEMPTS} attempts with new ports. "
+                        "Is something on this machine grabbing ports quickly?",
+                    ) from None
+                self.log(
+                    f"{e} Retrying with new ports (attempt {attempt + 1} of "
+                    f"{MAX_ATTEMPTS})."
+                )
+        raise AssertionError("unreachable")
+
+    def _wait_for_servers(self, servers: list[_Child]) -> None:
+        def check_servers() -> None:
+            self.signals.check()
+            for child in servers:
+                code = child.proc.poll()
+                if code == PORT_IN_USE_EXIT_CODE:
+                    raise _PortTaken(f"{child.name} could not bind its port.")
+                if code is not None:
+                    raise _Stop(
+                        1,
+                        f"{child.name} (server) exited with {_describe(code)} "
+                        "during start-up; see its output above. Stopping every "
+                        "task.",
+                    )
+
+        # Ready means the server said so: its port accepting connections is
+        # not enough, as another process may hold it.
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not all(child.ready.is_set() for child in servers):
+            check_servers()
+            if time.monotonic() >= deadline:
+                waiting = [c for c in servers if not c.ready.is_set()]
+                raise _Stop(
+                    1,
+                    f"{_names(waiting)} did not report ready within "
+                    f"{self.startup_timeout_s:g} s (--startup_timeout); see the "
+                    "output above. Stopping every task.",
+                )
+            time.sleep(0.05)
+        try:
+            wait_reachable(
+                {c.name: c.address for c in servers},
+                max(1.0, deadline - time.monotonic()),
+                poll=check_servers,
+            )
+        except ConnectionError as e:
+            check_servers()  # A server's death explains it better.
+            raise _Stop(1, f"Servers reported ready but {e}") from None
+        self.log("all servers are up")
+
+    def _log_layout(self, config: ClusterConfig) -> None:
+        tasks = ", ".join(
+            f"{job}:{i}={address}"
+            for job, addresses in config.jobs.items()
+            for i, address in enumerate(addresses)
+        )
+        self.log(f"cluster ({self.mode}): {tasks}")
+
+    # Training.
+
+    def _train(self, config: ClusterConfig) -> int:
+        if self.timeout_s is not None:
+            self.deadline = time.monotonic() + self.timeout_s
+        trainers = [
+            self._spawn(config.with_task(job, i), self.command, is_server=False)
+            for job, i in self._training_tasks(config)
+        ]
+        servers = [c for c in self.children if c.is_server]
+        while True:
+            self.signals.check()
+            codes = [child.proc.poll() for child in trainers]
+            for child, code in zip(trainers, codes, strict=True):
+                if code not in (None, 0):
+                    raise _Stop(
+                        _exit_code(code),
+                        f"{child.name} exited with {_describe(code)}; stopping "
+                        "every task.",
+                    )
+            if all(code == 0 for code in codes):
+                self.log(
+                    f"{_names(trainers)} finished (exit code 0); stopping the servers."
+                )
+                return 0
+            for child in servers:
+                code = child.proc.poll()
+                if code is not None:
+                    raise _Stop(
+                        1,
+                        f"{child.name} (server) exited with {_describe(code)} "
+                        "while training ran; stopping every task.",
+                    )
+            self._check_deadline()
+            time.sleep(0.1)
+
+    def _check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise _Stop(
+                EXIT_TIMEOUT,
+                f"timed out after {self.timeout_s:g} s (--timeout); stopping "
+                "every task.",
+            )
+
+    def _spawn(
+        self, config: ClusterConfig, command: list[str], is_server: bool
+    ) -> _Child:
+        env = dict(os.environ)
+        env["TF_CONFIG"] = json.dumps(config.to_tf_config())
+        env["PYTHONUNBUFFERED"] = "1"
+        if is_server:
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        name = config.task_name
+        try:
+            proc = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=self.preexec,
+            )
+        except OSError as e:
+            # 127: the shell's "command not found".
+            raise _Stop(
+                127, f"cannot start {name} ({' '.join(command)}): {e}"
+            ) from None
+        ready = threading.Event()
+        # READY_LINE up to the pid, which a wrapper around the server may change.
+        ready_prefix = READY_LINE.partition(" (pid")[0].format(
+            name=name, address=config.task_address
+        )
+
+        def on_line(text: str) -> None:
+            if is_server and text.startswith(ready_prefix):
+                ready.set()
+
+        reader = threading.Thread(
+            target=self.output.copy,
+            args=(name, proc.stdout, on_line),
+            name=f"keras-psdist-launch-{name}",
+            daemon=True,
+        )
+        reader.start()
+        child = _Child(name, config.task_address, proc, reader, is_server, ready)
+        self.children.append(child)
+        self.log(f"{name} pid {proc.pid}: {' '.join(command)}")
+        return child
+
+    # Teardown.
+
+    def _teardown(self, children: list[_Child]) -> None:
+        """SIGTERM every child's process group, SIGKILL what is left after
+        the grace period, and wait until all of them are gone."""
+        if not children:
+            return
+        signals_before = len(self.signals.received)
+        for child in children:
+            _signal_group(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline:
+            alive = [c for c in children if _group_alive(c.proc)]
+            if not alive:
+                break
+            if len(self.signals.received) > signals_before:
+                self.log("second signal: killing every task now")
+                break
+            time.sleep(0.05)
+        else:
+            stuck = [c for c in children if _group_alive(c.proc)]
+            if stuck:
+                self.log(
+                    f"{_names(stuck)} still running {GRACE_S:g} s after SIGTERM; "
+                    "sending SIGKILL"
+                )
+        self._kill(children)
+        for child in children:
+            child.reader.join(timeout=2.0)
+            if not child.reader.is_alive():
+                child.proc.stdout.close()
+
+    def _kill(self, children: list[_Child]) -> None:
+        for child in children:
+            _signal_group(child.proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        for child in children:
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        while time.monotonic() < deadline and any(
+            _group_alive(c.proc) for c in children
+        ):
+            time.sleep(0.02)
+
+
+def _names(children: Sequence[_Child]) -> str:
+    return ", ".join(child.name for child in children)
+
+
+def _exit_code(returncode: int) -> int:
+    """A Popen returncode as a shell reports it (-N for signal N -> 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"{name} (exit code {_exit_code(returncode)})"
+    return f"exit code {returncode}"
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+_STAT = re.compile(rb"\) (\S) (\d+) (\d+)")
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    """Whether `proc` or anything left in its process group still runs.
+
+    Zombies do not count: an orphan reparented to a PID 1 that does not reap
+    would otherwise look alive forever.
+    """
+    if proc.poll() is None:
+        return True
+    pgid = proc.pid
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Fields after the command name: state, ppid, pgrp.
+        match = _STAT.search(stat, stat.rfind(b")"))
+        if match and int(match.group(3)) == pgid and match.group(1) not in b"ZX":
+            return True
+    return False
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A `preexec_fn` that has the child SIGKILLed when the launcher dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        # The launcher may have died before prctl took effect.
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec

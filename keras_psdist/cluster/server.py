@@ -1,0 +1,130 @@
+"""`keras-psdist serve`: run one task's TensorFlow gRPC server until stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import TextIO
+
+from keras_psdist.cluster.config import ClusterConfig, PortInUseError, check_port_free
+
+# The line `serve` prints once the server accepts connections; a launcher
+# waits for it (a port that accepts connections may belong to someone else).
+READY_LINE = "keras-psdist serve: {name} listening on {address} (pid {pid})"
+
+# Exit code of `keras-psdist serve` when its port is taken: sysexits.h's
+# EX_TEMPFAIL ("try again later"), so a launcher can retry with other ports.
+PORT_IN_USE_EXIT_CODE = 75
+
+
+def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
+    """Serves `config`'s own task over gRPC until SIGTERM or SIGINT.
+
+    Starts `tf.distribute.Server(config.cluster_spec(), job_name=...,
+    task_index=..., protocol="grpc")`, prints one line
+
+        keras-psdist serve: ps:0 listening on 127.0.0.1:2222 (pid 4242)
+
+    and waits. A chief or worker process then places variables and ops on
+    this task (`/job:ps/replica:0/task:0/...`) through TensorFlow's own
+    runtime; nothing else needs to run here.
+
+    Which address the server binds: TensorFlow's gRPC server listens on
+    **every interface** on the task's port, whatever host the cluster spec
+    gives. `GrpcServer::Init` in
+    `tensorflow/core/distributed_runtime/rpc/grpc_server_lib.cc` calls
+    `builder.AddListeningPort(strings::StrCat("0.0.0.0:", requested_port), ...)`.
+    On TF 2.21 gRPC makes that a dual-stack socket (`[::]:PORT` in
+    `/proc/net/tcp6`, so IPv4 too), and a failed bind logs "No address added
+    out of total 1 resolved for '0.0.0.0:PORT'". The host in the task's
+    address only names the server (its `target`, and how it addresses
+    itself); `ServerDef.port` can override the port, never the host; no
+    option or environment variable picks the interface (`TF_GRPC_REUSE_PORT`
+    only toggles `SO_REUSEPORT`, `TF_GRPC_DEFAULT_OPTIONS` only configures
+    client channels). So a server started for `127.0.0.1:2222` accepts
+    connections from other machines on port 2222, and whoever reaches that
+    port can run ops in this process. Outside a trusted network, block the
+    ports with a firewall, or run the cluster in a private network, its own
+    network namespace or a container.
+
+    Args:
+        config: The cluster, with this process's task set.
+        out: Where the status lines go. Defaults to `sys.stdout`.
+
+    Returns:
+        0 once stopped by SIGTERM or SIGINT.
+
+    Raises:
+        ValueError: If `config` has no task.
+        RuntimeError: If called outside the main thread.
+        PortInUseError: If another process holds the task's port.
+
+    Examples:
+
+    From a shell (the launcher does this for every ps and worker task):
+
+        TF_CONFIG='{"cluster": {"ps": ["127.0.0.1:2222"],
+                                "worker": ["127.0.0.1:2223"]},
+                    "task": {"type": "ps", "index": 0}}' keras-psdist serve
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "`serve` must run in the main thread: it waits for SIGTERM/SIGINT, "
+            "and Python delivers signals to the main thread only."
+        )
+    out = sys.stdout if out is None else out
+    name = config.task_name
+    address = config.task_address
+    check_port_free(address)
+
+    # Handlers first: a SIGTERM during TensorFlow's slow import still stops us.
+    stop = threading.Event()
+    received: list[int] = []
+
+    def _on_signal(signum, frame):
+        received.append(signum)
+        stop.set()
+
+    previous = {
+        signum: signal.signal(signum, _on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        import tensorflow as tf
+
+        try:
+            # Kept referenced until we return; TF cannot stop a started gRPC
+            # server cleanly, so process exit is what ends it.
+            _server = tf.distribute.Server(
+                config.cluster_spec(),
+                job_name=config.task_type,
+                task_index=config.task_id,
+                protocol="grpc",
+                start=True,
+            )
+        except tf.errors.UnknownError as e:
+            # What TF says when the bind fails, e.g. a port taken since the check.
+            _, port = address.rsplit(":", 1)
+            raise PortInUseError(
+                f"TensorFlow could not start the gRPC server for {name} on port "
+                f"{port} ({e.message}): most likely another process took the port. "
+                "Free the port or give this task another port in TF_CONFIG.",
+                int(port),
+            ) from e
+        print(
+            READY_LINE.format(name=name, address=address, pid=os.getpid()),
+            file=out,
+            flush=True,
+        )
+        # Wake up now and then: Python runs signal handlers only between
+        # bytecodes of the main thread, never inside TF's `server.join()`.
+        while not stop.wait(timeout=0.5):
+            pass
+        why = signal.Signals(received[0]).name if received else "stop"
+        print(f"keras-psdist serve: stopping {name} ({why})", file=out, flush=True)
+        return 0
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

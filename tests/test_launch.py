@@ -1,0 +1,559 @@
+"""Tests for `keras-psdist launch` and `keras-psdist serve` (real processes).
+
+The training scripts (`tests/scripts/fake_trainer.py`) do not import
+TensorFlow, so they start at once; the servers do (a few seconds each).
+Every test checks that nothing it started is left running, and kills what is
+left if it fails.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from keras_psdist.cluster import config as cluster_config
+from keras_psdist.cluster import launcher as launcher_lib
+from keras_psdist.cluster.launcher import launch
+
+pytestmark = pytest.mark.multiprocess
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKE_TRAINER = os.path.join(REPO_ROOT, "tests", "scripts", "fake_trainer.py")
+FAKE_SERVER = os.path.join(REPO_ROOT, "tests", "scripts", "fake_server.py")
+PID_LINE = re.compile(r"^\[launch\] (\S+) pid (\d+):")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p
+    )
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def _wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+class _Lines:
+    """A text stream that keeps whole lines and can react to each one."""
+
+    def __init__(self, on_line=None):
+        self.lines: list[str] = []
+        self._partial = ""
+        self._on_line = on_line
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        *complete, self._partial = self._partial.split("\n")
+        for line in complete:
+            self.lines.append(line)
+            if self._on_line is not None:
+                self._on_line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def prefixed(self, task: str) -> list[str]:
+        prefix = f"[{task}] "
+        return [line[len(prefix) :] for line in self.lines if line.startswith(prefix)]
+
+
+class _Processes:
+    """Pids a test saw; whatever still runs at the end is killed."""
+
+    def __init__(self):
+        self.pids: set[int] = set()
+        self.groups: set[int] = set()
+
+    def add_from_output(self, text: str) -> None:
+        for line in text.splitlines():
+            match = PID_LINE.match(line)
+            if match:
+                self.pids.add(int(match.group(2)))
+
+    def add_from_reports(self, report_dir) -> dict[str, dict]:
+        reports = {}
+        for path in report_dir.glob("*.json"):
+            report = json.loads(path.read_text())
+            reports[path.stem] = report
+            self.pids.add(report["pid"])
+            if report["grandchild"]:
+                self.pids.add(report["grandchild"])
+        return reports
+
+    def assert_all_gone(self) -> None:
+        assert self.pids, "no process ids were collected"
+        # Teardown waits for every process; the grace here only absorbs
+        # the kernel's bookkeeping.
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_alive(p) for p in self.pids):
+            time.sleep(0.05)
+        left = sorted(p for p in self.pids if _alive(p))
+        assert not left, f"processes left running: {left}"
+
+    def kill_all(self) -> None:
+        for group in self.groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in self.pids:
+            if _alive(pid):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+@pytest.fixture
+def processes():
+    tracked = _Processes()
+    try:
+        yield tracked
+    finally:
+        tracked.kill_all()
+
+
+def _launch(tmp_path, processes, action, out=None, **kwargs) -> tuple[int, _Lines]:
+    out = _Lines() if out is None else out
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir(exist_ok=True)
+    try:
+        code = launch(
+            [sys.executable, FAKE_TRAINER, action, str(report_dir)],
+            out=out,
+            **kwargs,
+        )
+    finally:
+        processes.add_from_output(out.text)
+        processes.add_from_reports(report_dir)
+    return code, out
+
+
+def test_in_graph_runs_the_command_once_as_chief(tmp_path, processes):
+    code, out = _launch(tmp_path, processes, "ok", num_ps=1, num_workers=1)
+    assert code == 0, out.text
+    chief = out.prefixed("chief:0")
+    assert "started" in chief, out.text
+    assert any("ps:0 listening on 127.0.0.1:" in line for line in out.prefixed("ps:0"))
+    assert any("worker:0 listening" in line for line in out.prefixed("worker:0"))
+    assert any("stopping ps:0" in line for line in out.prefixed("ps:0")), out.text
+    (tf_config,) = [line for line in chief if line.startswith("TF_CONFIG=")]
+    config = cluster_config.from_tf_config(tf_config[len("TF_CONFIG=") :])
+    assert (config.task_type, config.task_id) == ("chief", 0)
+    assert set(config.jobs) == {"chief", "ps", "worker"}
+    assert (config.num_ps, config.num_workers) == (1, 1)
+    assert len(processes.add_from_reports(tmp_path / "reports")) == 1
+    processes.assert_all_gone()
+
+
+def test_between_graph_runs_the_command_once_per_worker(tmp_path, processes):
+    # Off the main thread, where `launch` cannot install signal handlers.
+    result = {}
+
+    def run():
+        result["code"], result["out"] = _launch(
+            tmp_path, processes, "ok", num_ps=1, num_workers=2, mode="between-graph"
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    code, out = result["code"], result["out"]
+    assert code == 0, out.text
+    reports = processes.add_from_reports(tmp_path / "reports")
+    assert sorted(reports) == ["worker:0", "worker:1"]
+    for name, report in reports.items():
+        config = cluster_config.from_tf_config(report["tf_config"])
+        assert config.task_name == name
+        assert set(config.jobs) == {"ps", "worker"}
+        assert "started" in out.prefixed(name)
+    assert not out.prefixed("chief:0")
+    # Only the ps task runs a server.
+    assert not any("listening" in line for line in out.prefixed("worker:0"))
+    processes.assert_all_gone()
+
+
+def test_failing_worker_stops_everything_with_its_exit_code(tmp_path, processes):
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "fail_worker_1",
+        num_ps=1,
+        num_workers=2,
+        mode="between-graph",
+    )
+    assert code == 3, out.text
+    assert "failing on purpose" in out.prefixed("worker:1")
+    assert any("worker:1 exited with exit code 3" in x for x in out.prefixed("launch"))
+    reports = processes.add_from_reports(tmp_path / "reports")
+    # worker:0 was still running, with a grandchild, when worker:1 failed.
+    assert reports["worker:0"]["grandchild"]
+    processes.assert_all_gone()
+
+
+def test_timeout_kills_even_what_ignores_sigterm(tmp_path, processes, monkeypatch):
+    monkeypatch.setattr(launcher_lib, "GRACE_S", 1.0)
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "hang_ignore_term",
+        num_ps=1,
+        num_workers=1,
+        mode="between-graph",
+        timeout_s=3,
+    )
+    assert code == 124, out.text
+    launch_lines = "\n".join(out.prefixed("launch"))
+    assert "timed out after 3 s" in launch_lines
+    assert "worker:0 still running 1 s after SIGTERM; sending SIGKILL" in launch_lines
+    processes.assert_all_gone()
+
+
+def test_server_death_during_training_stops_everything(tmp_path, processes):
+    pids: dict[str, int] = {}
+
+    def kill_ps_once_training_runs(line: str) -> None:
+        match = PID_LINE.match(line)
+        if match:
+            pids[match.group(1)] = int(match.group(2))
+        if line == "[worker:0] started":
+            os.kill(pids["ps:0"], signal.SIGKILL)
+
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "hang",
+        out=_Lines(kill_ps_once_training_runs),
+        num_ps=1,
+        num_workers=1,
+        mode="between-graph",
+    )
+    assert code == 1, out.text
+    assert any(
+        "ps:0 (server) exited with SIGKILL (exit code 137) while training ran" in x
+        for x in out.prefixed("launch")
+    ), out.text
+    processes.assert_all_gone()
+
+
+@pytest.mark.parametrize("races", [1, 3])
+def test_port_taken_before_the_server_binds_it(tmp_path, processes, monkeypatch, races):
+    # The first `races` layouts give ps:0 a port another process holds; the
+    # launcher retries with new ports up to 3 times. Fake servers (no
+    # TensorFlow) keep this quick.
+    monkeypatch.setattr(launcher_lib, "SERVER_COMMAND", (sys.executable, FAKE_SERVER))
+    real_pick = launcher_lib.pick_free_ports
+    layouts = []
+
+    def pick_with_a_taken_port(n, host="127.0.0.1"):
+        ports = real_pick(n, host)
+        if n > 1:  # A cluster layout, not the check of `host`.
+            layouts.append(ports)
+            if len(layouts) <= races:
+                ports[0] = taken
+        return ports
+
+    monkeypatch.setattr(launcher_lib, "pick_free_ports", pick_with_a_taken_port)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        code, out = _launch(
+            tmp_path, processes, "ok", num_ps=1, num_workers=1, mode="between-graph"
+        )
+    launch_lines = "\n".join(out.prefixed("launch"))
+    if races < launcher_lib.MAX_ATTEMPTS:
+        assert code == 0, out.text
+        assert (
+            "ps:0 could not bind its port. Retrying with new ports (attempt 2 of 3)"
+            in launch_lines
+        )
+        assert "started" in out.prefixed("worker:0")
+    else:
+        assert code == 1, out.text
+        assert "Gave up after 3 attempts with new ports" in launch_lines
+        assert not out.prefixed("worker:0")
+    processes.assert_all_gone()
+
+
+def test_a_command_that_does_not_exist_exits_127(tmp_path, processes, monkeypatch):
+    monkeypatch.setattr(launcher_lib, "SERVER_COMMAND", (sys.executable, FAKE_SERVER))
+    out = _Lines()
+    code = launch(
+        [str(tmp_path / "no-such-program")],
+        num_ps=1,
+        num_workers=1,
+        mode="between-graph",
+        out=out,
+    )
+    processes.add_from_output(out.text)
+    assert code == 127, out.text
+    assert "cannot start worker:0" in "\n".join(out.prefixed("launch"))
+    processes.assert_all_gone()
+
+
+def test_invalid_arguments_fail_fast():
+    with pytest.raises(ValueError, match="`num_ps` must be an integer >= 1"):
+        launch(["python"], num_ps=0, num_workers=1)
+    with pytest.raises(ValueError, match="`num_workers` must be an integer >= 1"):
+        launch(["python"], num_ps=1, num_workers=0)
+    with pytest.raises(ValueError, match="`command` is empty"):
+        launch([], num_ps=1, num_workers=1)
+    with pytest.raises(ValueError, match="Received the string 'python x.py'"):
+        launch("python x.py", num_ps=1, num_workers=1)
+    with pytest.raises(ValueError, match="Unknown mode 'ring'. Expected one of"):
+        launch(["python"], num_ps=1, num_workers=1, mode="ring")
+    with pytest.raises(ValueError, match="Cannot open ports on host '10.255.255.1'"):
+        launch(["python"], num_ps=1, num_workers=1, host="10.255.255.1")
+
+
+def _start_cli(args, out_path, **env) -> subprocess.Popen:
+    with open(out_path, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "keras_psdist", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO_ROOT,
+            env=_env(**env),
+            start_new_session=True,
+        )
+
+
+def test_sigint_to_the_launcher_stops_everything(tmp_path, processes):
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    out_path = tmp_path / "launch.log"
+    launcher = _start_cli(
+        [
+            *("launch", "--num-ps", "1", "--num-workers", "1"),
+            *("--mode", "between-graph", "--"),
+            *(sys.executable, FAKE_TRAINER, "hang", str(report_dir)),
+        ],
+        out_path,
+    )
+    processes.groups.add(launcher.pid)
+    processes.pids.add(launcher.pid)
+    try:
+        _wait_until(
+            lambda: (report_dir / "worker:0.json").exists(), 120, "training to start"
+        )
+        processes.add_from_output(out_path.read_text())
+        processes.add_from_reports(report_dir)
+        launcher.send_signal(signal.SIGINT)
+        code = launcher.wait(timeout=60)
+    finally:
+        processes.add_from_output(out_path.read_text())
+    output = out_path.read_text()
+    assert code == 130, output
+    assert "[launch] received SIGINT; stopping every task" in output
+    assert len(processes.pids) >= 4, output  # launcher, ps, worker, grandchild
+    processes.assert_all_gone()
+
+
+def test_serve_rejects_bad_tf_config(tmp_path, processes):
+    (port,) = cluster_config.pick_free_ports(1)
+    cases = {
+        "invalid_json": ("{oops", "TF_CONFIG is not valid JSON"),
+        "bad_index": (
+            json.dumps(
+                {
+                    "cluster": {"ps": [f"127.0.0.1:{port}"], "worker": ["h:2"]},
+                    "task": {"type": "ps", "index": 4},
+                }
+            ),
+            "Task index 4 (from TF_CONFIG) is out of range",
+        ),
+    }
+    running = {}
+    for name, (tf_config, _) in cases.items():
+        env = {"TF_CONFIG": tf_config} if tf_config else {}
+        running[name] = _start_cli(["serve"], tmp_path / f"{name}.log", **env)
+        processes.pids.add(running[name].pid)
+    for name, (_, expected) in cases.items():
+        code = running[name].wait(timeout=120)
+        output = (tmp_path / f"{name}.log").read_text()
+        assert code == 2, output
+        assert f"keras-psdist: error: {expected}" in output, output
+        assert "Traceback" not in output
+    processes.assert_all_gone()
+
+
+def _ps_tf_config(port: int) -> str:
+    (other,) = cluster_config.pick_free_ports(1)
+    return json.dumps(
+        {
+            "cluster": {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{other}"]},
+            "task": {"type": "ps", "index": 0},
+        }
+    )
+
+
+def test_serve_port_in_use_is_a_clear_error(tmp_path, processes):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        server = _start_cli(
+            ["serve"], tmp_path / "serve.log", TF_CONFIG=_ps_tf_config(port)
+        )
+        processes.pids.add(server.pid)
+        code = server.wait(timeout=120)
+    output = (tmp_path / "serve.log").read_text()
+    assert code != 0, output
+    assert f"Port {port} (address 127.0.0.1:{port}) is already in use" in output
+    assert "Traceback" not in output
+    processes.assert_all_gone()
+
+
+def test_serve_stops_on_sigterm(tmp_path, processes):
+    # TF_CONFIG names worker:0; --job/--task pick ps:0 instead.
+    ports = cluster_config.pick_free_ports(2)
+    tf_config = json.dumps(
+        {
+            "cluster": {
+                "ps": [f"127.0.0.1:{ports[0]}"],
+                "worker": [f"127.0.0.1:{ports[1]}"],
+            },
+            "task": {"type": "worker", "index": 0},
+        }
+    )
+    log = tmp_path / "serve.log"
+    server = _start_cli(
+        ["serve", "--job", "ps", "--task", "0"], log, TF_CONFIG=tf_config
+    )
+    processes.pids.add(server.pid)
+    _wait_until(lambda: "listening on" in log.read_text(), 120, "the server")
+    assert f"keras-psdist serve: ps:0 listening on 127.0.0.1:{ports[0]} (pid " in (
+        log.read_text()
+    )
+    cluster_config.wait_reachable([f"127.0.0.1:{ports[0]}"], timeout_s=10)
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 0, log.read_text()
+    assert "keras-psdist serve: stopping ps:0 (SIGTERM)" in log.read_text()
+    processes.assert_all_gone()
+
+
+@pytest.fixture
+def cli():
+    from keras_psdist import cli as cli_lib
+
+    try:
+        yield cli_lib
+    finally:
+        cli_lib.FLAGS.unparse_flags()
+
+
+def _run_main(cli, argv: list[str]) -> int:
+    return cli._main(cli._parse_flags(argv))
+
+
+def test_cli_launch_flags_and_command_after_double_dash(cli):
+    argv = ["keras-psdist", "launch", "--num-ps=2", "--num_workers", "3", "--"]
+    positional = cli._parse_flags([*argv, "python", "t.py", "--num-ps", "5"])
+    command = ["python", "t.py", "--num-ps", "5"]
+    assert positional == ["keras-psdist", "launch", "--", *command]
+    assert (cli.FLAGS.num_ps, cli.FLAGS.num_workers) == (2, 3)
+    assert cli.FLAGS.mode == "in-graph"
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["launch", "--num-ps", "0", "--", "python"],
+            "`--num_ps` must be >= 1. Received: --num_ps=0",
+        ),
+        (
+            ["launch", "--num-workers", "0", "--", "python"],
+            "`--num_workers` must be >= 1. Received: --num_workers=0",
+        ),
+        (["launch", "python", "t.py"], "unexpected arguments before `--`: python"),
+        (["launch"], "`command` is empty"),
+        (["launch", "--"], "`command` is empty"),
+        (
+            ["launch", "--mode", "ring", "--", "python"],
+            "Unknown mode 'ring'. Expected one of: in-graph, between-graph.",
+        ),
+        (["launch", "--timeout", "0", "--", "python"], "`--timeout` must be > 0"),
+        (
+            ["demo", "--num-workers", "2"],
+            "`--num_workers` is a flag of `keras-psdist launch`, not of "
+            "`keras-psdist demo`",
+        ),
+        (["demo", "--", "python"], "unexpected arguments: python"),
+        (["serve", "--task", "-1"], "`--task` must be >= 0. Received: --task=-1"),
+    ],
+)
+def test_cli_argument_errors_exit_2(cli, capsys, argv, expected):
+    assert _run_main(cli, ["keras-psdist", *argv]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_cli_serve_needs_tf_config(cli, capsys, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert _run_main(cli, ["keras-psdist", "serve"]) == 2
+    assert "`serve` needs the cluster in TF_CONFIG" in capsys.readouterr().err
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}})
+    )
+    assert _run_main(cli, ["keras-psdist", "serve"]) == 2
+    assert 'TF_CONFIG has no "task"' in capsys.readouterr().err
+    assert _run_main(cli, ["keras-psdist", "serve", "--job", "chief"]) == 2
+    assert "pass both --job and --task" in capsys.readouterr().err
+    assert _run_main(cli, ["keras-psdist", "serve", "--job=chief", "--task=0"]) == 2
+    assert "Task type 'chief' (from --job/--task)" in capsys.readouterr().err
+
+
+def test_cli_help_per_command(cli, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli._parse_flags(["keras-psdist", "launch", "--help"])
+    assert info.value.code == 0
+    usage = capsys.readouterr().out
+    assert "usage: keras-psdist launch [--flags] -- COMMAND [ARGS...]" in usage
+    assert "--num_workers" in usage and "--replicas" not in usage
+    with pytest.raises(SystemExit):
+        cli._parse_flags(["keras-psdist", "--help"])
+    usage = capsys.readouterr().out
+    for flag in ("--replicas", "--num_ps", "--job", "--task", "--timeout"):
+        assert flag in usage
+    # `--help` after `--` belongs to the command.
+    assert cli._parse_flags(["keras-psdist", "launch", "--", "x", "--help"])[-1] == (
+        "--help"
+    )
