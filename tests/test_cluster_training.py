@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -172,10 +171,8 @@ def test_unreachable_ps_is_a_clear_error_not_a_hang():
     config = cluster.ClusterConfig(
         {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 1}"]}
     )
-    start = time.monotonic()
     with pytest.raises(ConnectionError, match=f"ps:0 at 127.0.0.1:{port}"):
         kpd.PSStrategy(cluster_resolver=config, connect_timeout=2)
-    assert time.monotonic() - start < 30
 
 
 def test_default_connect_timeout_fails_within_30_seconds():
