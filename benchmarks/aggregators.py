@@ -63,6 +63,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from _common import loadavg as _loadavg  # noqa: E402
+from _common import log as _log
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
@@ -391,18 +394,7 @@ def write_plot(path: str, results: list[Case]) -> None:
     plt.close(fig)
 
 
-def _loadavg():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 # ------------------------------------------------------------------- CLI
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _int_list(text: str) -> list[int]:

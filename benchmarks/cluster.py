@@ -76,6 +76,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import loadavg as _loadavg  # noqa: E402
+from _common import log as _log
+from _common import positive as _positive
+
 # Before TensorFlow is imported anywhere in this process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -556,25 +560,7 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 # --------------------------------------------------------------------- CLI
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

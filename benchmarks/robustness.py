@@ -67,6 +67,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from _common import loadavg as _loadavg  # noqa: E402
+from _common import log as _log
+
 # Before TensorFlow is imported anywhere in this process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -584,18 +587,7 @@ def _plain(value) -> bool:
     return isinstance(value, str | int | float | bool | list | tuple | type(None))
 
 
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 # ------------------------------------------------------------------- CLI
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _names(choices: Callable[[], list[str]], what: str):

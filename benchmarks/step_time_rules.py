@@ -67,6 +67,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _common import log as _log  # noqa: E402
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -405,10 +407,6 @@ def write_plot(path: str, cases: list[Case]) -> None:
 
 
 # ------------------------------------------------------------------- CLI
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _rule_list(text: str) -> list[str]:

@@ -73,6 +73,10 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _common import loadavg as _loadavg  # noqa: E402
+from _common import log as _log
+from _common import positive as _positive
+
 # Before TensorFlow is imported anywhere in this process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -354,14 +358,6 @@ def run_benchmark(args) -> tuple[list[Case], dict]:
     return cases, info
 
 
-def _loadavg() -> list[float] | None:
-    """1/5/15-minute load averages: other processes skew a 2-core machine."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 # ---------------------------------------------------------------- report
 
 
@@ -584,17 +580,6 @@ def write_plot(path: str, cases: list[Case], args) -> None:
 
 
 # ------------------------------------------------------------------- CLI
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _strategy_list(text: str) -> list[str]:
