@@ -11,11 +11,13 @@ True
 
 from keras_psdist import aggregators, attacks, callbacks, placement
 from keras_psdist.strategy import PSStrategy
+from keras_psdist.sync.strategy import SyncReplicaStrategy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "PSStrategy",
+    "SyncReplicaStrategy",
     "__version__",
     "aggregators",
     "attacks",

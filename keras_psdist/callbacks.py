@@ -113,3 +113,65 @@ class AggregationReport(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         if self._writer is not None:
             self._writer.flush()
+
+
+class SyncReplicaReport(keras.callbacks.Callback):
+    """Logs, per worker, how many gradients the chief applied and dropped.
+
+    For models built under a `keras_psdist.SyncReplicaStrategy`. At the end
+    of each epoch it reads the counts the chief publishes on the ps and adds
+    them to the epoch logs, so `History`, `CSVLogger` and a `TensorBoard`
+    callback listed *after* this one record them:
+
+    - `sync/global_step`: updates applied so far;
+    - `sync/applied/worker_{i}`: worker i's gradients in an update;
+    - `sync/dropped_stale/worker_{i}`: worker i's gradients that arrived
+      after the update of their step (a backup worker's late gradients);
+    - `sync/dropped_at_end/worker_{i}`: gradients sent when too few workers
+      were left to make an update.
+
+    With `log_dir`, it also writes them as TensorBoard scalars itself.
+
+    Args:
+        log_dir: Directory for TensorBoard scalars, or `None`. Defaults to
+            `None`.
+
+    Attributes:
+        counts: The last counts read: `name -> value or array [workers]`.
+    """
+
+    def __init__(self, log_dir: str | None = None):
+        super().__init__()
+        self.log_dir = log_dir
+        self.counts: dict = {}
+        self._writer = None
+
+    def _training(self):
+        strategy = getattr(self.model, "distribute_strategy", None)
+        training = getattr(getattr(strategy, "extended", None), "sync_training", None)
+        if training is None:
+            raise ValueError(
+                "SyncReplicaReport needs a model built under a "
+                "keras_psdist.SyncReplicaStrategy scope. Received a model whose "
+                f"strategy is {type(strategy).__name__}."
+            )
+        return training
+
+    def on_train_begin(self, logs=None):
+        self._training()
+        if self.log_dir is not None and self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.counts = self._training().counts()
+        flat = {"sync/global_step": float(self.counts["global_step"])}
+        for name in ("applied", "dropped_stale", "dropped_at_end"):
+            for worker, value in enumerate(self.counts[name]):
+                flat[f"sync/{name}/worker_{worker}"] = float(value)
+        if logs is not None:
+            logs.update(flat)
+        if self._writer is not None:
+            with self._writer.as_default(step=epoch):
+                for name, value in flat.items():
+                    tf.summary.scalar(name, value)
+            self._writer.flush()

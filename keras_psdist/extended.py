@@ -98,6 +98,11 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         self._shares = None
         # Lets a partial last batch leave some replicas without data.
         self.experimental_enable_get_next_as_optional = True
+        # Set by `SyncReplicaStrategy`: this process's part in sync-replica
+        # training (`keras_psdist.sync.SyncTraining`), and the attack this
+        # worker runs when it is one of the attacked workers.
+        self.sync_training = None
+        self.worker_attack = None
 
     # ---------------------------------------------------------------- state
 
@@ -266,7 +271,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         `model.train_step` (and a custom loop's `train_step` function is
         treated alike); `evaluate` / `predict` must see the true labels.
         """
-        attack = self.attack
+        attack = self.attack if self.worker_attack is None else self.worker_attack
         if attack is None:
             return fn
         from keras_psdist.attacks.base import Attack
@@ -276,7 +281,12 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         name = getattr(getattr(fn, "python_function", fn), "__name__", "")
         if name != "train_step":
             return fn
-        attacked = set(attack.replicas)
+        # An attacked worker process corrupts every one of its replicas.
+        attacked = (
+            set(attack.replicas)
+            if self.worker_attack is None
+            else set(range(self._num_replicas_in_sync))
+        )
 
         def corrupted(*args, **kwargs):
             replica = distribute_lib.get_replica_context()._replica_id_in_sync_group
@@ -357,7 +367,11 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
 
     def _use_merge_call(self):
         # `merge_call` works everywhere but inside a replica's `cond` branch;
-        # there, the staged protocol of `staged_merge.py` takes over.
+        # there, the staged protocol of `staged_merge.py` takes over. In
+        # cross-replica context (the sync-replica chief applying an update
+        # with Keras's optimizer) there is nothing to merge.
+        if distribute_lib.in_cross_replica_context():
+            return False
         return not in_replica_control_flow()
 
     def _replica_ctx_all_reduce(self, reduce_op, value, options=None):

@@ -67,6 +67,14 @@ class PSStrategy(distribute_lib.Strategy):
             worker applies its updates as they come, without waiting for the
             others; the replicas are this worker's GPUs, else its CPU, and
             the aggregator combines only those. Defaults to `"sync"`.
+        max_staleness: In async mode, bound the staleness (stale synchronous
+            parallel): a worker at most this many steps ahead of the slowest
+            waits before its next step, and a gradient computed more than
+            this many steps behind the fastest worker is dropped, not
+            applied. See `keras_psdist.sync.staleness`. Defaults to `None`
+            (unbounded).
+        step_timeout: With `max_staleness`, seconds a worker waits for the
+            slowest before raising `TimeoutError`. Defaults to 300.
         connect_timeout: Seconds to wait for the cluster's tasks to accept
             connections before raising `ConnectionError`. Defaults to 20.
         init_timeout: In async mode, seconds a worker waits for the chief to
@@ -103,6 +111,8 @@ class PSStrategy(distribute_lib.Strategy):
         attack: Any = None,
         cluster_resolver: Any = None,
         mode: str = "sync",
+        max_staleness: int | None = None,
+        step_timeout: float = 300.0,
         connect_timeout: float = 20.0,
         init_timeout: float = 120.0,
     ):
@@ -116,7 +126,17 @@ class PSStrategy(distribute_lib.Strategy):
             raise ValueError(
                 f"Unknown mode {mode!r}. Expected one of: {', '.join(runtime.MODES)}."
             )
+        if max_staleness is not None:
+            check_count("max_staleness", max_staleness, minimum=0)
+            if mode != "async":
+                raise ValueError(
+                    "max_staleness bounds how far async workers drift apart; "
+                    f"it needs mode='async'. Received: mode={mode!r}, "
+                    f"max_staleness={max_staleness}. For synchronous training "
+                    "with backup workers use SyncReplicaStrategy."
+                )
         for name, value in (
+            ("step_timeout", step_timeout),
             ("connect_timeout", connect_timeout),
             ("init_timeout", init_timeout),
         ):
@@ -150,6 +170,19 @@ class PSStrategy(distribute_lib.Strategy):
         super().__init__(
             PSExtended(self, topology, placement, aggregator, attack, init_timeout)
         )
+        if max_staleness is not None:
+            from keras_psdist.sync.staleness import BoundedStaleness
+
+            self.extended.sync_training = BoundedStaleness(
+                self,
+                max_staleness,
+                worker=topology.worker_index,
+                num_workers=topology.num_training_processes,
+                device=topology.parameter_devices[0],
+                shared=self.extended._shared,
+                local_device=topology.client_device,
+                step_timeout=float(step_timeout),
+            )
 
     @property
     def num_byzantine(self) -> int:

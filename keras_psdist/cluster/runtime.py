@@ -84,7 +84,12 @@ class Topology:
         """How many processes run the training script."""
         if self.mode != "async":
             return 1
-        return len(_training_tasks(self.config))
+        return num_training_tasks(self.config)
+
+
+def num_training_tasks(config: ClusterConfig) -> int:
+    """How many tasks run the training script between-graph (chief and workers)."""
+    return len(_training_tasks(config))
 
 
 def local_topology(

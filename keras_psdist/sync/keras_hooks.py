@@ -1,0 +1,111 @@
+"""Where sync-replica training meets Keras: the optimizer's apply and `fit`.
+
+In a sync-replica run a worker must not apply its own gradient: it sends it
+to the chief and waits. Keras's optimizer applies gradients itself inside the
+train step, so `install()` wraps two Keras methods, for models and optimizers
+of a `SyncReplicaStrategy` only (everything else is untouched):
+
+| method            | in a sync-replica run                                  |
+|-------------------|--------------------------------------------------------|
+| `Optimizer.apply` | on a worker: `SyncTraining.worker_apply` (push, wait); |
+|                   | in the chief's update service: Keras's own apply       |
+| `Model.fit`       | runs inside `SyncTraining.session(model)`, with a      |
+|                   | callback that marks each finished step                 |
+
+Bounded-staleness async training (`PSStrategy(mode="async",
+max_staleness=...)`, see `staleness.py`) plugs into the same two hooks: its
+`worker_apply` applies only fresh gradients, and its callback holds a worker
+that is too far ahead before each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+
+import keras
+
+_installed = False
+_state = threading.local()
+
+
+def install() -> None:
+    """Wraps `Optimizer.apply` and `Model.fit` (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    BaseOptimizer.apply = _sync_apply(BaseOptimizer.apply)
+    TensorFlowTrainer.fit = _sync_fit(TensorFlowTrainer.fit)
+
+
+@contextlib.contextmanager
+def applying():
+    """Marks this thread as the chief's update service: apply for real."""
+    previous = getattr(_state, "applying", False)
+    _state.applying = True
+    try:
+        yield
+    finally:
+        _state.applying = previous
+
+
+def sync_training_of(strategy):
+    """The strategy's `SyncTraining` or `BoundedStaleness`, else `None`."""
+    extended = getattr(strategy, "extended", None)
+    return getattr(extended, "sync_training", None)
+
+
+def _sync_apply(apply):
+    @functools.wraps(apply)
+    def wrapper(self, grads, trainable_variables=None):
+        training = sync_training_of(getattr(self, "_distribution_strategy", None))
+        if training is None or getattr(_state, "applying", False):
+            return apply(self, grads, trainable_variables)
+        if trainable_variables is None:
+            trainable_variables = self._trainable_variables
+        if not self.built:
+            with keras.src.backend.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        return training.worker_apply(
+            self, functools.partial(apply, self), list(grads), trainable_variables
+        )
+
+    return wrapper
+
+
+def _sync_fit(fit):
+    signature = inspect.signature(fit)
+
+    @functools.wraps(fit)
+    def wrapper(self, *args, **kwargs):
+        training = sync_training_of(getattr(self, "distribute_strategy", None))
+        if training is None:
+            return fit(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs)
+        callbacks = list(bound.arguments.get("callbacks") or [])
+        bound.arguments["callbacks"] = [_Progress(training), *callbacks]
+        with training.session(self):
+            return fit(*bound.args, **bound.kwargs)
+
+    return wrapper
+
+
+class _Progress(keras.callbacks.Callback):
+    """Tells the protocol when a step starts and when it has finished."""
+
+    def __init__(self, training):
+        super().__init__()
+        self._training = training
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._training.before_step()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._training.progress()

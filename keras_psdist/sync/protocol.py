@@ -1,0 +1,360 @@
+"""Sync-replica training between worker processes: shared state and the worker's half.
+
+TF1's `SyncReplicasOptimizer`, re-done for TF2 on state that lives on the
+first parameter server and that every worker process opens by name:
+
+| state          | what                                         | written by      |
+|----------------|----------------------------------------------|-----------------|
+| `global_step`  | int64 variable: updates applied so far       | the chief       |
+| gradient queue | FIFO of tagged gradients                     | workers push,   |
+|                | `(kind, worker, step, session, g_1 .. g_k)`  | the chief pops  |
+| token queues   | one FIFO per worker: release tokens          | the chief       |
+| `counts`       | int64 `[3, W]`: per worker, gradients        | the chief       |
+|                | applied / dropped stale / dropped at the end |                 |
+
+A worker's step (`SyncReplicas.worker_step`, inside Keras's train function):
+it pushes its gradient tagged with its `local_step` (the global step its
+parameters are at least as new as), then waits for a token newer than that
+tag and reads the new global step as its next tag. With
+`replicas_to_aggregate > total_num_replicas` a worker pushes
+`ceil(replicas_to_aggregate / total_num_replicas)` gradients per update before
+it waits.
+
+The chief's half, the update service (`service.py`), pops tagged gradients:
+it drops those whose tag is older than the global step, and once
+`replicas_to_aggregate` fresh ones have arrived it aggregates them, applies
+the result with the Keras optimizer, increments the global step and pushes a
+token to every worker. Workers it did not wait for (backup replicas) find
+their gradient stale and a token waiting: they go on from the new step.
+
+Why one queue of whole gradients rather than TF1's accumulator per variable:
+an accumulator takes the first `replicas_to_aggregate` gradients *of each
+variable*, so one update can mix workers across variables, and nobody can
+tell which worker's gradient was dropped. A queue element is one worker's
+whole gradient: an update combines whole gradients (which robust rules such
+as Krum need), and every gradient is counted, per worker, as applied or
+dropped.
+
+Blocking ops (the dequeues) run only inside `tf.function`s: issued as eager
+remote ops, blocked dequeues starve the ps task's other clients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+
+import tensorflow as tf
+
+from keras_psdist._tf import resource_variable_ops
+from keras_psdist.cluster.shared_variables import SharedVariables
+
+# Kinds of queue elements.
+GRADIENT, LEAVE, SHUTDOWN = 0, 1, 2
+# Token values other than a global step.
+FREE_PASS = 2**62  # go on without an update: too few workers remain
+POISON = -1  # stop: the run failed (the chief or this worker's watchdog)
+POISON_MESSAGE = "keras_psdist sync-replicas: this worker was told to stop"
+# Rows of `counts`.
+APPLIED, DROPPED_STALE, DROPPED_AT_END = 0, 1, 2
+# Queue containers may not hold "_".
+CONTAINER = "keras-psdist"
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncConfig:
+    """The sync-replica settings (see `SyncReplicaStrategy`)."""
+
+    replicas_to_aggregate: int
+    total_num_replicas: int
+    step_timeout: float
+
+    @property
+    def pushes_per_update(self) -> int:
+        """Gradients each worker sends before it waits for an update."""
+        return math.ceil(self.replicas_to_aggregate / self.total_num_replicas)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a gradient list is flattened into queue components.
+
+    `kinds[i]` is `"dense"`, `"sparse"` (values and int64 indices) or
+    `"none"` (no gradient: nothing is sent) for the i-th variable.
+    """
+
+    kinds: tuple[str, ...]
+    dtypes: tuple[tf.DType, ...]
+
+    @classmethod
+    def of(cls, grads) -> Layout:
+        kinds, dtypes = [], []
+        for g in grads:
+            if g is None:
+                kinds.append("none")
+                dtypes.append(tf.float32)
+            elif isinstance(g, tf.IndexedSlices):
+                kinds.append("sparse")
+                dtypes.append(g.values.dtype)
+            else:
+                kinds.append("dense")
+                dtypes.append(tf.as_dtype(g.dtype))
+        return cls(tuple(kinds), tuple(dtypes))
+
+    @property
+    def component_types(self) -> list[tf.DType]:
+        types = [tf.int64] * 4  # kind, worker, step, session
+        for kind, dtype in zip(self.kinds, self.dtypes, strict=True):
+            if kind == "dense":
+                types.append(dtype)
+            elif kind == "sparse":
+                types += [dtype, tf.int64]
+        return types
+
+    def flatten(self, grads) -> list[tf.Tensor]:
+        out = []
+        for kind, g in zip(self.kinds, grads, strict=True):
+            if kind == "dense":
+                out.append(tf.convert_to_tensor(g))
+            elif kind == "sparse":
+                out += [g.values, tf.cast(g.indices, tf.int64)]
+        return out
+
+    def empty(self) -> list[tf.Tensor]:
+        """Placeholder components for a marker element (LEAVE, SHUTDOWN)."""
+        return [tf.zeros([0], t) for t in self.component_types[4:]]
+
+    def unflatten(self, components, shapes) -> list:
+        """The gradient list back, `None` where a variable has no gradient."""
+        out, i = [], 0
+        for kind, shape in zip(self.kinds, shapes, strict=True):
+            if kind == "dense":
+                out.append(components[i])
+                i += 1
+            elif kind == "sparse":
+                out.append(
+                    tf.IndexedSlices(
+                        components[i],
+                        components[i + 1],
+                        tf.constant(shape.as_list(), tf.int64),
+                    )
+                )
+                i += 2
+            else:
+                out.append(None)
+        return out
+
+
+class SyncReplicas:
+    """The shared state of a sync-replica run, and the worker's step.
+
+    Args:
+        config: The settings.
+        worker: This process's index among the training processes.
+        is_chief: Whether this process runs the update service.
+        device: Where the shared state lives (the first parameter device).
+        shared: Opens (or, on the chief, creates) shared variables.
+        local_device: This process's own CPU, for its private counters.
+    """
+
+    def __init__(
+        self,
+        config: SyncConfig,
+        worker: int,
+        is_chief: bool,
+        device: str,
+        shared: SharedVariables,
+        local_device: str,
+    ):
+        self.config = config
+        self.worker = worker
+        self.is_chief = is_chief
+        self.device = device
+        num_workers = config.total_num_replicas
+        self.global_step = shared.create(
+            device,
+            initial_value=tf.zeros([], tf.int64),
+            shape=tf.TensorShape([]),
+            dtype=tf.int64,
+            name="keras_psdist/sync/global_step",
+            trainable=False,
+        )
+        self.counts = shared.create(
+            device,
+            initial_value=tf.zeros([3, num_workers], tf.int64),
+            shape=tf.TensorShape([3, num_workers]),
+            dtype=tf.int64,
+            name="keras_psdist/sync/counts",
+            trainable=False,
+        )
+        with tf.init_scope(), tf.device(device):
+            self.token_queues = [
+                _fifo_queue([tf.int64], f"keras_psdist/sync/tokens_{w}")
+                for w in range(num_workers)
+            ]
+        with tf.init_scope(), tf.device(local_device):
+            self._local_step = _local_variable(tf.zeros([], tf.int64), "local_step")
+            self._pushes = _local_variable(tf.zeros([], tf.int64), "pushes")
+            self._session = _local_variable(tf.zeros([], tf.int64), "session")
+        self._gradient_queue = None
+        self._layout_ready = threading.Event()
+        self.layout: Layout | None = None
+        self.shapes: tuple[tf.TensorShape, ...] | None = None
+
+    # ------------------------------------------------------------ queues
+
+    def gradient_queue(self, layout: Layout):
+        """The shared gradient queue for gradients of `layout`."""
+        if self._gradient_queue is None:
+            with tf.init_scope(), tf.device(self.device):
+                self._gradient_queue = _fifo_queue(
+                    layout.component_types, "keras_psdist/sync/gradients"
+                )
+            self.layout = layout
+        elif layout != self.layout:
+            raise ValueError(
+                "SyncReplicaStrategy sends the same gradients every step. This "
+                f"step's gradients are {layout.kinds}, an earlier step's were "
+                f"{self.layout.kinds}. Train one model (with the same trainable "
+                "variables) per SyncReplicaStrategy."
+            )
+        return self._gradient_queue
+
+    def register(self, grads, variables) -> Layout:
+        """Records the gradient layout and the variables' shapes."""
+        layout = Layout.of(grads)
+        self.gradient_queue(layout)
+        self.shapes = tuple(tf.TensorShape(v.shape) for v in variables)
+        self._layout_ready.set()
+        return layout
+
+    def wait_for_layout(self) -> None:
+        """Blocks until this process has traced its train step (the chief's
+        service needs the gradients' layout to pop them)."""
+        self._layout_ready.wait()
+
+    # ------------------------------------------------------- worker's step
+
+    def worker_step(self, grads, variables) -> tf.Operation:
+        """Pushes this worker's gradient and waits for its release (in a trace).
+
+        Args:
+            grads: This worker's gradient of each variable (`None` for none).
+            variables: The trainable variables, in the same order.
+
+        Returns:
+            An op that runs once the worker may start its next step.
+        """
+        layout = self.register(grads, variables)
+        queue = self.gradient_queue(layout)
+        tag = self._local_step.read_value()
+        header = [
+            tf.constant(GRADIENT, tf.int64),
+            tf.constant(self.worker, tf.int64),
+            tag,
+            self._session.read_value(),
+        ]
+        with tf.device(self.device):
+            push = tf.raw_ops.QueueEnqueueV2(
+                handle=queue, components=header + layout.flatten(grads)
+            )
+        with tf.control_dependencies([push]):
+            pushes = self._pushes.assign_add(1)
+        return tf.cond(
+            pushes >= self.config.pushes_per_update,
+            lambda: self._wait_for_release(tag),
+            lambda: self._go_on_if_updated(tag),
+        )
+
+    def _wait_for_release(self, tag):
+        queue = self.token_queues[self.worker]
+        with tf.device(self.device):
+
+            def dequeue():
+                return tf.raw_ops.QueueDequeueV2(
+                    handle=queue, component_types=[tf.int64]
+                )[0]
+
+            token = tf.while_loop(
+                lambda t: tf.logical_and(t <= tag, tf.not_equal(t, POISON)),
+                lambda t: [dequeue()],
+                [dequeue()],
+            )
+            token = tf.reshape(token, [])
+        check = tf.debugging.Assert(tf.not_equal(token, POISON), [POISON_MESSAGE])
+        with tf.control_dependencies([check]):
+            return self._start_from(self.global_step.read_value())
+
+    def _go_on_if_updated(self, tag):
+        step = self.global_step.read_value()
+        return tf.cond(step > tag, lambda: self._start_from(step), lambda: tf.no_op())
+
+    def _start_from(self, step):
+        return tf.group(self._local_step.assign(step), self._pushes.assign(0))
+
+    # ------------------------------------------------ session (eager, host)
+
+    def begin_session(self) -> int:
+        """Resets this worker for a new `fit`; returns the session number."""
+        session = int(self._session.assign_add(1).numpy())
+        self._local_step.assign(self.global_step.read_value())
+        self._pushes.assign(0)
+        self._flush(self.token_queues[self.worker])
+        return session
+
+    def send_marker(self, kind: int) -> None:
+        """Pushes a LEAVE or SHUTDOWN marker for this worker."""
+        if self.layout is None:
+            return  # No gradient was ever sent, so no queue to mark.
+        header = [
+            tf.constant(kind, tf.int64),
+            tf.constant(self.worker, tf.int64),
+            tf.constant(-1, tf.int64),
+            self._session.read_value(),
+        ]
+        _enqueue(self.device, self._gradient_queue, header + self.layout.empty())
+
+    def poison(self, workers) -> None:
+        """Makes `workers`' next (or current) wait fail (see `POISON`)."""
+        for w in workers:
+            _enqueue(self.device, self.token_queues[w], [tf.constant(POISON, tf.int64)])
+
+    def read_counts(self):
+        """`(global_step, counts [3, W])` as numpy values."""
+        return int(self.global_step.numpy()), self.counts.numpy()
+
+    def _flush(self, queue) -> None:
+        # Only this worker dequeues from its token queue, so a dequeue after
+        # a non-zero size never blocks.
+        with tf.device(self.device):
+            while int(tf.raw_ops.QueueSizeV2(handle=queue).numpy()) > 0:
+                tf.raw_ops.QueueDequeueV2(handle=queue, component_types=[tf.int64])
+
+
+@tf.function(reduce_retracing=True)
+def _enqueue_fn(queue, components):
+    tf.raw_ops.QueueEnqueueV2(handle=queue, components=components)
+
+
+def _enqueue(device, queue, components):
+    with tf.device(device):
+        _enqueue_fn(queue, components)
+
+
+def _fifo_queue(component_types, shared_name):
+    return tf.raw_ops.FIFOQueueV2(
+        component_types=component_types,
+        shapes=[],
+        capacity=-1,
+        container=CONTAINER,
+        shared_name=shared_name,
+    )
+
+
+def _local_variable(initial_value, name):
+    # Built directly so no strategy's variable creator places it: it is this
+    # process's bookkeeping, not shared state.
+    return resource_variable_ops.ResourceVariable(
+        initial_value, trainable=False, name=f"keras_psdist_sync_{name}"
+    )

@@ -1,0 +1,311 @@
+"""The chief's half of sync-replica training: the update service.
+
+A thread on the chief (as TF1's `SyncReplicasOptimizer` ran its aggregation
+in a queue-runner thread, so that the chief's own training is one worker
+among the others and may itself be a backup). It pops tagged gradients from
+the shared queue (see `protocol.py`) and, per element:
+
+- a gradient tagged with the current global step is *fresh*: it is kept;
+  once `replicas_to_aggregate` are kept, they are aggregated by the
+  strategy's rule, applied with the Keras optimizer, the global step is
+  incremented and every worker gets a token;
+- a gradient with an older tag is *stale*: it is dropped and counted;
+- `LEAVE`: the worker's `fit` ended. When too few workers remain to gather
+  `replicas_to_aggregate` fresh gradients, the run is at its end: the
+  remaining workers' gradients are dropped (counted as dropped at the end)
+  and each is released at once, so no worker waits for an update that cannot
+  come.
+
+Sessions: each `fit` is a session; the service finishes a session when every
+worker has left it, and keeps elements of a later session (a fast worker
+already in its next `fit`) for that session.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from keras_psdist.sync import protocol
+from keras_psdist.sync.protocol import SyncReplicas
+
+# How often the service logs its counts, in seconds.
+LOG_EVERY_S = 30.0
+
+
+class UpdateService:
+    """Aggregates and applies workers' gradients on the chief.
+
+    Args:
+        sync: The run's shared state.
+        aggregate: `columns -> values`: the strategy's rule over
+            `columns[v][m]`, member m's gradient of variable v (true scale).
+        apply: `values -> None`: applies aggregated gradients with the Keras
+            optimizer (`None` where a variable has no gradient).
+    """
+
+    def __init__(
+        self,
+        sync: SyncReplicas,
+        aggregate: Callable[[list[list]], list],
+        apply: Callable[[list], None],
+    ):
+        self._sync = sync
+        self._aggregate = aggregate
+        self._apply = apply
+        workers = sync.config.total_num_replicas
+        self._counts = np.zeros([3, workers], np.int64)
+        self._step = int(sync.global_step.numpy())
+        self._session = 0
+        self._active: set[int] = set()
+        self._members: list[tuple[int, list]] = []
+        self._later: list[tuple] = []  # elements of a later session
+        self._at_end = False
+        self._session_done = threading.Condition()
+        self._finished_sessions = 0
+        self.error: BaseException | None = None
+        self.last_activity = time.monotonic()
+        self._last_log = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._pop = None
+        self._release = None
+
+    # ----------------------------------------------------------- control
+
+    def start_session(self, session: int) -> None:
+        """Starts (or, for a later `fit`, continues) serving `session`."""
+        self._next_session = session
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="keras_psdist-sync-updates", daemon=True
+            )
+            self._thread.start()
+
+    def wait_for_session(self, session: int, timeout: float) -> bool:
+        """Blocks until every worker has left `session` (or the service died).
+
+        Returns False if nothing happened for `timeout` seconds.
+        """
+        with self._session_done:
+            while self._finished_sessions < session and self.error is None:
+                if self._thread is None or not self._thread.is_alive():
+                    logging.error(
+                        "keras_psdist sync-replicas: the update service stopped "
+                        "before session %d ended (active workers %s).",
+                        session,
+                        self.active_workers,
+                    )
+                    return False
+                self._session_done.wait(timeout=1.0)
+                if time.monotonic() - self.last_activity > timeout:
+                    return False
+        return True
+
+    @property
+    def active_workers(self) -> list[int]:
+        """Workers still in the current session."""
+        return sorted(self._active)
+
+    @property
+    def waiting_for(self) -> list[int]:
+        """Active workers with no fresh gradient in the pending update."""
+        have = {w for w, _ in self._members}
+        return [w for w in sorted(self._active) if w not in have]
+
+    # --------------------------------------------------------------- loop
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # noqa: BLE001 - reported to every worker
+            self.error = e
+            logging.error(
+                "keras_psdist sync-replicas: the update service failed: %r", e
+            )
+            self._sync.poison(range(self._sync.config.total_num_replicas))
+        finally:
+            with self._session_done:
+                self._session_done.notify_all()
+
+    def _serve(self) -> None:
+        self._begin(self._next_session)
+        while True:
+            element = self._pop_element()
+            kind, worker, step, session, grads = element
+            self.last_activity = time.monotonic()
+            if kind == protocol.SHUTDOWN:
+                return
+            if session > self._session:
+                self._later.append(element)
+                continue
+            if session < self._session:
+                continue  # left over from a session that failed
+            self._handle(kind, worker, step, grads)
+            if not self._active:
+                self._end_session()
+                self._begin(self._session + 1)
+            self._maybe_log()
+
+    def _pop_element(self):
+        if self._later and self._later[0][3] == self._session:
+            return self._later.pop(0)
+        if self._pop is None:
+            self._sync.wait_for_layout()
+            self._pop = self._make_pop()
+        header, grads = self._pop()
+        kind, worker, step, session = (int(c) for c in header.numpy())
+        return kind, worker, step, session, list(grads)
+
+    def _handle(self, kind, worker, step, grads) -> None:
+        if kind == protocol.LEAVE:
+            self._active.discard(worker)
+            self._check_end()
+            return
+        if self._at_end:
+            self._count(protocol.DROPPED_AT_END, worker)
+            self._free(worker)
+            return
+        if step < self._step:
+            self._count(protocol.DROPPED_STALE, worker)
+            return
+        if step > self._step:
+            raise RuntimeError(
+                f"worker {worker} sent a gradient for step {step}, ahead of the "
+                f"global step {self._step}. Is another chief running on the same "
+                "parameter servers? Start each run on fresh ps tasks."
+            )
+        self._members.append((worker, grads))
+        if len(self._members) == self._sync.config.replicas_to_aggregate:
+            self._update()
+
+    def _update(self) -> None:
+        layout, shapes = self._sync.layout, self._sync.shapes
+        members = [layout.unflatten(g, shapes) for _, g in self._members]
+        columns = [
+            [m[v] for m in members]
+            for v in range(len(shapes))
+            if members[0][v] is not None
+        ]
+        reduced = iter(self._aggregate(columns))
+        self._apply([None if g is None else next(reduced) for g in members[0]])
+        for worker, _ in self._members:
+            self._count(protocol.APPLIED, worker)
+        self._members = []
+        self._step += 1
+        self._release(tf.constant(self._step, tf.int64), tf.constant(self._counts))
+
+    def _check_end(self) -> None:
+        config = self._sync.config
+        if self._at_end or len(self._active) * config.pushes_per_update >= (
+            config.replicas_to_aggregate
+        ):
+            return
+        self._at_end = True
+        if self._active:
+            logging.info(
+                "keras_psdist sync-replicas: only workers %s are still training, "
+                "fewer than replicas_to_aggregate=%d: their remaining gradients "
+                "are dropped and they are released at once.",
+                sorted(self._active),
+                config.replicas_to_aggregate,
+            )
+        for worker, _ in self._members:
+            self._count(protocol.DROPPED_AT_END, worker)
+            self._free(worker)
+        self._members = []
+
+    def _begin(self, session: int) -> None:
+        self._session = session
+        self._active = set(range(self._sync.config.total_num_replicas))
+        self._members = []
+        self._at_end = False
+
+    def _end_session(self) -> None:
+        self._publish()
+        self.log_counts("finished a fit")
+        with self._session_done:
+            self._finished_sessions = self._session
+            self._session_done.notify_all()
+
+    # -------------------------------------------------------- bookkeeping
+
+    def _count(self, row: int, worker: int) -> None:
+        self._counts[row, worker] += 1
+        if row != protocol.APPLIED:
+            self._publish()
+
+    def _publish(self) -> None:
+        with tf.device(self._sync.device):
+            self._sync.counts.assign(self._counts)
+
+    def _free(self, worker: int) -> None:
+        protocol._enqueue(
+            self._sync.device,
+            self._sync.token_queues[worker],
+            [tf.constant(protocol.FREE_PASS, tf.int64)],
+        )
+
+    def _maybe_log(self) -> None:
+        if time.monotonic() - self._last_log > LOG_EVERY_S:
+            self.log_counts("progress")
+
+    def log_counts(self, what: str) -> None:
+        self._last_log = time.monotonic()
+        # Drops are a warning: TF1 dropped stale gradients silently.
+        dropped = self._counts[protocol.DROPPED_STALE :].any()
+        (logging.warning if dropped else logging.info)(
+            "keras_psdist sync-replicas (%s): %d updates; per worker: applied %s, "
+            "dropped as stale %s, dropped at the end %s",
+            what,
+            self._step,
+            self._counts[protocol.APPLIED].tolist(),
+            self._counts[protocol.DROPPED_STALE].tolist(),
+            self._counts[protocol.DROPPED_AT_END].tolist(),
+        )
+
+    # ------------------------------------------------------- tf.functions
+
+    def _make_pop(self):
+        sync = self._sync
+        queue = sync._gradient_queue
+        types = sync.layout.component_types
+
+        @tf.function
+        def pop():
+            with tf.device(sync.device):
+                components = tf.raw_ops.QueueDequeueV2(
+                    handle=queue, component_types=types
+                )
+                return tf.stack(components[:4]), components[4:]
+
+        self._release = _make_release(sync)
+        return pop
+
+
+def _make_release(sync: SyncReplicas):
+    @tf.function
+    def release(step, counts):
+        with tf.device(sync.device):
+            assigned = [sync.global_step.assign(step), sync.counts.assign(counts)]
+            with tf.control_dependencies(assigned):
+                for queue in sync.token_queues:
+                    # A worker only needs one token newer than its tag; the
+                    # check keeps a slow worker's queue from growing.
+                    size = tf.raw_ops.QueueSizeV2(handle=queue)
+                    tf.cond(
+                        tf.equal(size, 0),
+                        lambda q=queue: _enqueue_op(q, step),
+                        lambda: tf.no_op(),
+                    )
+
+    return release
+
+
+def _enqueue_op(queue, step):
+    tf.raw_ops.QueueEnqueueV2(handle=queue, components=[step])
+    return tf.no_op()

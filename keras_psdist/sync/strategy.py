@@ -1,0 +1,241 @@
+"""`SyncReplicaStrategy`: TF1's `SyncReplicasOptimizer` semantics for Keras 3."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_psdist import aggregators as aggregators_lib
+from keras_psdist import checkpointing
+from keras_psdist import placement as placement_lib
+from keras_psdist._tf import distribute_lib
+from keras_psdist.aggregators.base import check_count
+from keras_psdist.cluster import runtime
+from keras_psdist.extended import PSExtended
+from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
+from keras_psdist.sync.training import SyncTraining
+
+
+class SyncReplicaStrategy(distribute_lib.Strategy):
+    """Synchronous parameter-server training across worker processes, with
+    backup workers, stale gradients dropped and robust aggregation.
+
+    Every worker task runs the same script (between-graph, as
+    `PSStrategy(mode="async")`); the variables live on the ps tasks. Each
+    step, every worker sends its gradient, tagged with the global step it was
+    computed at, to the ps. The chief (worker 0, or the `chief` task) drops
+    gradients older than the global step; once `replicas_to_aggregate` fresh
+    ones have arrived it combines them with `aggregator`, applies the result
+    with the Keras optimizer, increments the global step and releases the
+    workers. A worker's replicas (its GPUs) count as one: their gradients are
+    summed before sending.
+
+    - `total_num_replicas > replicas_to_aggregate`: the difference are backup
+      workers: the slowest are not waited for; their late gradients are
+      dropped as stale and counted.
+    - `total_num_replicas < replicas_to_aggregate`: each worker sends
+      `ceil(replicas_to_aggregate / total_num_replicas)` batches' gradients
+      per update.
+    - With a robust `aggregator`, the chief applies it to the individual
+      workers' gradients.
+
+    Per worker, how many gradients were applied and dropped is logged by the
+    chief and readable with `extended.sync_training.counts()` or the
+    `keras_psdist.callbacks.SyncReplicaReport` callback. The chief writes
+    checkpoints; see `keras_psdist.sync.training` for what happens when a
+    process fails (there is no chief failover).
+
+    Args:
+        replicas_to_aggregate: Fresh gradients per update. Defaults to
+            `total_num_replicas`.
+        total_num_replicas: The number of worker processes (tasks of jobs
+            `chief` and `worker`); given, it is checked against the cluster.
+        aggregator: The rule over the workers' gradients: a string id, config
+            dict or `keras_psdist.aggregators.Aggregator`. Its condition on n
+            and f is checked with n = `replicas_to_aggregate`. Defaults to
+            `"mean"`.
+        num_byzantine: How many workers may be faulty. Defaults to the
+            aggregator's own, else 0.
+        attack: A simulated attack (`keras_psdist.attacks`) whose `replicas`
+            are worker indices: each attacked worker corrupts what it sends
+            (a gradient attack forges its own gradient; a data attack
+            corrupts its batches). Crafted attacks (`ALIE`, `IPM`) need the
+            honest workers' gradients, which a worker process cannot see, and
+            are refused.
+        placement: How variables are spread over the ps tasks (see
+            `PSStrategy`). Defaults to `"greedy"`.
+        parameter_devices: Devices that hold variables. Defaults to every ps
+            task's CPU.
+        cluster_resolver: The cluster (see `PSStrategy`). Defaults to
+            `TF_CONFIG`.
+        step_timeout: Seconds a worker waits for a step to finish before it
+            raises `TimeoutError` naming the workers the update waits for;
+            also how long the chief waits, after its own `fit`, for the other
+            workers to finish theirs. Defaults to 300.
+        connect_timeout: Seconds to wait for the ps tasks. Defaults to 20.
+        init_timeout: Seconds a worker waits for the chief to create each
+            variable. Defaults to 120.
+
+    Raises:
+        ValueError: without a cluster, for counts that do not fit it, or for
+            an aggregator that cannot tolerate `num_byzantine` faulty
+            workers out of `replicas_to_aggregate`.
+
+    Examples:
+
+    In a script started on every worker (e.g. by `keras-psdist launch --mode
+    between-graph --num-workers 4`)::
+
+        strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=3)  # 1 backup
+        with strategy.scope():
+            model = build_model()
+            model.compile(...)
+        model.fit(x, y, callbacks=[kpd.callbacks.SyncReplicaReport()])
+    """
+
+    def __init__(
+        self,
+        replicas_to_aggregate: int | None = None,
+        total_num_replicas: int | None = None,
+        aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean",
+        num_byzantine: int | None = None,
+        attack: Any = None,
+        placement: str | placement_lib.PlacementFn = "greedy",
+        parameter_devices=None,
+        cluster_resolver: Any = None,
+        step_timeout: float = 300.0,
+        connect_timeout: float = 20.0,
+        init_timeout: float = 120.0,
+    ):
+        for name, value in (
+            ("replicas_to_aggregate", replicas_to_aggregate),
+            ("total_num_replicas", total_num_replicas),
+        ):
+            if value is not None:
+                check_count(name, value, minimum=1)
+        for name, value in (
+            ("step_timeout", step_timeout),
+            ("connect_timeout", connect_timeout),
+            ("init_timeout", init_timeout),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or (not value > 0)
+            ):
+                raise ValueError(
+                    f"`{name}` must be a positive number of seconds. "
+                    f"Received: {name}={value!r}"
+                )
+        if num_byzantine is not None:
+            check_count("num_byzantine", num_byzantine, minimum=0)
+        if not callable(placement) and placement not in placement_lib.POLICIES:
+            raise ValueError(
+                f"Unknown placement {placement!r}. Expected one of: "
+                f"{', '.join(placement_lib.POLICIES)}, or a callable "
+                "(name, shape, dtype) -> device."
+            )
+        aggregator = aggregators_lib.get(aggregator)
+        config = runtime.resolve_config(cluster_resolver)
+        if config is None:
+            raise ValueError(
+                "SyncReplicaStrategy trains between worker processes and needs "
+                "a cluster: set TF_CONFIG (e.g. run the script with "
+                "`keras-psdist launch --mode between-graph`) or pass "
+                "cluster_resolver=."
+            )
+        workers = runtime.num_training_tasks(config)
+        if total_num_replicas is None:
+            total_num_replicas = workers
+        elif total_num_replicas != workers:
+            raise ValueError(
+                f"total_num_replicas={total_num_replicas}, but the cluster has "
+                f"{workers} worker processes (chief and worker tasks) and each "
+                "is one replica. Pass total_num_replicas="
+                f"{workers} or leave it out."
+            )
+        if replicas_to_aggregate is None:
+            replicas_to_aggregate = total_num_replicas
+        aggregator = aggregator.bind(replicas_to_aggregate, num_byzantine)
+        self._num_byzantine = aggregator.num_byzantine
+        attack = _resolve_worker_attack(attack, total_num_replicas, self._num_byzantine)
+        topology = runtime.connect(
+            config, "async", None, parameter_devices, connect_timeout
+        )
+        checkpointing.install()
+        extended = PSExtended(
+            self, topology, placement, aggregators_lib.Mean(), None, init_timeout
+        )
+        super().__init__(extended)
+        sync = SyncReplicas(
+            SyncConfig(replicas_to_aggregate, total_num_replicas, float(step_timeout)),
+            worker=topology.worker_index,
+            is_chief=topology.is_chief,
+            device=topology.parameter_devices[0],
+            shared=extended._shared,
+            local_device=topology.client_device,
+        )
+        attacked = attack is not None and topology.worker_index in attack.replicas
+        from keras_psdist.attacks.base import GradientAttack
+
+        extended.worker_attack = attack if attacked else None
+        extended.sync_training = SyncTraining(
+            self,
+            sync,
+            aggregator,
+            attack if attacked and isinstance(attack, GradientAttack) else None,
+            topology.parameter_devices,
+        )
+        self._attack = attack
+        self._aggregator = aggregator
+
+    @property
+    def num_byzantine(self) -> int:
+        """The number of workers the run tolerates as faulty."""
+        return self._num_byzantine
+
+    @property
+    def replicas_to_aggregate(self) -> int:
+        """Fresh gradients per update."""
+        return self.extended.sync_training.sync.config.replicas_to_aggregate
+
+    @property
+    def total_num_replicas(self) -> int:
+        """Worker processes."""
+        return self.extended.sync_training.sync.config.total_num_replicas
+
+    def training(self, model=None):
+        """A context for a custom training loop (`fit` enters it by itself).
+
+        Inside it, this worker's `optimizer.apply_gradients` calls send its
+        gradient and wait for the chief's update; on the chief, the update
+        service runs. Leave it on every worker when the loop ends.
+        """
+        return self.extended.sync_training.session(model)
+
+    def __repr__(self) -> str:
+        config = self.extended.sync_training.sync.config
+        return (
+            f"SyncReplicaStrategy(replicas_to_aggregate={config.replicas_to_aggregate}, "
+            f"total_num_replicas={config.total_num_replicas}, "
+            f"aggregator={self._aggregator!r}, num_byzantine={self._num_byzantine}"
+            + (f", attack={self._attack!r}" if self._attack is not None else "")
+            + ")"
+        )
+
+
+def _resolve_worker_attack(attack, num_workers, num_byzantine):
+    if attack is None:
+        return None
+    from keras_psdist import attacks as attacks_lib
+    from keras_psdist.attacks.crafted import ALIE, IPM
+    from keras_psdist.strategy import _resolve_attack
+
+    attack = attacks_lib.get(attack)
+    if isinstance(attack, (ALIE, IPM)):
+        raise ValueError(
+            f"{attack!r} forges its gradient from the honest workers' gradients, "
+            "which a worker process of SyncReplicaStrategy cannot see. Use "
+            "sign_flip, scale, gaussian_noise, non_finite or label_flip here, "
+            "or evaluate crafted attacks with PSStrategy on one host."
+        )
+    return _resolve_attack(attack, num_workers, num_byzantine)

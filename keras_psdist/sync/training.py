@@ -1,0 +1,344 @@
+"""One process's part in sync-replica training: its steps, its `fit`s, its watchdog.
+
+`SyncTraining` is what `SyncReplicaStrategy` adds to a between-graph run:
+
+- `worker_apply` replaces the optimizer's apply inside a worker's train step
+  (see `keras_hooks.py`): this worker's replicas' gradients are combined,
+  pushed tagged with the worker's step, and the worker waits for its release
+  (`protocol.SyncReplicas.worker_step`). It writes no variable: the chief
+  applies the update.
+- `session(model)` wraps each `fit`: it resets the worker's step, starts the
+  chief's update service, and watches for a stall. At the end the worker
+  leaves, and the chief waits until every worker has left, so no worker is
+  left waiting for an update the chief would never make.
+
+What happens when a process fails:
+
+| who fails               | what the others see                                |
+|-------------------------|----------------------------------------------------|
+| a worker (its `fit`     | it leaves: the run goes on without it (an update   |
+| raises)                 | then needs replicas_to_aggregate of the others)    |
+| a worker dies (killed)  | with backup workers the run goes on; without, no   |
+|                         | update comes: after `step_timeout` s every worker  |
+|                         | raises `TimeoutError` naming the missing workers   |
+| the chief (`fit` raises | every worker raises `RuntimeError` at its next     |
+| or the service fails)   | wait: "the chief stopped the run"                  |
+| the chief dies (killed) | no update comes: `TimeoutError` after step_timeout |
+
+There is no chief failover: the chief's optimizer state is on the ps tasks,
+but the service runs in the chief's process only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+import tensorflow as tf
+from absl import logging
+
+from keras_psdist.aggregators import Mean
+from keras_psdist.reduction import GradientReduction
+from keras_psdist.staged_merge import in_replica_control_flow
+from keras_psdist.sync import keras_hooks, protocol
+from keras_psdist.sync.protocol import SyncReplicas
+from keras_psdist.sync.service import UpdateService
+
+_LOCAL_SUM = Mean()
+# How often the watchdog looks, in seconds.
+_WATCH_EVERY_S = 1.0
+
+
+class StalledError(TimeoutError):
+    """No update released this worker within `step_timeout` seconds."""
+
+
+class SyncTraining:
+    """This process's side of a sync-replica run (see the module docstring).
+
+    Args:
+        strategy: The `SyncReplicaStrategy`.
+        sync: The run's shared state.
+        aggregator: The bound rule the chief applies across workers.
+        attack: A gradient attack this worker runs on its own gradient (it is
+            one of the attack's workers), or `None`.
+        parameter_devices: Where the chief spreads per-variable aggregation.
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        sync: SyncReplicas,
+        aggregator,
+        attack: Any,
+        parameter_devices,
+    ):
+        self._strategy = strategy
+        self.sync = sync
+        self._aggregator = aggregator
+        self._attack = attack
+        self._parameter_devices = tuple(parameter_devices)
+        self._optimizer = None
+        self._variables = None
+        self._service: UpdateService | None = None
+        self._session = 0
+        self._in_session = False
+        self._last_progress = time.monotonic()
+        self._stall: str | None = None
+        keras_hooks.install()
+
+    # ------------------------------------------------------- worker's step
+
+    def worker_apply(self, optimizer, apply, grads, variables):
+        """The optimizer's apply on a worker: push the gradient, wait, write
+        nothing (`apply`, Keras's own, is for the chief's service)."""
+        if in_replica_control_flow():
+            raise ValueError(
+                "SyncReplicaStrategy pushes gradients once per step, outside "
+                "control flow; this optimizer applies them inside a `cond` "
+                f"({type(optimizer).__name__}"
+                + (
+                    f", gradient_accumulation_steps={optimizer.gradient_accumulation_steps}"
+                    if getattr(optimizer, "gradient_accumulation_steps", None)
+                    else ""
+                )
+                + "). Use a plain optimizer; for several batches per update, "
+                "set replicas_to_aggregate above total_num_replicas."
+            )
+        if not self._in_session:
+            raise RuntimeError(
+                "SyncReplicaStrategy applies gradients inside `model.fit`. In a "
+                "custom training loop, run the loop inside "
+                "`with strategy.training(model):`."
+            )
+        variables = list(variables)
+        self._optimizer = optimizer
+        self._variables = variables
+        scale = optimizer.loss_scale_factor
+        grads = [g if g is None or scale is None else g / scale for g in grads]
+        grads = optimizer._clip_gradients(grads)
+        ctx = tf.distribute.get_replica_context()
+        if ctx is None:
+            return self._push(grads, variables)
+        return ctx.merge_call(
+            lambda _, *per_replica: self._push(
+                [_combine_local(g) for g in per_replica], variables
+            ),
+            args=tuple(grads),
+        )
+
+    def _push(self, grads, variables):
+        if self._attack is not None:
+            grads = _forge_own(self._attack, grads)
+        return self.sync.worker_step(grads, variables)
+
+    # ------------------------------------------------------------ sessions
+
+    @contextlib.contextmanager
+    def session(self, model=None):
+        """One `fit` (or custom loop) of this worker; see the module docstring."""
+        if model is not None:
+            _check_optimizer(getattr(model, "optimizer", None))
+        if self._in_session:
+            yield  # nested (fit inside `strategy.training`)
+            return
+        self._session = self.sync.begin_session()
+        self._stall = None
+        self._last_progress = time.monotonic()
+        if self.sync.is_chief:
+            self._ensure_service().start_session(self._session)
+        self._in_session = True
+        stop = threading.Event()
+        watchdog = threading.Thread(
+            target=self._watch,
+            args=(stop,),
+            name="keras_psdist-sync-watchdog",
+            daemon=True,
+        )
+        watchdog.start()
+        failed = True
+        try:
+            try:
+                yield
+            except tf.errors.InvalidArgumentError as e:
+                if protocol.POISON_MESSAGE not in str(e):
+                    raise
+                raise self._stop_error() from None
+            failed = False
+        finally:
+            stop.set()
+            watchdog.join()
+            self._in_session = False
+            self._end(failed)
+
+    def before_step(self) -> None:
+        """Called before each step; a worker waits inside the step instead."""
+
+    def progress(self) -> None:
+        """Marks a finished step (the watchdog's sign of life)."""
+        self._last_progress = time.monotonic()
+
+    def counts(self) -> dict[str, Any]:
+        """The run's counts so far, as published by the chief."""
+        step, counts = self.sync.read_counts()
+        return {
+            "global_step": step,
+            "applied": counts[protocol.APPLIED],
+            "dropped_stale": counts[protocol.DROPPED_STALE],
+            "dropped_at_end": counts[protocol.DROPPED_AT_END],
+        }
+
+    def _end(self, failed: bool) -> None:
+        sync = self.sync
+        if failed and sync.is_chief:
+            # Without the chief no update can come: stop everyone now.
+            sync.poison(range(sync.config.total_num_replicas))
+            sync.send_marker(protocol.SHUTDOWN)
+            self._service = None
+            return
+        sync.send_marker(protocol.LEAVE)
+        if not sync.is_chief:
+            return
+        service = self._service
+        if not service.wait_for_session(self._session, sync.config.step_timeout):
+            logging.error(
+                "keras_psdist sync-replicas: workers %s did not finish within "
+                "step_timeout=%g s after the chief's fit ended; the chief stops "
+                "serving them.",
+                service.active_workers,
+                sync.config.step_timeout,
+            )
+            sync.poison(service.active_workers)
+            sync.send_marker(protocol.SHUTDOWN)
+            self._service = None
+        if service.error is not None:
+            self._service = None
+            raise RuntimeError(
+                "The sync-replica update service failed (see the log above)."
+            ) from service.error
+
+    def _stop_error(self) -> Exception:
+        if self._stall is not None:
+            return StalledError(self._stall)
+        return RuntimeError(
+            f"worker {self.sync.worker} was told to stop: the chief stopped the "
+            "run (its fit or its update service failed, or it timed out "
+            "waiting for other workers). See the chief's log for the cause."
+        )
+
+    def _watch(self, stop: threading.Event) -> None:
+        timeout = self.sync.config.step_timeout
+        while not stop.wait(_WATCH_EVERY_S):
+            idle = time.monotonic() - self._last_progress
+            if idle <= timeout:
+                continue
+            missing = self._service.waiting_for if self._service else None
+            self._stall = (
+                f"worker {self.sync.worker}: no step finished for {idle:.0f} s "
+                f"(step_timeout={timeout:g}). "
+                + (
+                    f"The chief has no fresh gradient from workers {missing} "
+                    "for the pending update; are they running?"
+                    if missing
+                    else "Is the chief (worker 0) running? It applies the "
+                    "updates that release the workers."
+                )
+                + " Raise SyncReplicaStrategy(step_timeout=...) if a step "
+                "legitimately takes this long."
+            )
+            logging.error("keras_psdist sync-replicas: %s", self._stall)
+            if self.sync.is_chief:
+                self.sync.poison(range(self.sync.config.total_num_replicas))
+            else:
+                self.sync.poison([self.sync.worker])
+            return
+
+    # -------------------------------------------------------------- chief
+
+    def _ensure_service(self) -> UpdateService:
+        if self._service is None:
+            self._service = UpdateService(self.sync, self._aggregate, self._apply)
+        return self._service
+
+    def _aggregate(self, columns):
+        if not hasattr(self, "_reduction"):
+            self._reduction = GradientReduction(
+                self._aggregator,
+                None,
+                self.sync.device,
+                self.sync.config.replicas_to_aggregate,
+                spread_devices=self._parameter_devices,
+            )
+            self._aggregate_fn = tf.function(
+                lambda cols: self._reduction(tf.distribute.ReduceOp.MEAN, cols, None),
+                reduce_retracing=True,
+            )
+        return self._aggregate_fn(columns)
+
+    def _apply(self, grads) -> None:
+        if not hasattr(self, "_apply_fn"):
+            optimizer, variables = self._optimizer, self._variables
+
+            def apply(grads):
+                optimizer.apply(grads, variables)
+
+            self._apply_fn = tf.function(apply, reduce_retracing=True)
+        with self._strategy.scope(), keras_hooks.applying():
+            self._apply_fn(grads)
+
+
+def _combine_local(value):
+    """The sum of this worker's replicas' (1/n-scaled) gradients."""
+    from keras_psdist._tf import values
+
+    if value is None or not isinstance(value, values.DistributedValues):
+        return value
+    per_replica = list(value.values)
+    if len(per_replica) == 1:
+        return per_replica[0]
+    if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
+        return _LOCAL_SUM.reduce_sparse(tf.distribute.ReduceOp.SUM, per_replica)
+    return tf.add_n(per_replica)
+
+
+def _forge_own(attack, grads):
+    """This (Byzantine) worker's gradient as its attack forges it."""
+    present = [g for g in grads if g is not None]
+    dense = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
+    forged = attack.forge([[d] for d in dense], [[d] for d in dense])
+    out, i = [], 0
+    for g in grads:
+        if g is None:
+            out.append(None)
+            continue
+        value = forged[i][0]
+        i += 1
+        if isinstance(g, tf.IndexedSlices):
+            value = tf.IndexedSlices(value, g.indices, g.dense_shape)
+        out.append(value)
+    return out
+
+
+def _check_optimizer(optimizer) -> None:
+    if optimizer is None:
+        return
+    from keras.optimizers import LossScaleOptimizer
+
+    if isinstance(optimizer, LossScaleOptimizer):
+        raise ValueError(
+            "SyncReplicaStrategy does not support LossScaleOptimizer (mixed "
+            "precision's dynamic loss scaling skips steps by a `cond` on every "
+            "worker). Received: optimizer="
+            f"{type(optimizer.inner_optimizer).__name__} wrapped in "
+            "LossScaleOptimizer. Train in float32, or use PSStrategy."
+        )
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps:
+        raise ValueError(
+            "SyncReplicaStrategy does not support the optimizer's "
+            f"gradient_accumulation_steps (received {steps}). Set "
+            "replicas_to_aggregate above total_num_replicas instead: each "
+            "worker then sends several batches' gradients per update."
+        )

@@ -1,0 +1,119 @@
+"""A Keras training job on digits under `SyncReplicaStrategy`, one worker process.
+
+Run by `tests/test_sync_replicas.py` under `keras-psdist launch --mode
+between-graph`:
+
+    python sync_job.py OUT_DIR CONFIG_JSON
+
+CONFIG_JSON holds the strategy's arguments (`replicas_to_aggregate`,
+`aggregator`, `num_byzantine`, `attack`; or `max_staleness`, which trains
+with `PSStrategy(mode="async", max_staleness=...)` instead) and the job's:
+`epochs`, and
+`slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
+straggler). Each worker writes `OUT_DIR/worker_<i>.json`; the chief also
+writes `OUT_DIR/weights.npz`.
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import digits_job  # noqa: E402
+
+STRATEGY_ARGS = ("replicas_to_aggregate", "aggregator", "num_byzantine", "attack")
+
+
+class Straggler(keras.callbacks.Callback):
+    """Makes this worker slow: it sleeps after every training step."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(self.seconds)
+
+
+class CountsAtLastStep(keras.callbacks.Callback):
+    """Reads the counts when this worker's last step is done (before `fit`
+    waits, on the chief, for the other workers to finish)."""
+
+    def __init__(self, strategy):
+        super().__init__()
+        self.strategy = strategy
+        self.counts = None
+
+    def on_train_end(self, logs=None):
+        training = self.strategy.extended.sync_training
+        self.counts = training.counts()
+        if hasattr(training, "clocks"):
+            self.counts["clocks"] = training.clocks.numpy()
+
+
+def _listed(counts):
+    return {k: np.asarray(v).tolist() for k, v in counts.items()}
+
+
+def main(out_dir, config):
+    import keras_psdist as kpd
+
+    bounded = "max_staleness" in config
+    if bounded:
+        strategy = kpd.PSStrategy(
+            mode="async", max_staleness=config["max_staleness"], step_timeout=120
+        )
+    else:
+        strategy = kpd.SyncReplicaStrategy(
+            **{k: config[k] for k in STRATEGY_ARGS if k in config}, step_timeout=120
+        )
+    worker = strategy.extended.topology.worker_index
+    model = digits_job.build(strategy)
+    digits_job.EPOCHS = config.get("epochs", digits_job.EPOCHS)
+    last_step = CountsAtLastStep(strategy)
+    callbacks = [
+        last_step,
+        *([] if bounded else [kpd.callbacks.SyncReplicaReport()]),
+        keras.callbacks.ModelCheckpoint(
+            os.path.join(out_dir, f"checkpoint_{worker}.weights.h5"),
+            save_weights_only=True,
+        ),
+    ]
+    if worker == config.get("slow_worker"):
+        callbacks.append(Straggler(config["sleep_s"]))
+    history, _ = digits_job.train(model, 0, callbacks)
+    finished = strategy.extended.sync_training.counts()
+    x, y = digits_job.digits()
+    logits = model(x[1500:], training=False)
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == y[1500:]))
+    report = {
+        "worker": worker,
+        "is_chief": strategy.extended.should_checkpoint,
+        "steps": len(history.history["loss"]) * history.params["steps"],
+        "accuracy": accuracy,
+        "counts_at_last_step": _listed(last_step.counts),
+        "counts_when_finished": _listed(finished),
+        "history_keys": sorted(history.history),
+        "history": {k: v for k, v in history.history.items() if k.startswith("sync/")},
+        "iterations": int(model.optimizer.iterations.numpy()),
+    }
+    if report["is_chief"]:
+        np.savez(
+            os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights]
+        )
+    with open(os.path.join(out_dir, f"worker_{worker}.json"), "w") as f:
+        json.dump(report, f)
+    print(
+        f"worker {worker}: accuracy {accuracy:.3f}, counts {report['counts_when_finished']}"
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], json.loads(sys.argv[2]))

@@ -1,0 +1,270 @@
+"""`SyncReplicaStrategy` across worker processes (`keras-psdist launch`).
+
+Each fixture runs `tests/cluster_jobs/sync_job.py` on a whole local cluster
+and reads back what every worker wrote.
+"""
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import keras_psdist as kpd
+from keras_psdist import cluster
+
+JOB = Path(__file__).parent / "cluster_jobs" / "sync_job.py"
+LAUNCH_TIMEOUT_S = 420
+
+
+def _launch(tmp_path, config, num_workers, num_ps=1):
+    out = io.StringIO()
+    code = cluster.launch(
+        [sys.executable, str(JOB), str(tmp_path), json.dumps(config)],
+        num_ps=num_ps,
+        num_workers=num_workers,
+        mode="between-graph",
+        timeout_s=LAUNCH_TIMEOUT_S,
+        out=out,
+    )
+    log = out.getvalue()
+    assert code == 0, f"launch exited {code}:\n{_without_progress(log)[-12000:]}"
+    reports = {
+        int(p.stem.split("_")[1]): json.loads(p.read_text())
+        for p in tmp_path.glob("worker_*.json")
+    }
+    assert sorted(reports) == list(range(num_workers)), log[-6000:]
+    return reports, log
+
+
+def _without_progress(log):
+    return "\n".join(
+        line
+        for line in log.splitlines()
+        if "/step" not in line and "Epoch " not in line
+    )
+
+
+# ------------------------------------- all replicas aggregated: exact sync
+
+
+@pytest.fixture(scope="module")
+def full_sync_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sync_full")
+    reports, log = _launch(tmp_path, {}, num_workers=2, num_ps=2)
+    return reports, tmp_path, log
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_full")
+def test_all_replicas_aggregated_equals_the_synchronous_run(full_sync_run, cpu_devices):
+    """R == T: the same updates as one synchronous process with 2 replicas
+    (itself equal to the in-graph cluster run, see test_cluster_training)."""
+    reports, tmp_path, _ = full_sync_run
+    sys.path.insert(0, str(JOB.parent))
+    import digits_job
+
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:2], parameter_devices=cpu_devices[2:4]
+    )
+    model = digits_job.build(strategy)
+    digits_job.train(model)
+    weights = np.load(tmp_path / "weights.npz")
+    for i, w in enumerate(model.weights):
+        np.testing.assert_allclose(weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-6)
+    assert reports[0]["accuracy"] >= 0.85
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_full")
+def test_every_gradient_is_applied_and_counted(full_sync_run):
+    reports, _, _ = full_sync_run
+    steps = reports[0]["steps"]
+    final = reports[0]["counts_when_finished"]
+    assert final["global_step"] == steps
+    assert final["applied"] == [steps, steps]
+    assert final["dropped_stale"] == [0, 0] and final["dropped_at_end"] == [0, 0]
+    # The optimizer ran once per update, on the chief, not once per worker.
+    assert reports[0]["iterations"] == steps
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_full")
+def test_counts_reach_the_history_and_the_chief_checkpoints(full_sync_run):
+    reports, tmp_path, log = full_sync_run
+    for report in reports.values():
+        history = report["history"]
+        assert history["sync/global_step"][-1] == report["steps"]
+        assert "sync/applied/worker_1" in history
+        assert "sync/dropped_stale/worker_0" in history
+    assert (tmp_path / "checkpoint_0.weights.h5").exists()
+    assert not (tmp_path / "checkpoint_1.weights.h5").exists()
+    assert "sync-replicas (finished a fit)" in log or reports[0]["is_chief"]
+
+
+# -------------------------------------------- a straggler, one backup worker
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sync_straggler")
+    config = {
+        "replicas_to_aggregate": 2,
+        "epochs": 3,
+        "slow_worker": 2,
+        "sleep_s": 0.25,
+    }
+    reports, log = _launch(tmp_path, config, num_workers=3)
+    return reports, log
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_straggler")
+def test_straggler_is_not_waited_for(straggler_run):
+    reports, _ = straggler_run
+    steps = reports[0]["steps"]
+    # When a fast worker finished all its steps, the chief had seen fewer
+    # than half of the straggler's: the fast workers did not wait for it.
+    for fast in (0, 1):
+        seen = reports[fast]["counts_at_last_step"]
+        straggler_pushes = sum(
+            seen[k][2] for k in ("applied", "dropped_stale", "dropped_at_end")
+        )
+        assert straggler_pushes < steps / 2, seen
+        # Every fast step made an update (R=2 fresh gradients each).
+        assert seen["global_step"] >= steps - 1, seen
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_straggler")
+def test_straggler_late_gradients_are_counted_as_dropped(straggler_run):
+    reports, log = straggler_run
+    final = reports[2]["counts_when_finished"]
+    steps = reports[2]["steps"]
+    # Every gradient the straggler sent is accounted for.
+    assert (
+        sum(final[k][2] for k in ("applied", "dropped_stale", "dropped_at_end"))
+        == steps
+    )
+    assert final["dropped_stale"][2] > 0
+    assert final["applied"][2] < final["applied"][0]
+    assert "dropped as stale" in log
+    assert reports[0]["accuracy"] >= 0.7
+
+
+# ------------------------------------------------- a Byzantine worker process
+
+
+@pytest.fixture(scope="module")
+def byzantine_runs(tmp_path_factory):
+    runs = {}
+    for rule in ("median", "mean"):
+        tmp_path = tmp_path_factory.mktemp(f"sync_byzantine_{rule}")
+        config = {
+            "aggregator": rule,
+            "num_byzantine": 1 if rule == "median" else 0,
+            "attack": {
+                "class_name": "sign_flip",
+                "config": {"replicas": [4], "scale": 10.0},
+            },
+            "epochs": 3,
+        }
+        runs[rule], _ = _launch(tmp_path, config, num_workers=5)
+    return runs
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_byzantine")
+def test_byzantine_worker_median_holds_mean_breaks(byzantine_runs):
+    median = byzantine_runs["median"][0]["accuracy"]
+    mean = byzantine_runs["mean"][0]["accuracy"]
+    assert median >= 0.8, median
+    assert mean <= 0.5, mean
+
+
+# ------------------------------------------- async with bounded staleness
+
+
+@pytest.fixture(scope="module")
+def bounded_staleness_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("bounded_staleness")
+    config = {"max_staleness": 2, "epochs": 2, "slow_worker": 2, "sleep_s": 0.1}
+    reports, _ = _launch(tmp_path, config, num_workers=3)
+    return reports
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("bounded_staleness")
+def test_no_applied_gradient_is_older_than_max_staleness(bounded_staleness_run):
+    for report in bounded_staleness_run.values():
+        counts = report["counts_at_last_step"]
+        # The largest staleness of any gradient this worker applied, logged
+        # inside its train step from the shared step clocks.
+        assert counts["largest_staleness"] <= 2, counts
+        assert counts["applied"] + counts["dropped_stale"] == report["steps"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("bounded_staleness")
+def test_fast_workers_wait_within_max_staleness_of_the_straggler(bounded_staleness_run):
+    for fast in (0, 1):
+        counts = bounded_staleness_run[fast]["counts_at_last_step"]
+        steps = bounded_staleness_run[fast]["steps"]
+        # Held back before many steps, so that when it finished its last
+        # step the straggler was within max_staleness (+1 for the step the
+        # straggler had started).
+        assert counts["waits"] > 0, counts
+        assert counts["clocks"][2] >= steps - 3, counts
+    straggler = bounded_staleness_run[2]
+    assert straggler["accuracy"] >= 0.7
+
+
+# ---------------------------------------------------------- bad set-ups
+
+
+def test_sync_replicas_without_a_cluster_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="needs a cluster"):
+        kpd.SyncReplicaStrategy()
+
+
+def test_max_staleness_needs_async_mode():
+    with pytest.raises(ValueError, match="needs mode='async'"):
+        kpd.PSStrategy(max_staleness=2)
+    with pytest.raises(ValueError, match="max_staleness"):
+        kpd.PSStrategy(mode="async", max_staleness=-1)
+
+
+def _config(num_workers=3):
+    ports = cluster.pick_free_ports(1 + num_workers)
+    jobs = {
+        "ps": [f"127.0.0.1:{ports[0]}"],
+        "worker": [f"127.0.0.1:{p}" for p in ports[1:]],
+    }
+    return cluster.ClusterConfig(jobs, "worker", 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"total_num_replicas": 4}, "total_num_replicas=4, but the cluster has 3"),
+        ({"replicas_to_aggregate": 0}, "replicas_to_aggregate"),
+        ({"step_timeout": -1}, "step_timeout"),
+        (
+            {"replicas_to_aggregate": 2, "aggregator": "median", "num_byzantine": 1},
+            "median|Median",
+        ),
+        ({"attack": {"class_name": "alie", "config": {"replicas": [1]}}}, "cannot see"),
+        (
+            {"attack": {"class_name": "sign_flip", "config": {"replicas": [3]}}},
+            "only 3",
+        ),
+    ],
+)
+def test_bad_arguments_fail_before_connecting(kwargs, match):
+    # Nothing listens on the config's ports: these must fail before any
+    # connection attempt (which would take connect_timeout).
+    with pytest.raises(ValueError, match=match):
+        kpd.SyncReplicaStrategy(cluster_resolver=_config(), connect_timeout=1, **kwargs)
