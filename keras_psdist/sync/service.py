@@ -172,6 +172,10 @@ class UpdateService:
             return
         if step < self._step:
             self._count(protocol.DROPPED_STALE, worker)
+            # Its update has been made: wake it with the current step. (The
+            # token of that update may not be in its queue: a release skips
+            # a queue that still holds an older token.)
+            self._wake(worker, self._step)
             return
         if step > self._step:
             raise RuntimeError(
@@ -216,8 +220,11 @@ class UpdateService:
             )
         for worker, _ in self._members:
             self._count(protocol.DROPPED_AT_END, worker)
-            self._free(worker)
         self._members = []
+        # Whoever is waiting now may be waiting for an update that will not
+        # come; every later gradient gets its own free pass when popped.
+        for worker in self._active:
+            self._free(worker)
 
     def _begin(self, session: int) -> None:
         self._session = session
@@ -244,10 +251,13 @@ class UpdateService:
             self._sync.counts.assign(self._counts)
 
     def _free(self, worker: int) -> None:
+        self._wake(worker, protocol.FREE_PASS)
+
+    def _wake(self, worker: int, token: int) -> None:
         protocol._enqueue(
             self._sync.device,
             self._sync.token_queues[worker],
-            [tf.constant(protocol.FREE_PASS, tf.int64)],
+            [tf.constant(token, tf.int64)],
         )
 
     def _maybe_log(self) -> None:

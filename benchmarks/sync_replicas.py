@@ -1,0 +1,601 @@
+"""SyncReplicaStrategy with a straggler: updates/s with and without a backup worker.
+
+What it measures
+----------------
+Updates per second (the chief's global step, i.e. updates applied) of
+``SyncReplicaStrategy`` on a cluster of 3 worker processes + 1 ps started by
+``keras_psdist.cluster.launch(mode="between-graph")``, in three
+configurations run side by side in one invocation:
+
+1. ``no straggler, R=3``: every worker at full speed,
+   ``replicas_to_aggregate=3``. Its rate is the fast workers' rate, the
+   reference for the other two.
+2. ``straggler, R=3``: worker 2 sleeps ``--sleep`` s (0.2) after every step.
+   Every update waits for it, so the run goes at the straggler's pace:
+   expected ratio to (1) about the straggler's own rate over the fast rate.
+3. ``straggler, R=2``: the same straggler, ``replicas_to_aggregate=2``: one
+   backup worker. Workers 0 and 1 make the updates without waiting for
+   worker 2, whose late gradients are dropped as stale: expected ratio to
+   (1) close to 1.
+
+Model and data: the digits MLP of ``tests/cluster_jobs/digits_job.py``
+(64 -> 64 -> 64 -> 10, Adam 0.003, sparse cross-entropy from logits) on
+scikit-learn's ``load_digits`` (bundled with scikit-learn, no download):
+the first 1,500 images, shuffled per worker and repeated, ``--batch`` 60
+per worker and step. A small model keeps a step short, so the straggler's
+sleep dominates its step as a slow machine's compute would.
+
+Where the rate is measured, and why
+-----------------------------------
+Only while all 3 workers are training, at their steady pace:
+
+* Start: each worker touches a file once it has finished ``--warmup-steps``
+  (5) steps (its train step traced, its first batches read). At the end of
+  each of its steps the chief looks for the three files; at the first step
+  end where all exist it reads ``counts()`` (global step and per-worker
+  counts) and the time.
+* End: ``--seconds`` (20; ``--quick`` 10) later, at the end of a step, the
+  chief reads ``counts()`` and the time again, stops its ``fit`` and touches
+  a ``done`` file; every other worker stops at its next step end after it
+  sees that file. So no worker has finished while the window is open (the
+  script checks that each worker's last step ended after the window did).
+
+Updates/s = (global step at the end - at the start) / (time between the two
+reads). The window has a fixed length rather than a fixed number of steps
+because the configurations' rates differ by an order of magnitude (a step
+count that gives (3) 20 s gives (1) 2 s). Both reads happen at the end of a
+chief step, i.e. just after an update released the chief, so they are at the
+same phase of the update cycle. A window of steps of the whole ``fit`` would
+mix in things this does not measure: tracing, workers started at different
+times, and the end of a run, when fast workers that finished early leave the
+straggler to make the last updates (with R=2 after one fast worker leaves,
+every update waits for the straggler again).
+
+Each worker also records the time and its process's CPU time at each of
+its step ends, from which its own steps/s and the cores it kept busy in the
+window are computed (the straggler's steps/s under R=2 is its own pace, with
+nobody to wait for: the reference for ratio (2)/(1)). Per worker, the
+chief's counts of gradients applied, dropped as stale and dropped at the end
+are reported in the window and for the whole run (read after ``fit``).
+
+Method: every run is a fresh ``launch`` (4 processes: they import
+TensorFlow, connect, build and trace, none of which is timed). The three
+configurations run in ``--rounds`` rounds (3; ``--quick`` 1), their order
+rotating between rounds so drift of the machine's load hits each; the
+ratios are taken per round and their median reported. Each worker runs
+``benchmarks/_sync_replicas_job.py`` and reports through a JSON file in a
+temporary directory; the processes' output goes to a log file there, and the
+last lines of a failed run's log are printed.
+
+On one machine the 4 processes share its cores. The no-straggler run has 3
+workers computing, the straggler runs effectively 2 (the straggler sleeps
+most of the time), so other load on the machine slows the baseline most, and
+ratio (3)/(1) can then come out above 1 rather than just below it; with R=2
+an update also waits for the slower of 2 workers instead of 3. The
+per-worker cores (CPU seconds per second of the window) show where the CPU
+goes. Run it on an otherwise idle machine, or read the rounds' spread.
+
+How to run
+----------
+From the repository root::
+
+    python benchmarks/sync_replicas.py --quick    # 1 round, 10 s windows, 2 to 3 min
+    python benchmarks/sync_replicas.py            # 3 rounds, 20 s windows, 3 to 4x that
+
+Options: ``--sleep`` (the straggler's sleep per step, 0.2 s), ``--seconds``
+(window length), ``--warmup-steps`` (5), ``--rounds``, ``--batch`` (60 per
+worker), ``--seed``, ``--json PATH`` (raw numbers + machine; default
+``benchmarks/results/sync_replicas.json``, with ``--quick``
+``sync_replicas_quick.json``). The exit code is 1 if any run failed (its
+error and the last lines of its log are in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import loadavg as _loadavg  # noqa: E402
+from _common import log as _log
+from _common import positive as _positive
+from _sync_replicas_job import NUM_WORKERS, STRAGGLER
+
+# Before TensorFlow is imported anywhere in this process.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_JSON = RESULTS / "sync_replicas.json"
+QUICK_JSON = RESULTS / "sync_replicas_quick.json"
+
+JOB = Path(__file__).resolve().parent / "_sync_replicas_job.py"
+NUM_PS = 1
+
+# A limit that turns a hang into a failure (seconds).
+RUN_TIMEOUT_S = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    """One of the compared runs."""
+
+    key: str
+    label: str
+    replicas_to_aggregate: int
+    straggler: bool
+
+
+CONFIGURATIONS = (
+    Configuration("no_straggler", "no straggler, R=3", 3, False),
+    Configuration("straggler_r3", "straggler, R=3 (no backup)", 3, True),
+    Configuration("straggler_r2", "straggler, R=2 (1 backup worker)", 2, True),
+)
+
+
+# ------------------------------------------------------------ orchestration
+
+
+def _child_command(
+    config: Configuration, out_dir: Path, args: argparse.Namespace
+) -> list[str]:
+    return [
+        sys.executable,
+        str(JOB),
+        "--out-dir",
+        str(out_dir),
+        "--replicas-to-aggregate",
+        str(config.replicas_to_aggregate),
+        "--sleep",
+        str(args.sleep if config.straggler else 0.0),
+        "--seconds",
+        str(args.seconds),
+        "--warmup-steps",
+        str(args.warmup_steps),
+        "--batch",
+        str(args.batch),
+        "--seed",
+        str(args.seed),
+    ]
+
+
+def _use_checkout() -> None:
+    """Lets this process and its children import `keras_psdist` from this
+    checkout, installed or not."""
+    sys.path.insert(0, str(REPO_ROOT))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
+    )
+
+
+class RunFailed(RuntimeError):
+    """A run's processes failed; the message has their last lines."""
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def run_configuration(work: Path, config: Configuration, args) -> dict:
+    """One `launch` of 3 workers + 1 ps; returns the run's measurements."""
+    from keras_psdist.cluster import launch
+
+    out_dir = Path(tempfile.mkdtemp(prefix=f"{config.key}_", dir=work))
+    log = out_dir.with_suffix(".log")
+    start = time.perf_counter()
+    with open(log, "w") as f:
+        code = launch(
+            _child_command(config, out_dir, args),
+            num_ps=NUM_PS,
+            num_workers=NUM_WORKERS,
+            mode="between-graph",
+            timeout_s=RUN_TIMEOUT_S,
+            out=f,
+        )
+    found = sorted(out_dir.glob("worker_*.json"))
+    if code != 0 or len(found) != NUM_WORKERS:
+        raise RunFailed(
+            f"exit code {code}, {len(found)} of {NUM_WORKERS} result files; last "
+            f"lines of {log}:\n{_tail(log)}"
+        )
+    workers = sorted(
+        (json.loads(p.read_text()) for p in found), key=lambda r: r["worker"]
+    )
+    return {
+        "launch_wall_s": time.perf_counter() - start,
+        **_measure(workers),
+        "workers": workers,
+    }
+
+
+def _measure(workers: list[dict]) -> dict:
+    """Updates/s and per-worker numbers over the chief's window."""
+    (chief,) = [w for w in workers if w["is_chief"]]
+    window = chief["window"]
+    if window is None or "end" not in window:
+        raise RunFailed("the chief's fit ended before its window closed")
+    start, end = window["start"], window["end"]
+    span = end["wall"] - start["wall"]
+    per_worker = []
+    for w in workers:
+        inside = [
+            i
+            for i, t in enumerate(w["step_ends_wall"])
+            if start["wall"] < t <= end["wall"]
+        ]
+        # Cores this process kept busy, between its first and last step end
+        # in the window.
+        cores = None
+        if len(inside) > 1:
+            first, last = inside[0], inside[-1]
+            cores = (w["step_ends_cpu"][last] - w["step_ends_cpu"][first]) / (
+                w["step_ends_wall"][last] - w["step_ends_wall"][first]
+            )
+        per_worker.append(
+            {
+                "worker": w["worker"],
+                "straggler": w["straggler"],
+                "steps_per_s": len(inside) / span,
+                "cpu_cores": cores,
+                **{
+                    k: end[k][w["worker"]] - start[k][w["worker"]]
+                    for k in ("applied", "dropped_stale", "dropped_at_end")
+                },
+                "after_fit": {
+                    k: w["counts_after_fit"][k][w["worker"]]
+                    for k in ("applied", "dropped_stale", "dropped_at_end")
+                },
+                # The chief's fit ends by closing the window; every other
+                # worker must have finished a step after it closed.
+                "trained_through_window": w["is_chief"]
+                or w["step_ends_wall"][-1] >= end["wall"],
+            }
+        )
+    updates = end["global_step"] - start["global_step"]
+    return {
+        "window_s": span,
+        "updates": updates,
+        "updates_per_s": updates / span,
+        "global_step_after_fit": chief["counts_after_fit"]["global_step"],
+        "test_accuracy": chief["test_accuracy"],
+        "all_trained_through_window": all(
+            p["trained_through_window"] for p in per_worker
+        ),
+        "per_worker": per_worker,
+    }
+
+
+def measure(work: Path, args, rounds: list[dict]) -> None:
+    for r in range(args.rounds):
+        entry = {"round": r}
+        rounds.append(entry)
+        shift = r % len(CONFIGURATIONS)
+        for config in CONFIGURATIONS[shift:] + CONFIGURATIONS[:shift]:
+            _log(f"round {r + 1}/{args.rounds}: {config.label} ...")
+            try:
+                entry[config.key] = run_configuration(work, config, args)
+            except RunFailed as e:
+                entry[config.key] = {"error": str(e)}
+                _log(f"  failed: {e}")
+                continue
+            result = entry[config.key]
+            _log(
+                f"  {result['updates_per_s']:.1f} updates/s "
+                f"({result['updates']} in {result['window_s']:.1f} s)"
+            )
+        _ratios(entry)
+
+
+def _ratios(entry: dict) -> None:
+    if not _ok(entry, "no_straggler"):
+        return
+    fast = entry["no_straggler"]["updates_per_s"]
+    for key in ("straggler_r3", "straggler_r2"):
+        if _ok(entry, key):
+            entry[f"ratio_{key}"] = entry[key]["updates_per_s"] / fast
+    if _ok(entry, "straggler_r2"):
+        # The straggler's own pace when nobody waits for it.
+        (own,) = [
+            p["steps_per_s"]
+            for p in entry["straggler_r2"]["per_worker"]
+            if p["straggler"]
+        ]
+        entry["straggler_own_steps_per_s"] = own
+        entry["ratio_straggler_own"] = own / fast
+
+
+def _ok(entry: dict, key: str) -> bool:
+    return key in entry and "error" not in entry[key]
+
+
+# ------------------------------------------------------------------ report
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "failed" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _range(values: list[float], spec: str) -> str:
+    return f"{min(values):{spec}}..{max(values):{spec}}" if values else ""
+
+
+def summarize(rounds: list[dict]) -> dict:
+    summary = {}
+    for config in CONFIGURATIONS:
+        rates = [e[config.key]["updates_per_s"] for e in rounds if _ok(e, config.key)]
+        summary[config.key] = {
+            "updates_per_s": rates,
+            "median": _median_or_none(rates),
+        }
+    for key in ("straggler_r3", "straggler_r2", "straggler_own"):
+        ratios = [e[f"ratio_{key}"] for e in rounds if f"ratio_{key}" in e]
+        summary[f"ratio_{key}"] = {"values": ratios, "median": _median_or_none(ratios)}
+    own = [
+        e["straggler_own_steps_per_s"]
+        for e in rounds
+        if "straggler_own_steps_per_s" in e
+    ]
+    summary["straggler_own_steps_per_s"] = {
+        "values": own,
+        "median": _median_or_none(own),
+    }
+    return summary
+
+
+def format_table(summary: dict, args) -> str:
+    """Medians over rounds: updates/s per configuration and the ratios."""
+
+    def row(label, entry, spec, ratio=False):
+        value = _fmt(entry["median"], spec, "x" if ratio else "")
+        values = entry.get("updates_per_s", entry.get("values"))
+        return f"  {label:<44}{value:>10}   {_range(values, spec)}"
+
+    return "\n".join(
+        [
+            f"Digits MLP 64-64-64-10, Adam, batch {args.batch} per worker; "
+            f"{NUM_WORKERS} workers + {NUM_PS} ps on 127.0.0.1; the straggler "
+            f"(worker {STRAGGLER}) sleeps {args.sleep:g} s after each step; "
+            f"{args.seconds:g} s windows after every worker's "
+            f"{args.warmup_steps}th step; {args.rounds} round(s), medians "
+            "(min..max).",
+            "",
+            f"{'':<46}{'updates/s':>10}   min..max",
+            *(row(c.label, summary[c.key], ".1f") for c in CONFIGURATIONS),
+            row(
+                "straggler's own steps/s (in the R=2 run)",
+                summary["straggler_own_steps_per_s"],
+                ".1f",
+            ),
+            "",
+            row(
+                "R=2 with straggler / no straggler",
+                summary["ratio_straggler_r2"],
+                ".2f",
+                ratio=True,
+            ),
+            row(
+                "R=3 with straggler / no straggler",
+                summary["ratio_straggler_r3"],
+                ".2f",
+                ratio=True,
+            ),
+            row(
+                "straggler's own rate / no straggler",
+                summary["ratio_straggler_own"],
+                ".2f",
+                ratio=True,
+            ),
+        ]
+    )
+
+
+def format_rounds(rounds: list[dict]) -> str:
+    """Per round and configuration: the rate, and per worker its steps/s, the
+    cores its process kept busy, and the chief's counts (applied / dropped
+    stale / dropped at the end) in the window and, in brackets, for the whole
+    run."""
+    lines = [
+        "Per run; per worker: steps/s and CPU cores busy in the window, gradients "
+        "applied / dropped stale / dropped at the end in the window [whole run]:"
+    ]
+    for e in rounds:
+        for config in CONFIGURATIONS:
+            if config.key not in e:
+                continue
+            result = e[config.key]
+            if "error" in result:
+                lines.append(f"  round {e['round'] + 1}, {config.label}: failed")
+                continue
+            lines.append(
+                f"  round {e['round'] + 1}, {config.label}: "
+                f"{result['updates_per_s']:.1f} updates/s ({result['updates']} in "
+                f"{result['window_s']:.1f} s; {result['global_step_after_fit']} "
+                f"in the run; test accuracy {result['test_accuracy']:.3f})"
+                + (
+                    ""
+                    if result["all_trained_through_window"]
+                    else " WARNING: a worker stopped inside the window"
+                )
+            )
+            for p in result["per_worker"]:
+                a = p["after_fit"]
+                lines.append(
+                    f"    worker {p['worker']}{' (straggler)' if p['straggler'] else ''}: "
+                    f"{p['steps_per_s']:5.1f} steps/s, {_fmt(p['cpu_cores'], '.2f', ' cores')}, "
+                    f"{p['applied']} / {p['dropped_stale']} / {p['dropped_at_end']} "
+                    f"[{a['applied']} / {a['dropped_stale']} / {a['dropped_at_end']}]"
+                )
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    import keras
+    import tensorflow as tf
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "gpus": len(tf.config.list_physical_devices("GPU")),
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+# --------------------------------------------------------------------- CLI
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="SyncReplicaStrategy, 3 workers + 1 ps, one straggler: "
+        "updates/s with replicas_to_aggregate=3 and =2 against no straggler.",
+    )
+    parser.add_argument(
+        "--sleep",
+        type=_non_negative_float,
+        default=0.2,
+        help="the straggler's sleep after each step, in seconds (default 0.2)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=_positive_float,
+        help="length of the measured window, in seconds (default 20; --quick 10)",
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=_positive,
+        default=5,
+        help="steps every worker trains before the window opens (default 5)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_positive,
+        help="rounds of the three runs, order rotating (default 3; --quick 1)",
+    )
+    parser.add_argument(
+        "--batch", type=_positive, default=60, help="batch size per worker (default 60)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 1 round of 10 s windows",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="raw numbers + machine (default benchmarks/results/sync_replicas.json; "
+        "with --quick, sync_replicas_quick.json)",
+    )
+    args = parser.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 10.0 if args.quick else 20.0
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    if args.json is None:
+        args.json = str(QUICK_JSON if args.quick else DEFAULT_JSON)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _use_checkout()
+    # TensorFlow's import prints its banner here, not in the middle of the runs.
+    import keras_psdist.cluster  # noqa: F401
+
+    start = time.perf_counter()
+    load_start = _loadavg()
+    rounds: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kpd_sync_bench_") as tmp:
+        measure(Path(tmp), args, rounds)
+    wall_s = time.perf_counter() - start
+    summary = summarize(rounds)
+    print(format_rounds(rounds))
+    print()
+    print(format_table(summary, args))
+    load_end = _loadavg()
+    print(
+        f"wall time {wall_s:.0f} s; load average (1/5/15 min) at start "
+        f"{load_start}, at end {load_end} on {os.cpu_count()} CPUs"
+    )
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                "settings": {
+                    k: getattr(args, k)
+                    for k in (
+                        "sleep",
+                        "seconds",
+                        "warmup_steps",
+                        "rounds",
+                        "batch",
+                        "seed",
+                        "quick",
+                    )
+                },
+                "machine": machine(),
+                "loadavg_start": load_start,
+                "loadavg_end": load_end,
+                "wall_s": wall_s,
+                "summary": summary,
+                "rounds": rounds,
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {out}")
+    failed = any(
+        "error" in v for e in rounds for v in e.values() if isinstance(v, dict)
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
