@@ -194,9 +194,9 @@ class SyncReplicas:
                 for w in range(num_workers)
             ]
         with tf.init_scope(), tf.device(local_device):
-            self._local_step = _local_variable(tf.zeros([], tf.int64), "local_step")
-            self._pushes = _local_variable(tf.zeros([], tf.int64), "pushes")
-            self._session = _local_variable(tf.zeros([], tf.int64), "session")
+            self._local_step = local_variable(tf.zeros([], tf.int64), "local_step")
+            self._pushes = local_variable(tf.zeros([], tf.int64), "pushes")
+            self._session = local_variable(tf.zeros([], tf.int64), "session")
         self._gradient_queue = None
         self._layout_ready = threading.Event()
         self.layout: Layout | None = None
@@ -313,12 +313,12 @@ class SyncReplicas:
             tf.constant(-1, tf.int64),
             self._session.read_value(),
         ]
-        _enqueue(self.device, self._gradient_queue, header + self.layout.empty())
+        enqueue(self.device, self._gradient_queue, header + self.layout.empty())
 
     def poison(self, workers) -> None:
         """Makes `workers`' next (or current) wait fail (see `POISON`)."""
         for w in workers:
-            _enqueue(self.device, self.token_queues[w], [tf.constant(POISON, tf.int64)])
+            enqueue(self.device, self.token_queues[w], [tf.constant(POISON, tf.int64)])
 
     def read_counts(self):
         """`(global_step, counts [3, W])` as numpy values."""
@@ -337,7 +337,7 @@ def _enqueue_fn(queue, components):
     tf.raw_ops.QueueEnqueueV2(handle=queue, components=components)
 
 
-def _enqueue(device, queue, components):
+def enqueue(device, queue, components):
     with tf.device(device):
         _enqueue_fn(queue, components)
 
@@ -352,7 +352,7 @@ def _fifo_queue(component_types, shared_name):
     )
 
 
-def _local_variable(initial_value, name):
+def local_variable(initial_value, name):
     # Built directly so no strategy's variable creator places it: it is this
     # process's bookkeeping, not shared state.
     return resource_variable_ops.ResourceVariable(

@@ -254,7 +254,7 @@ class UpdateService:
         self._wake(worker, protocol.FREE_PASS)
 
     def _wake(self, worker: int, token: int) -> None:
-        protocol._enqueue(
+        protocol.enqueue(
             self._sync.device,
             self._sync.token_queues[worker],
             [tf.constant(token, tf.int64)],

@@ -33,7 +33,7 @@ from absl import logging
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.staged_merge import in_replica_control_flow
 from keras_psdist.sync import keras_hooks
-from keras_psdist.sync.protocol import _local_variable
+from keras_psdist.sync.protocol import local_variable
 
 _POLL_S = 0.005
 
@@ -86,7 +86,7 @@ class BoundedStaleness:
         )
         with tf.init_scope(), tf.device(local_device):
             # applied, dropped, waits, largest staleness applied
-            self._stats = _local_variable(tf.zeros([4], tf.int64), "staleness_stats")
+            self._stats = local_variable(tf.zeros([4], tf.int64), "staleness_stats")
         self._in_session = False
         keras_hooks.install()
 
