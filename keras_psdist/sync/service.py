@@ -73,7 +73,7 @@ class UpdateService:
         self._last_log = time.monotonic()
         self._thread: threading.Thread | None = None
         self._pop = None
-        self._release = None
+        self._release_fn = None
 
     # ----------------------------------------------------------- control
 
@@ -201,7 +201,7 @@ class UpdateService:
             self._count(protocol.APPLIED, worker)
         self._members = []
         self._step += 1
-        self._release(tf.constant(self._step, tf.int64), tf.constant(self._counts))
+        self._release(self._step, self._counts)
 
     def _check_end(self) -> None:
         config = self._sync.config
@@ -250,6 +250,12 @@ class UpdateService:
         with tf.device(self._sync.device):
             self._sync.counts.assign(self._counts)
 
+    def _release(self, step: int, counts: np.ndarray) -> None:
+        """Publishes the new step and counts, then gives every worker a token."""
+        if self._release_fn is None:
+            self._release_fn = _make_release(self._sync)
+        self._release_fn(tf.constant(step, tf.int64), tf.constant(counts))
+
     def _free(self, worker: int) -> None:
         self._wake(worker, protocol.FREE_PASS)
 
@@ -293,7 +299,6 @@ class UpdateService:
                 )
                 return tf.stack(components[:4]), components[4:]
 
-        self._release = _make_release(sync)
         return pop
 
 

@@ -1,0 +1,136 @@
+"""The chief's update service decides, element by element (in one process).
+
+The queues and tokens are replaced by recorders, so each rule of
+`keras_psdist.sync.service` is checked on its own: stale gradients dropped
+and their worker woken, an update every `replicas_to_aggregate` fresh
+gradients, the end of a run, and sessions. The whole protocol across
+processes is tested in `test_sync_replicas.py`.
+"""
+
+import numpy as np
+import pytest
+
+from keras_psdist.sync import protocol
+from keras_psdist.sync.protocol import SyncConfig
+from keras_psdist.sync.service import UpdateService
+
+
+class _Step:
+    def __init__(self, value):
+        self.value = value
+
+    def numpy(self):
+        return self.value
+
+
+class _FakeSync:
+    def __init__(self, replicas_to_aggregate, total_num_replicas):
+        self.config = SyncConfig(replicas_to_aggregate, total_num_replicas, 60.0)
+        self.global_step = _Step(0)
+        self.layout = protocol.Layout(("dense",), (None,))
+        self.shapes = (None,)
+
+
+class _Recorder(UpdateService):
+    """The service with its side effects recorded instead of sent."""
+
+    def __init__(self, replicas_to_aggregate, total_num_replicas):
+        self.updates = []
+        super().__init__(
+            _FakeSync(replicas_to_aggregate, total_num_replicas),
+            aggregate=lambda columns: [sum(columns[0]) / len(columns[0])],
+            apply=lambda grads: self.updates.append(grads[0]),
+        )
+        self.woken = []
+        self.releases = []
+        self._begin(1)
+
+    def _wake(self, worker, token):
+        self.woken.append((worker, token))
+
+    def _publish(self):
+        pass
+
+    def _release(self, step, counts):
+        self.releases.append(step)
+
+    def gradient(self, worker, step, value):
+        self._handle(protocol.GRADIENT, worker, step, [value])
+
+    def leave(self, worker):
+        self._handle(protocol.LEAVE, worker, -1, [])
+
+    def counts(self, row):
+        return self._counts[row].tolist()
+
+
+@pytest.fixture(autouse=True)
+def _plain_tensors(monkeypatch):
+    # The recorder's gradients are plain floats.
+    monkeypatch.setattr(protocol.Layout, "unflatten", lambda self, c, s: list(c))
+
+
+def test_an_update_every_replicas_to_aggregate_fresh_gradients():
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=3)
+    service.gradient(0, 0, 1.0)
+    assert service.updates == []
+    service.gradient(2, 0, 3.0)
+    assert service.updates == [2.0]  # the mean of workers 0 and 2
+    assert service.releases == [1]
+    assert service.counts(protocol.APPLIED) == [1, 0, 1]
+
+
+def test_a_late_gradient_is_dropped_counted_and_its_worker_woken():
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=3)
+    service.gradient(0, 0, 1.0)
+    service.gradient(1, 0, 1.0)
+    service.gradient(2, 0, 100.0)  # step 0's update is made: stale
+    assert service.updates == [1.0]
+    assert service.counts(protocol.DROPPED_STALE) == [0, 0, 1]
+    assert service.woken == [(2, 1)]  # released with the current step
+
+
+def test_a_gradient_ahead_of_the_global_step_is_an_error():
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=2)
+    with pytest.raises(RuntimeError, match="another chief"):
+        service.gradient(1, 5, 1.0)
+
+
+def test_several_gradients_per_worker_when_aggregating_more_than_workers():
+    service = _Recorder(replicas_to_aggregate=3, total_num_replicas=2)
+    assert service._sync.config.pushes_per_update == 2
+    for worker, value in [(0, 1.0), (0, 2.0), (1, 3.0)]:
+        service.gradient(worker, 0, value)
+    assert service.updates == [2.0]
+    assert service.counts(protocol.APPLIED) == [2, 1]
+
+
+def test_when_too_few_workers_remain_the_rest_are_released_not_waited_for():
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=3)
+    service.gradient(2, 0, 5.0)  # a fresh gradient, waiting for a second
+    service.leave(0)
+    assert service.woken == []  # two workers remain: an update can still come
+    service.leave(1)
+    # Worker 2 alone cannot make an update: its pending gradient is dropped
+    # and it is freed, as is every later gradient of it.
+    assert service.counts(protocol.DROPPED_AT_END) == [0, 0, 1]
+    assert service.woken == [(2, protocol.FREE_PASS)]
+    service.gradient(2, 0, 5.0)
+    assert service.counts(protocol.DROPPED_AT_END) == [0, 0, 2]
+    assert service.woken[-1] == (2, protocol.FREE_PASS)
+    assert service.updates == []
+
+
+def test_counts_account_for_every_gradient():
+    rng = np.random.default_rng(0)
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=4)
+    sent = np.zeros(4, int)
+    tags = [0] * 4
+    for _ in range(200):
+        worker = int(rng.integers(4))
+        service.gradient(worker, tags[worker], 1.0)
+        sent[worker] += 1
+        tags[worker] = service._step  # the worker's next tag
+    total = sum(np.array(service.counts(row)) for row in range(3))
+    np.testing.assert_array_equal(total, sent)
+    assert len(service.updates) == service._step
