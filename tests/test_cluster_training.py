@@ -135,7 +135,9 @@ def test_async_workers_share_the_variables_on_the_ps(async_run):
 def test_async_workers_learn(async_run):
     reports, _, _ = async_run
     for report in reports.values():
-        assert report["accuracy"] >= 0.85, report
+        # Async updates interleave differently every run (and more under
+        # load), so the bound is loose; chance is 0.1.
+        assert report["accuracy"] >= 0.8, report
 
 
 @pytest.mark.xdist_group("async_cluster")

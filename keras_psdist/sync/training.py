@@ -83,6 +83,8 @@ class SyncTraining:
         self._optimizer = None
         self._variables = None
         self._service: UpdateService | None = None
+        self._aggregate_fn = None
+        self._apply_fn = None
         self._session = 0
         self._in_session = False
         self._last_progress = time.monotonic()
@@ -263,8 +265,8 @@ class SyncTraining:
         return self._service
 
     def _aggregate(self, columns):
-        if not hasattr(self, "_reduction"):
-            self._reduction = GradientReduction(
+        if self._aggregate_fn is None:
+            reduction = GradientReduction(
                 self._aggregator,
                 None,
                 self.sync.device,
@@ -272,13 +274,13 @@ class SyncTraining:
                 spread_devices=self._parameter_devices,
             )
             self._aggregate_fn = tf.function(
-                lambda cols: self._reduction(tf.distribute.ReduceOp.MEAN, cols, None),
+                lambda cols: reduction(tf.distribute.ReduceOp.MEAN, cols, None),
                 reduce_retracing=True,
             )
         return self._aggregate_fn(columns)
 
     def _apply(self, grads) -> None:
-        if not hasattr(self, "_apply_fn"):
+        if self._apply_fn is None:
             optimizer, variables = self._optimizer, self._variables
 
             def apply(grads):
