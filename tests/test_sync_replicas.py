@@ -133,6 +133,33 @@ def test_sparse_gradients_equal_the_synchronous_run(sparse_sync_run, cpu_devices
     assert reports[0]["layout"] == ["sparse", "dense", "dense"]
 
 
+@pytest.fixture(scope="module")
+def several_batches_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sync_several_batches")
+    config = {"replicas_to_aggregate": 3, "epochs": 2}
+    reports, _ = _launch(tmp_path, config, num_workers=2)
+    return reports
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_several_batches")
+def test_more_replicas_to_aggregate_than_workers_uses_several_batches(
+    several_batches_run,
+):
+    """R=3 of 2 workers: each worker sends 2 batches' gradients per update."""
+    final = several_batches_run[0]["counts_when_finished"]
+    steps = several_batches_run[0]["steps"]
+    updates = final["global_step"]
+    assert sum(final["applied"]) == 3 * updates
+    assert several_batches_run[0]["iterations"] == updates
+    # Every gradient sent is accounted for, and both workers' count.
+    sent = sum(sum(final[k]) for k in ("applied", "dropped_stale", "dropped_at_end"))
+    assert sent == 2 * steps
+    assert min(final["applied"]) > 0
+    # About one update per two steps of each worker.
+    assert steps // 2 - 2 <= updates <= steps // 2 + 2, final
+
+
 # -------------------------------------------- a straggler, one backup worker
 
 
