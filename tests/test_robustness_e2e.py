@@ -14,6 +14,7 @@ import functools
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_psdist as kpd
 from keras_psdist import aggregators, attacks
@@ -21,6 +22,13 @@ from keras_psdist import aggregators, attacks
 REPLICAS, ATTACKERS, F = 8, [6, 7], 2
 EPOCHS, BATCH = 20, 128
 TOLERANCE = 0.04  # accuracy points a robust rule may lose to the clean run
+
+# tf.data's autotuning thread outlives an epoch's iterator: with 8 replicas,
+# destroying it at the end of an epoch often waits out the thread's timer
+# (seconds on an idle machine, minutes under load, also with
+# MirroredStrategy; see docs/user_guide.md). These runs do not need it.
+_NO_AUTOTUNE = tf.data.Options()
+_NO_AUTOTUNE.autotune.enabled = False
 
 ATTACKS = {
     "none": lambda: None,
@@ -79,7 +87,13 @@ def accuracy_of(cpu_devices, digits):
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=["accuracy"],
             )
-        model.fit(x_train, y_train, batch_size=BATCH, epochs=EPOCHS, verbose=0)
+        data = (
+            tf.data.Dataset.from_tensor_slices((x_train, y_train))
+            .shuffle(len(x_train), seed=0)
+            .batch(BATCH)
+            .with_options(_NO_AUTOTUNE)
+        )
+        model.fit(data, epochs=EPOCHS, verbose=0)
         if not all(np.isfinite(w).all() for w in model.get_weights()):
             return 0.0
         return float(
