@@ -236,8 +236,10 @@ def byzantine_runs(tmp_path_factory):
 def test_byzantine_worker_median_holds_mean_breaks(byzantine_runs):
     median = byzantine_runs["median"][0]["accuracy"]
     mean = byzantine_runs["mean"][0]["accuracy"]
-    assert median >= 0.8, median
-    assert mean <= 0.5, mean
+    # With R == T the run is deterministic: median 0.83 (a clean 3-epoch run
+    # reaches about 0.85), mean 0.09 (diverged), measured on 2026-11-22.
+    assert median >= 0.75, median
+    assert mean <= 0.3, mean
 
 
 # ------------------------------------------- async with bounded staleness
