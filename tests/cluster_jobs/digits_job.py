@@ -77,6 +77,8 @@ def main(out_dir, mode, seed=0):
         seed += topology.worker_index
     model = build(strategy, seed)
     initial = [w.numpy() for w in model.weights]
+    if topology.mode == "async":
+        _wait_until_every_worker_has_read(out_dir, topology)
     callbacks = [
         keras.callbacks.ModelCheckpoint(
             os.path.join(out_dir, f"checkpoint_{task.replace(':', '_')}.weights.h5"),
@@ -110,6 +112,26 @@ def main(out_dir, mode, seed=0):
     with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
         json.dump(report, f)
     print(f"{task}: accuracy {accuracy:.3f} after {report['steps']} steps")
+
+
+def _wait_until_every_worker_has_read(out_dir, topology, timeout_s=120):
+    """The chief starts training only once every worker has read the initial
+    weights (else a slow worker would read weights the chief already
+    trained)."""
+    import time
+
+    with open(os.path.join(out_dir, f"ready_{topology.worker_index}"), "w"):
+        pass
+    if not topology.is_chief:
+        return
+    deadline = time.monotonic() + timeout_s
+    expected = topology.num_training_processes
+    while len([p for p in os.listdir(out_dir) if p.startswith("ready_")]) < expected:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"not every worker read the initial weights in {timeout_s} s"
+            )
+        time.sleep(0.05)
 
 
 def _steps_per_epoch(history):
