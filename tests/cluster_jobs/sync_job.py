@@ -119,7 +119,15 @@ def main(out_dir, config):
     last_step = CountsAtLastStep(strategy)
     callbacks = [
         last_step,
-        *([] if bounded else [kpd.callbacks.SyncReplicaReport()]),
+        *(
+            []
+            if bounded
+            else [
+                kpd.callbacks.SyncReplicaReport(
+                    log_dir=os.path.join(out_dir, f"tensorboard_{worker}")
+                )
+            ]
+        ),
         keras.callbacks.ModelCheckpoint(
             os.path.join(out_dir, f"checkpoint_{worker}.weights.h5"),
             save_weights_only=True,
