@@ -17,7 +17,9 @@ What happens when a process fails:
 | who fails               | what the others see                                |
 |-------------------------|----------------------------------------------------|
 | a worker (its `fit`     | it leaves: the run goes on without it (an update   |
-| raises)                 | then needs replicas_to_aggregate of the others)    |
+| raises)                 | then needs replicas_to_aggregate of the others);   |
+|                         | before its first step it cannot leave, and the     |
+|                         | chief stops waiting after `step_timeout`           |
 | a worker dies (killed)  | with backup workers the run goes on; without, no   |
 |                         | update comes: after `step_timeout` s every worker  |
 |                         | raises `TimeoutError` naming the missing workers   |
