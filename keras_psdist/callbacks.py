@@ -74,16 +74,7 @@ class AggregationReport(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._extended()
         if self.log_dir is not None and self._writer is None:
-            try:
-                import tensorboard  # noqa: F401
-            except ImportError:
-                raise ImportError(
-                    "AggregationReport(log_dir=...) writes TensorBoard summaries, "
-                    "which needs the tensorboard package. Received: log_dir="
-                    f"{self.log_dir!r}. Install it with `pip install "
-                    '"keras-psdist[tensorboard]"`, or pass log_dir=None.'
-                ) from None
-            self._writer = tf.summary.create_file_writer(self.log_dir)
+            self._writer = _summary_writer(self, self.log_dir)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._sums, self._batches = {}, 0
@@ -160,7 +151,7 @@ class SyncReplicaReport(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._training()
         if self.log_dir is not None and self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.log_dir)
+            self._writer = _summary_writer(self, self.log_dir)
 
     def on_epoch_end(self, epoch, logs=None):
         self.counts = self._training().counts()
@@ -175,3 +166,17 @@ class SyncReplicaReport(keras.callbacks.Callback):
                 for name, value in flat.items():
                     tf.summary.scalar(name, value)
             self._writer.flush()
+
+
+def _summary_writer(callback: keras.callbacks.Callback, log_dir: str):
+    """A TensorBoard writer for `callback`, or a clear error without tensorboard."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            f"{type(callback).__name__}(log_dir=...) writes TensorBoard summaries, "
+            "which needs the tensorboard package. Received: log_dir="
+            f"{log_dir!r}. Install it with `pip install "
+            '"keras-psdist[tensorboard]"`, or pass log_dir=None.'
+        ) from None
+    return tf.summary.create_file_writer(log_dir)

@@ -116,12 +116,7 @@ class PSStrategy(distribute_lib.Strategy):
         connect_timeout: float = 20.0,
         init_timeout: float = 120.0,
     ):
-        if not callable(placement) and placement not in placement_lib.POLICIES:
-            raise ValueError(
-                f"Unknown placement {placement!r}. Expected one of: "
-                f"{', '.join(placement_lib.POLICIES)}, or a callable "
-                "(name, shape, dtype) -> device."
-            )
+        check_placement(placement)
         if mode not in runtime.MODES:
             raise ValueError(
                 f"Unknown mode {mode!r}. Expected one of: {', '.join(runtime.MODES)}."
@@ -135,16 +130,11 @@ class PSStrategy(distribute_lib.Strategy):
                     f"max_staleness={max_staleness}. For synchronous training "
                     "with backup workers use SyncReplicaStrategy."
                 )
-        for name, value in (
-            ("step_timeout", step_timeout),
-            ("connect_timeout", connect_timeout),
-            ("init_timeout", init_timeout),
-        ):
-            if not value > 0:
-                raise ValueError(
-                    f"`{name}` must be a positive number of seconds. "
-                    f"Received: {name}={value!r}"
-                )
+        check_seconds(
+            step_timeout=step_timeout,
+            connect_timeout=connect_timeout,
+            init_timeout=init_timeout,
+        )
         if num_byzantine is not None:
             check_count("num_byzantine", num_byzantine, minimum=0)
         aggregator = aggregators_lib.get(aggregator)
@@ -166,7 +156,7 @@ class PSStrategy(distribute_lib.Strategy):
         n = len(topology.compute_devices)
         aggregator = aggregator.bind(n, num_byzantine)
         self._num_byzantine = aggregator.num_byzantine
-        attack = _resolve_attack(attack, n, self._num_byzantine)
+        attack = resolve_attack(attack, n, self._num_byzantine)
         super().__init__(
             PSExtended(self, topology, placement, aggregator, attack, init_timeout)
         )
@@ -201,7 +191,33 @@ class PSStrategy(distribute_lib.Strategy):
         )
 
 
-def _resolve_attack(attack, num_replicas, num_byzantine):
+def check_placement(placement: Any) -> None:
+    """Raises `ValueError` unless `placement` names a policy or is callable."""
+    if not callable(placement) and placement not in placement_lib.POLICIES:
+        raise ValueError(
+            f"Unknown placement {placement!r}. Expected one of: "
+            f"{', '.join(placement_lib.POLICIES)}, or a callable "
+            "(name, shape, dtype) -> device."
+        )
+
+
+def check_seconds(**durations: Any) -> None:
+    """Raises `ValueError` unless every value is a positive number of seconds."""
+    for name, value in durations.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (value > 0)
+        ):
+            raise ValueError(
+                f"`{name}` must be a positive number of seconds. "
+                f"Received: {name}={value!r}"
+            )
+
+
+def resolve_attack(attack, num_replicas, num_byzantine):
+    """The attack from its config, checked against the replica count (warns
+    when it controls more replicas than `num_byzantine`)."""
     if attack is None:
         return None
     from keras_psdist import attacks as attacks_lib

@@ -38,8 +38,9 @@ class _Recorder(UpdateService):
         self.updates = []
         super().__init__(
             _FakeSync(replicas_to_aggregate, total_num_replicas),
-            aggregate=lambda columns: [sum(columns[0]) / len(columns[0])],
-            apply=lambda grads: self.updates.append(grads[0]),
+            update=lambda members: self.updates.append(
+                sum(m[0] for m in members) / len(members)
+            ),
         )
         self.woken = []
         self.releases = []

@@ -101,6 +101,18 @@ class SharedVariables:
                 self._wait_for_value(handle, shared_name, device)
         return variable
 
+    def create_int64(self, device: str, name: str, initial_value) -> tf.Variable:
+        """A shared int64 bookkeeping variable (a step, counts, clocks)."""
+        value = tf.constant(initial_value, tf.int64)
+        return self.create(
+            device,
+            initial_value=value,
+            shape=value.shape,
+            dtype=tf.int64,
+            name=name,
+            trainable=False,
+        )
+
     def _wait_for_value(self, handle, shared_name, device):
         deadline = time.monotonic() + self._init_timeout
         while not _is_initialized(handle):

@@ -172,21 +172,11 @@ class SyncReplicas:
         self.is_chief = is_chief
         self.device = device
         num_workers = config.total_num_replicas
-        self.global_step = shared.create(
-            device,
-            initial_value=tf.zeros([], tf.int64),
-            shape=tf.TensorShape([]),
-            dtype=tf.int64,
-            name="keras_psdist/sync/global_step",
-            trainable=False,
+        self.global_step = shared.create_int64(
+            device, "keras_psdist/sync/global_step", 0
         )
-        self.counts = shared.create(
-            device,
-            initial_value=tf.zeros([3, num_workers], tf.int64),
-            shape=tf.TensorShape([3, num_workers]),
-            dtype=tf.int64,
-            name="keras_psdist/sync/counts",
-            trainable=False,
+        self.counts = shared.create_int64(
+            device, "keras_psdist/sync/counts", [[0] * num_workers] * 3
         )
         with tf.init_scope(), tf.device(device):
             self.token_queues = [
@@ -247,7 +237,7 @@ class SyncReplicas:
             An op that runs once the worker may start its next step.
         """
         layout = self.register(grads, variables)
-        queue = self.gradient_queue(layout)
+        queue = self._gradient_queue
         tag = self._local_step.read_value()
         header = [
             tf.constant(GRADIENT, tf.int64),

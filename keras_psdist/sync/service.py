@@ -43,21 +43,15 @@ class UpdateService:
 
     Args:
         sync: The run's shared state.
-        aggregate: `columns -> values`: the strategy's rule over
-            `columns[v][m]`, member m's gradient of variable v (true scale).
-        apply: `values -> None`: applies aggregated gradients with the Keras
-            optimizer (`None` where a variable has no gradient).
+        update: `members -> None`: one update from the members' gradients,
+            `members[m][v]` member m's gradient of variable v (true scale,
+            `None` where a variable has no gradient): the strategy's rule
+            over them, applied with the Keras optimizer.
     """
 
-    def __init__(
-        self,
-        sync: SyncReplicas,
-        aggregate: Callable[[list[list]], list],
-        apply: Callable[[list], None],
-    ):
+    def __init__(self, sync: SyncReplicas, update: Callable[[list[list]], None]):
         self._sync = sync
-        self._aggregate = aggregate
-        self._apply = apply
+        self._update_model = update
         workers = sync.config.total_num_replicas
         self._counts = np.zeros([3, workers], np.int64)
         self._step = int(sync.global_step.numpy())
@@ -189,14 +183,7 @@ class UpdateService:
 
     def _update(self) -> None:
         layout, shapes = self._sync.layout, self._sync.shapes
-        members = [layout.unflatten(g, shapes) for _, g in self._members]
-        columns = [
-            [m[v] for m in members]
-            for v in range(len(shapes))
-            if members[0][v] is not None
-        ]
-        reduced = iter(self._aggregate(columns))
-        self._apply([None if g is None else next(reduced) for g in members[0]])
+        self._update_model([layout.unflatten(g, shapes) for _, g in self._members])
         for worker, _ in self._members:
             self._count(protocol.APPLIED, worker)
         self._members = []

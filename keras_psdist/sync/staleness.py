@@ -68,21 +68,11 @@ class BoundedStaleness:
         self.worker = worker
         self.num_workers = num_workers
         self._step_timeout = step_timeout
-        self.clocks = shared.create(
-            device,
-            initial_value=tf.zeros([num_workers], tf.int64),
-            shape=tf.TensorShape([num_workers]),
-            dtype=tf.int64,
-            name="keras_psdist/staleness/clocks",
-            trainable=False,
+        self.clocks = shared.create_int64(
+            device, "keras_psdist/staleness/clocks", [0] * num_workers
         )
-        self.active = shared.create(
-            device,
-            initial_value=tf.ones([num_workers], tf.int64),
-            shape=tf.TensorShape([num_workers]),
-            dtype=tf.int64,
-            name="keras_psdist/staleness/active",
-            trainable=False,
+        self.active = shared.create_int64(
+            device, "keras_psdist/staleness/active", [1] * num_workers
         )
         with tf.init_scope(), tf.device(local_device):
             # applied, dropped, waits, largest staleness applied
@@ -100,14 +90,10 @@ class BoundedStaleness:
                 "control flow; this optimizer applies them inside a `cond` "
                 f"({type(optimizer).__name__}). Use a plain optimizer."
             )
-        ctx = tf.distribute.get_replica_context()
-        if ctx is None:
-            return self._apply_if_fresh(apply, list(grads), variables)
-        return ctx.merge_call(
-            lambda strategy, *per_replica: self._apply_if_fresh(
-                apply, _reduce_local(strategy, per_replica, variables), variables
-            ),
-            args=tuple(grads),
+        return keras_hooks.once_per_worker(
+            lambda grads, variables: self._apply_if_fresh(apply, grads, variables),
+            grads,
+            variables,
         )
 
     def _apply_if_fresh(self, apply, grads, variables):
@@ -223,18 +209,3 @@ class BoundedStaleness:
             indices=tf.constant([self.worker]),
             updates=tf.constant([value], tf.int64),
         )
-
-
-def _reduce_local(strategy, per_replica, variables):
-    """This worker's replicas' gradients combined by the strategy's rule."""
-    present = [
-        (g, getattr(v, "value", v))
-        for g, v in zip(per_replica, variables, strict=True)
-        if g is not None
-    ]
-    reduced = iter(
-        strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, present)
-        if present
-        else []
-    )
-    return [None if g is None else next(reduced) for g in per_replica]

@@ -11,6 +11,7 @@ from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.cluster import runtime
 from keras_psdist.extended import PSExtended
+from keras_psdist.strategy import check_placement, check_seconds, resolve_attack
 from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
 from keras_psdist.sync.training import SyncTraining
 
@@ -112,28 +113,14 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         ):
             if value is not None:
                 check_count(name, value, minimum=1)
-        for name, value in (
-            ("step_timeout", step_timeout),
-            ("connect_timeout", connect_timeout),
-            ("init_timeout", init_timeout),
-        ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or (not value > 0)
-            ):
-                raise ValueError(
-                    f"`{name}` must be a positive number of seconds. "
-                    f"Received: {name}={value!r}"
-                )
+        check_seconds(
+            step_timeout=step_timeout,
+            connect_timeout=connect_timeout,
+            init_timeout=init_timeout,
+        )
         if num_byzantine is not None:
             check_count("num_byzantine", num_byzantine, minimum=0)
-        if not callable(placement) and placement not in placement_lib.POLICIES:
-            raise ValueError(
-                f"Unknown placement {placement!r}. Expected one of: "
-                f"{', '.join(placement_lib.POLICIES)}, or a callable "
-                "(name, shape, dtype) -> device."
-            )
+        check_placement(placement)
         aggregator = aggregators_lib.get(aggregator)
         config = runtime.resolve_config(cluster_resolver)
         if config is None:
@@ -228,7 +215,6 @@ def _resolve_worker_attack(attack, num_workers, num_byzantine):
         return None
     from keras_psdist import attacks as attacks_lib
     from keras_psdist.attacks.crafted import ALIE, IPM
-    from keras_psdist.strategy import _resolve_attack
 
     attack = attacks_lib.get(attack)
     if isinstance(attack, (ALIE, IPM)):
@@ -238,4 +224,4 @@ def _resolve_worker_attack(attack, num_workers, num_byzantine):
             "sign_flip, scale, gaussian_noise, non_finite or label_flip here, "
             "or evaluate crafted attacks with PSStrategy on one host."
         )
-    return _resolve_attack(attack, num_workers, num_byzantine)
+    return resolve_attack(attack, num_workers, num_byzantine)

@@ -41,14 +41,12 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from keras_psdist.aggregators import Mean
 from keras_psdist.reduction import GradientReduction
 from keras_psdist.staged_merge import in_replica_control_flow
 from keras_psdist.sync import keras_hooks, protocol
 from keras_psdist.sync.protocol import SyncReplicas
 from keras_psdist.sync.service import UpdateService
 
-_LOCAL_SUM = Mean()
 # How often the watchdog looks, in seconds.
 _WATCH_EVERY_S = 1.0
 
@@ -85,8 +83,7 @@ class SyncTraining:
         self._optimizer = None
         self._variables = None
         self._service: UpdateService | None = None
-        self._aggregate_fn = None
-        self._apply_fn = None
+        self._update_fn = None
         self._session = 0
         self._in_session = False
         self._last_progress = time.monotonic()
@@ -123,15 +120,7 @@ class SyncTraining:
         scale = optimizer.loss_scale_factor
         grads = [g if g is None or scale is None else g / scale for g in grads]
         grads = optimizer._clip_gradients(grads)
-        ctx = tf.distribute.get_replica_context()
-        if ctx is None:
-            return self._push(grads, variables)
-        return ctx.merge_call(
-            lambda _, *per_replica: self._push(
-                [_combine_local(g) for g in per_replica], variables
-            ),
-            args=tuple(grads),
-        )
+        return keras_hooks.once_per_worker(self._push, grads, variables)
 
     def _push(self, grads, variables):
         if self._attack is not None:
@@ -263,11 +252,13 @@ class SyncTraining:
 
     def _ensure_service(self) -> UpdateService:
         if self._service is None:
-            self._service = UpdateService(self.sync, self._aggregate, self._apply)
+            self._service = UpdateService(self.sync, self._update_model)
         return self._service
 
-    def _aggregate(self, columns):
-        if self._aggregate_fn is None:
+    def _update_model(self, members) -> None:
+        """One update: the rule over the members' gradients, then Keras's
+        own apply (one function call on the chief per update)."""
+        if self._update_fn is None:
             reduction = GradientReduction(
                 self._aggregator,
                 None,
@@ -275,36 +266,18 @@ class SyncTraining:
                 self.sync.config.replicas_to_aggregate,
                 spread_devices=self._parameter_devices,
             )
-            self._aggregate_fn = tf.function(
-                lambda cols: reduction(tf.distribute.ReduceOp.MEAN, cols, None),
-                reduce_retracing=True,
-            )
-        return self._aggregate_fn(columns)
-
-    def _apply(self, grads) -> None:
-        if self._apply_fn is None:
             optimizer, variables = self._optimizer, self._variables
 
-            def apply(grads):
+            def update(members):
+                present = [v for v, g in enumerate(members[0]) if g is not None]
+                columns = [[m[v] for m in members] for v in present]
+                reduced = iter(reduction(tf.distribute.ReduceOp.MEAN, columns, None))
+                grads = [None if g is None else next(reduced) for g in members[0]]
                 optimizer.apply(grads, variables)
 
-            self._apply_fn = tf.function(apply, reduce_retracing=True)
+            self._update_fn = tf.function(update, reduce_retracing=True)
         with self._strategy.scope(), keras_hooks.applying():
-            self._apply_fn(grads)
-
-
-def _combine_local(value):
-    """The sum of this worker's replicas' (1/n-scaled) gradients."""
-    from keras_psdist._tf import values
-
-    if value is None or not isinstance(value, values.DistributedValues):
-        return value
-    per_replica = list(value.values)
-    if len(per_replica) == 1:
-        return per_replica[0]
-    if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
-        return _LOCAL_SUM.reduce_sparse(tf.distribute.ReduceOp.SUM, per_replica)
-    return tf.add_n(per_replica)
+            self._update_fn(members)
 
 
 def _forge_own(attack, grads):
