@@ -52,7 +52,6 @@ import argparse
 import datetime
 import faulthandler
 import gc
-import json
 import os
 import platform
 import statistics
@@ -65,6 +64,7 @@ from pathlib import Path
 
 from _common import loadavg as _loadavg  # noqa: E402
 from _common import log as _log
+from _common import save_json
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -357,9 +357,7 @@ def write_json(path: str, results: list[Case], args, wall_s: float) -> None:
         "targets": target_checks(results) if args.targets else [],
         "results": rows,
     }
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    save_json(path, payload)
 
 
 def write_plot(path: str, results: list[Case]) -> None:

@@ -65,10 +65,8 @@ log are in the JSON).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -76,15 +74,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import loadavg as _loadavg  # noqa: E402
+from _common import REPO_ROOT, RunFailed, finish, read_reports, run_dir, use_checkout
+from _common import fmt as _fmt
+from _common import loadavg as _loadavg
 from _common import log as _log
+from _common import median_or_none as _median_or_none
+from _common import ok as _ok
 from _common import positive as _positive
+from _common import value_range as _range
 
 # Before TensorFlow is imported anywhere in this process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_JSON = RESULTS / "cluster.json"
 QUICK_JSON = RESULTS / "cluster_quick.json"
@@ -255,41 +257,9 @@ def _child_command(role: str, out_dir: Path, args: argparse.Namespace) -> list[s
     ]
 
 
-def _use_checkout() -> None:
-    """Lets this process and its children import `keras_psdist` from this
-    checkout, installed or not."""
-    sys.path.insert(0, str(REPO_ROOT))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
-    )
-
-
-class RunFailed(RuntimeError):
-    """A measurement's processes failed; the message has their last lines."""
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(text[-lines:])
-
-
-def _reports(out_dir: Path, expected: int, log: Path, code: int) -> list[dict]:
-    found = sorted(out_dir.glob("*.json"))
-    if code != 0 or len(found) != expected:
-        raise RunFailed(
-            f"exit code {code}, {len(found)} of {expected} result files; last "
-            f"lines of {log}:\n{_tail(log)}"
-        )
-    return [json.loads(p.read_text()) for p in found]
-
-
 def run_local(work: Path, args: argparse.Namespace) -> dict:
     """The one-process baseline: 2 logical CPU replicas + 2 parameter devices."""
-    out_dir = Path(tempfile.mkdtemp(prefix="local_", dir=work))
-    log = out_dir.with_suffix(".log")
+    out_dir, log = run_dir(work, "local_")
     start = time.perf_counter()
     with open(log, "w") as f:
         try:
@@ -302,7 +272,7 @@ def run_local(work: Path, args: argparse.Namespace) -> dict:
             ).returncode
         except subprocess.TimeoutExpired:
             code = 124
-    (report,) = _reports(out_dir, 1, log, code)
+    (report,) = read_reports(out_dir, 1, log, code)
     report["process_wall_s"] = time.perf_counter() - start
     return report
 
@@ -314,8 +284,7 @@ def run_cluster(
     from keras_psdist.cluster import launch
 
     mode = "in-graph" if role == "in-graph" else "between-graph"
-    out_dir = Path(tempfile.mkdtemp(prefix=f"{role}_{num_workers}w_", dir=work))
-    log = out_dir.with_suffix(".log")
+    out_dir, log = run_dir(work, f"{role}_{num_workers}w_")
     start = time.perf_counter()
     with open(log, "w") as f:
         code = launch(
@@ -327,7 +296,7 @@ def run_cluster(
             out=f,
         )
     expected = 1 if role == "in-graph" else num_workers
-    reports = _reports(out_dir, expected, log, code)
+    reports = read_reports(out_dir, expected, log, code)
     for report in reports:
         report["launch_wall_s"] = time.perf_counter() - start
     return reports
@@ -399,23 +368,7 @@ def measure_async(work: Path, args, rounds: list[dict]) -> None:
             )
 
 
-def _ok(entry: dict, key: str) -> bool:
-    return key in entry and "error" not in entry[key]
-
-
 # ------------------------------------------------------------------ report
-
-
-def _median_or_none(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "failed" if value is None else f"{value:{spec}}{suffix}"
-
-
-def _range(values: list[float], spec: str) -> str:
-    return f"{min(values):{spec}}..{max(values):{spec}}" if values else ""
 
 
 def summarize(in_graph: list[dict], async_rounds: list[dict]) -> dict:
@@ -512,52 +465,29 @@ def format_table(summary: dict, args, sections: tuple[str, ...]) -> str:
 def format_rounds(in_graph: list[dict], async_rounds: list[dict]) -> str:
     """One line per round: what each run measured, in the order it ran."""
 
-    def cell(entry, key, show):
-        return show(entry[key]) if _ok(entry, key) else "failed"
-
-    lines = ["Per round:"]
-    for e in in_graph:
-        one = cell(e, "one_process", lambda r: f"{_ms_per_step(r):.1f} ms/step")
-        clu = cell(e, "cluster", lambda r: f"{_ms_per_step(r):.1f} ms/step")
-        ratio = f"{e['ratio']:.2f}x" if "ratio" in e else "-"
-        lines.append(
-            f"  in-graph {e['round'] + 1}: one process {one}, cluster {clu}, "
-            f"ratio {ratio}"
+    def line(kind, entry, runs, show):
+        cells = ", ".join(
+            f"{label} {show(entry[key]) if _ok(entry, key) else 'failed'}"
+            for key, label in runs
         )
-    for e in async_rounds:
-        w1 = cell(e, "workers_1", lambda r: f"{r['examples_per_s']:.0f} examples/s")
-        w2 = cell(e, "workers_2", lambda r: f"{r['examples_per_s']:.0f} examples/s")
-        ratio = f"{e['ratio']:.2f}x" if "ratio" in e else "-"
-        lines.append(
-            f"  async {e['round'] + 1}: 1 worker {w1}, 2 workers {w2}, ratio {ratio}"
-        )
-    return "\n".join(lines)
+        ratio = f"{entry['ratio']:.2f}x" if "ratio" in entry else "-"
+        return f"  {kind} {entry['round'] + 1}: {cells}, ratio {ratio}"
 
+    def ms(report):
+        return f"{_ms_per_step(report):.1f} ms/step"
 
-def machine() -> dict:
-    import keras
-    import tensorflow as tf
+    def rate(result):
+        return f"{result['examples_per_s']:.0f} examples/s"
 
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "gpus": len(tf.config.list_physical_devices("GPU")),
-    }
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
+    in_graph_runs = (("one_process", "one process"), ("cluster", "cluster"))
+    async_runs = (("workers_1", "1 worker"), ("workers_2", "2 workers"))
+    return "\n".join(
+        [
+            "Per round:",
+            *(line("in-graph", e, in_graph_runs, ms) for e in in_graph),
+            *(line("async", e, async_runs, rate) for e in async_rounds),
+        ]
+    )
 
 
 # --------------------------------------------------------------------- CLI
@@ -621,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
         return _child_main(args)
-    _use_checkout()
+    use_checkout()
     # TensorFlow's import prints its banner here, not in the middle of the runs.
     import keras_psdist.cluster  # noqa: F401
 
@@ -641,41 +571,14 @@ def main(argv: list[str] | None = None) -> int:
     print()
     sections = ("in-graph", "async") if args.only is None else (args.only,)
     print(format_table(summary, args, sections))
-    load_end = _loadavg()
-    print(
-        f"wall time {wall_s:.0f} s; load average (1/5/15 min) at start "
-        f"{load_start}, at end {load_end} on {os.cpu_count()} CPUs"
+    return finish(
+        args,
+        ("steps", "epochs", "rounds", "batch", "seed", "quick"),
+        load_start,
+        wall_s,
+        summary,
+        {"in_graph_rounds": in_graph, "async_rounds": async_rounds},
     )
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                "command": " ".join([Path(sys.executable).name, *sys.argv]),
-                "settings": {
-                    k: getattr(args, k)
-                    for k in ("steps", "epochs", "rounds", "batch", "seed", "quick")
-                },
-                "machine": machine(),
-                "loadavg_start": load_start,
-                "loadavg_end": load_end,
-                "wall_s": wall_s,
-                "summary": summary,
-                "in_graph_rounds": in_graph,
-                "async_rounds": async_rounds,
-            },
-            indent=1,
-        )
-    )
-    print(f"wrote {out}")
-    failed = any(
-        "error" in v
-        for e in in_graph + async_rounds
-        for v in e.values()
-        if isinstance(v, dict)
-    )
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

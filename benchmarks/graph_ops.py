@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import strategies as bench  # noqa: E402  (sets TF env vars before importing TF)
+from _common import save_json  # noqa: E402
 from tensorflow.python.eager import context  # noqa: E402
 
 
@@ -181,14 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(format_report(results))
     if args.json:
-        out = Path(args.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(
-            json.dumps(
-                {"environment": bench.environment(), "results": results}, indent=2
-            )
-            + "\n"
-        )
+        save_json(args.json, {"environment": bench.environment(), "results": results})
         print(f"wrote {args.json}")
     return 0
 

@@ -69,6 +69,7 @@ from pathlib import Path
 
 from _common import loadavg as _loadavg  # noqa: E402
 from _common import log as _log
+from _common import save_json
 
 # Before TensorFlow is imported anywhere in this process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -578,9 +579,7 @@ def write_json(path: str, runs: list[Run], info: dict, args, wall_s: float) -> N
         "checks": verdicts(runs, args),
         "runs": [asdict(r) for r in runs],
     }
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    save_json(path, payload)
 
 
 def _plain(value) -> bool:

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import os
 import statistics
 import sys
@@ -68,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import log as _log  # noqa: E402
+from _common import save_json
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -375,9 +375,7 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
             for c in cases
         },
     }
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    save_json(path, payload)
 
 
 def write_plot(path: str, cases: list[Case]) -> None:

@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
-import json
 import os
 import platform
 import statistics
@@ -76,6 +75,7 @@ from pathlib import Path
 from _common import loadavg as _loadavg  # noqa: E402
 from _common import log as _log
 from _common import positive as _positive
+from _common import save_json
 
 # Before TensorFlow is imported anywhere in this process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -514,9 +514,7 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
             for other in ("mirrored", "central_storage")
             if other in by_name
         }
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    save_json(path, payload)
 
 
 def write_plot(path: str, cases: list[Case], args) -> None:

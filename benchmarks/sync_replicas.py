@@ -94,26 +94,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import loadavg as _loadavg  # noqa: E402
+from _common import REPO_ROOT, RunFailed, finish, read_reports, run_dir, use_checkout
+from _common import fmt as _fmt
+from _common import loadavg as _loadavg
 from _common import log as _log
+from _common import median_or_none as _median_or_none
+from _common import non_negative_float as _non_negative_float
+from _common import ok as _ok
 from _common import positive as _positive
+from _common import positive_float as _positive_float
+from _common import value_range as _range
 from _sync_replicas_job import NUM_WORKERS, STRAGGLER
 
 # Before TensorFlow is imported anywhere in this process.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_JSON = RESULTS / "sync_replicas.json"
 QUICK_JSON = RESULTS / "sync_replicas_quick.json"
@@ -168,33 +170,11 @@ def _child_command(
     ]
 
 
-def _use_checkout() -> None:
-    """Lets this process and its children import `keras_psdist` from this
-    checkout, installed or not."""
-    sys.path.insert(0, str(REPO_ROOT))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
-    )
-
-
-class RunFailed(RuntimeError):
-    """A run's processes failed; the message has their last lines."""
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(text[-lines:])
-
-
 def run_configuration(work: Path, config: Configuration, args) -> dict:
     """One `launch` of 3 workers + 1 ps; returns the run's measurements."""
     from keras_psdist.cluster import launch
 
-    out_dir = Path(tempfile.mkdtemp(prefix=f"{config.key}_", dir=work))
-    log = out_dir.with_suffix(".log")
+    out_dir, log = run_dir(work, f"{config.key}_")
     start = time.perf_counter()
     with open(log, "w") as f:
         code = launch(
@@ -205,14 +185,9 @@ def run_configuration(work: Path, config: Configuration, args) -> dict:
             timeout_s=RUN_TIMEOUT_S,
             out=f,
         )
-    found = sorted(out_dir.glob("worker_*.json"))
-    if code != 0 or len(found) != NUM_WORKERS:
-        raise RunFailed(
-            f"exit code {code}, {len(found)} of {NUM_WORKERS} result files; last "
-            f"lines of {log}:\n{_tail(log)}"
-        )
     workers = sorted(
-        (json.loads(p.read_text()) for p in found), key=lambda r: r["worker"]
+        read_reports(out_dir, NUM_WORKERS, log, code, "worker_*.json"),
+        key=lambda r: r["worker"],
     )
     return {
         "launch_wall_s": time.perf_counter() - start,
@@ -317,23 +292,7 @@ def _ratios(entry: dict) -> None:
         entry["ratio_straggler_own"] = own / fast
 
 
-def _ok(entry: dict, key: str) -> bool:
-    return key in entry and "error" not in entry[key]
-
-
 # ------------------------------------------------------------------ report
-
-
-def _median_or_none(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "failed" if value is None else f"{value:{spec}}{suffix}"
-
-
-def _range(values: list[float], spec: str) -> str:
-    return f"{min(values):{spec}}..{max(values):{spec}}" if values else ""
 
 
 def summarize(rounds: list[dict]) -> dict:
@@ -445,47 +404,7 @@ def format_rounds(rounds: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict:
-    import keras
-    import tensorflow as tf
-
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "gpus": len(tf.config.list_physical_devices("GPU")),
-    }
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 # --------------------------------------------------------------------- CLI
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -542,7 +461,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    _use_checkout()
+    use_checkout()
     # TensorFlow's import prints its banner here, not in the middle of the runs.
     import keras_psdist.cluster  # noqa: F401
 
@@ -556,45 +475,14 @@ def main(argv: list[str] | None = None) -> int:
     print(format_rounds(rounds))
     print()
     print(format_table(summary, args))
-    load_end = _loadavg()
-    print(
-        f"wall time {wall_s:.0f} s; load average (1/5/15 min) at start "
-        f"{load_start}, at end {load_end} on {os.cpu_count()} CPUs"
+    return finish(
+        args,
+        ("sleep", "seconds", "warmup_steps", "rounds", "batch", "seed", "quick"),
+        load_start,
+        wall_s,
+        summary,
+        {"rounds": rounds},
     )
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                "command": " ".join([Path(sys.executable).name, *sys.argv]),
-                "settings": {
-                    k: getattr(args, k)
-                    for k in (
-                        "sleep",
-                        "seconds",
-                        "warmup_steps",
-                        "rounds",
-                        "batch",
-                        "seed",
-                        "quick",
-                    )
-                },
-                "machine": machine(),
-                "loadavg_start": load_start,
-                "loadavg_end": load_end,
-                "wall_s": wall_s,
-                "summary": summary,
-                "rounds": rounds,
-            },
-            indent=1,
-        )
-    )
-    print(f"wrote {out}")
-    failed = any(
-        "error" in v for e in rounds for v in e.values() if isinstance(v, dict)
-    )
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
