@@ -9,7 +9,7 @@ Examples:
 True
 """
 
-from keras_psdist import aggregators, attacks, callbacks, placement
+from keras_psdist import aggregators, attacks, callbacks, partitioners, placement
 from keras_psdist.strategy import PSStrategy
 from keras_psdist.sync.strategy import SyncReplicaStrategy
 
@@ -22,5 +22,6 @@ __all__ = [
     "aggregators",
     "attacks",
     "callbacks",
+    "partitioners",
     "placement",
 ]

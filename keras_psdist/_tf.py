@@ -23,6 +23,11 @@ from tensorflow.python.distribute import (
     values,
 )
 from tensorflow.python.distribute.v1 import input_lib as input_lib_v1
+from tensorflow.python.framework import (
+    composite_tensor,
+    composite_tensor_gradient,
+    tensor_conversion_registry,
+)
 from tensorflow.python.ops import handle_data_util, resource_variable_ops
 
 SUPPORTED_TF = ((2, 21), (2, 22))
@@ -43,6 +48,8 @@ def _check_tf_version() -> None:
 _check_tf_version()
 
 __all__ = [
+    "composite_tensor",
+    "composite_tensor_gradient",
     "cross_device_ops_lib",
     "data_distribute",
     "device_util",
@@ -57,5 +64,6 @@ __all__ = [
     "ps_values",
     "reduce_util",
     "resource_variable_ops",
+    "tensor_conversion_registry",
     "values",
 ]

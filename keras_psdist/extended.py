@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
+from keras_psdist import routing
 from keras_psdist._tf import (
     cross_device_ops_lib,
     device_util,
@@ -36,6 +38,7 @@ from keras_psdist.aggregators.base import weighted_sum
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.input import InputPipelines
+from keras_psdist.partitioned import PartitionedVariable, ShardLayout, shard_scope
 from keras_psdist.reduction import GradientReduction
 from keras_psdist.staged_merge import StagedMerge, in_replica_control_flow
 from keras_psdist.variables import PSVariable, effective_aggregation
@@ -63,8 +66,11 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         aggregator: Aggregator,
         attack: Any = None,
         init_timeout: float = 120.0,
+        partitioner: Any = None,
     ):
         super().__init__(container_strategy)
+        self._partitioner = partitioners_lib.get(partitioner)
+        routing.install()
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices
@@ -112,6 +118,11 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         return self._placement
 
     @property
+    def partitioner(self) -> partitioners_lib.Partitioner | None:
+        """How large variables are split into row shards, or None."""
+        return self._partitioner
+
+    @property
     def topology(self) -> Topology:
         """Where the replicas, inputs and parameters are (one host or a cluster)."""
         return self._topology
@@ -155,7 +166,26 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             return self._create_replica_local(next_creator, aggregation, kwargs)
         name = kwargs.get("name") or "Variable"
         slot_of = None
+        if isinstance(colocate_with, PartitionedVariable):
+            if shape == colocate_with.shape:
+                return self._create_partitioned(
+                    next_creator,
+                    kwargs,
+                    dtype,
+                    aggregation,
+                    colocate_with.layout,
+                    [s.device for s in colocate_with.shards],
+                    slot_of=colocate_with.name,
+                )
+            # A slot of another shape (a factored moment) stays whole.
+            colocate_with = colocate_with.shards[0]
         if colocate_with is None:
+            shards = self._num_shards(name, shape, dtype)
+            if shards > 1:
+                layout = ShardLayout(partitioners_lib.shard_rows(shape[0], shards))
+                return self._create_partitioned(
+                    next_creator, kwargs, dtype, aggregation, layout
+                )
             device = self._policy(name, shape, dtype)
             device = self._check_policy_device(device, name)
         elif isinstance(colocate_with, numpy_dataset.SingleDevice):
@@ -163,15 +193,27 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         else:
             device = colocate_with.device
             slot_of = colocate_with.name
+        v = self._create_on(device, next_creator, kwargs, shape, dtype, name)
+        self._record(v, slot_of)
+        return PSVariable(self._container_strategy(), v, aggregation)
+
+    def _num_shards(self, name, shape, dtype):
+        try:
+            return partitioners_lib.num_shards(self._partitioner, shape, dtype)
+        except ValueError as e:
+            raise ValueError(f"While partitioning variable {name!r}: {e}") from None
+
+    def _create_on(self, device, next_creator, kwargs, shape, dtype, name):
+        """One resource variable on `device` (shared by name in async mode)."""
         if self._shared is not None:
-            v = self._shared.create(
+            return self._shared.create(
                 device,
                 **{**kwargs, "shape": shape, "dtype": dtype, "name": name},
             )
-        else:
-            with tf.init_scope(), tf.device(None), tf.device(device):
-                v = next_creator(**kwargs)
-        wrapped = PSVariable(self._container_strategy(), v, aggregation)
+        with tf.init_scope(), tf.device(None), tf.device(device):
+            return next_creator(**kwargs)
+
+    def _record(self, v, slot_of, shard=None):
         self._placement.record(
             placement_lib.PlacedVariable(
                 name=v.name.split(":")[0],
@@ -180,9 +222,57 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
                 dtype=v.dtype.name,
                 bytes=placement_lib.variable_bytes(v.shape, v.dtype),
                 slot_of=slot_of,
+                shard=shard,
             )
         )
-        return wrapped
+
+    def _create_partitioned(
+        self,
+        next_creator,
+        kwargs,
+        dtype,
+        aggregation,
+        layout,
+        devices=None,
+        slot_of=None,
+    ):
+        """A `PartitionedVariable`: one shard per block of rows of `layout`.
+
+        A model variable's shards are placed one by one by the placement
+        policy; a slot's shards go where its variable's are (`devices`).
+        """
+        name = kwargs.get("name") or "Variable"
+        initial = kwargs["initial_value"]
+        with tf.init_scope(), tf.device("/device:CPU:0"):
+            initial = getattr(initial, "wrapped_value", initial)
+            parts = layout.split(tf.convert_to_tensor(initial, dtype=dtype))
+        shards = []
+        logical = name
+        for i, part in enumerate(parts):
+            shard_name = f"{name}/part_{i}"
+            if devices is None:
+                device = self._policy(shard_name, part.shape, dtype)
+                device = self._check_policy_device(device, shard_name)
+            else:
+                device = devices[i]
+            shard_kwargs = {**kwargs, "initial_value": part, "name": shard_name}
+            shard_kwargs.pop("shape", None)
+            v = self._create_on(
+                device, next_creator, shard_kwargs, part.shape, dtype, shard_name
+            )
+            # The full name, with the name scope TF put in front (Keras's path).
+            logical = v.name.split(":")[0].removesuffix(f"/part_{i}")
+            self._record(
+                v,
+                slot_of,
+                shard=placement_lib.Shard(
+                    logical, i, layout.num_shards, layout.offsets[i]
+                ),
+            )
+            shards.append(v)
+        return PartitionedVariable(
+            self._container_strategy(), shards, layout, aggregation, logical
+        )
 
     def _create_replica_local(self, next_creator, aggregation, kwargs):
         """An ON_READ variable (a metric's total and count): one copy per
@@ -394,7 +484,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         if not in_replica_control_flow():
             return super()._replica_ctx_update(var, fn, args, kwargs, group)
         aggregation = effective_aggregation(tf.VariableAggregation.NONE, var.dtype)
-        return self._staged_apply(
+        return self.staged_apply(
             aggregation,
             args,
             kwargs or {},
@@ -411,11 +501,11 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             with tf.device(inner.device), distribute_lib.UpdateContext(inner.device):
                 return f(inner, *a, **kw)
 
-        return self._staged_apply(
+        return self.staged_apply(
             aggregation, args, kwargs, apply=apply, stand_in=inner.value
         )
 
-    def _staged_apply(self, aggregation, args, kwargs, apply, stand_in):
+    def staged_apply(self, aggregation, args, kwargs, apply, stand_in):
         """Stages the arguments that differ between replicas, combines them by
         `aggregation`, and calls `apply(args, kwargs)` in the last replica.
         Other replicas return `stand_in()`."""
@@ -487,6 +577,8 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
 
     def _update(self, var, fn, args, kwargs, group):
         inner = _unwrap(var)
+        if isinstance(inner, PartitionedVariable):
+            return self._update_partitioned(inner, fn, args, kwargs, group)
         with tf.device(inner.device), distribute_lib.UpdateContext(inner.device):
             result = fn(
                 inner,
@@ -496,6 +588,40 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             if group:
                 return result
             return tf.nest.map_structure(self._local_results, result)
+
+    def _update_partitioned(self, var, fn, args, kwargs, group):
+        """Updates a partitioned variable shard by shard, where each lives.
+
+        Inside `shard_scope(layout, i)` the variable and its slots act as
+        their shard `i`, and arguments of the variable's full shape (the
+        gradient) are split so that each shard gets only its rows: a sparse
+        gradient's rows go only to the shards that own them. An optimizer
+        whose update is not row-separable (see `routing`) updates the whole
+        variable instead: its reads gather the shards, its writes split.
+        """
+        args = self._select_single_value(args)
+        kwargs = self._select_single_value(kwargs)
+        optimizer = routing.updating_optimizer()
+        if optimizer is not None and not routing.is_row_separable(optimizer):
+            routing.warn_whole_update(optimizer, var.name)
+            device = var.shards[0].device
+            with tf.device(device), distribute_lib.UpdateContext(device):
+                return _grouped(fn(var, *args, **kwargs), group)
+        flat = tf.nest.flatten((args, kwargs))
+        pieces = [_split_for(var, x) for x in flat]
+        results = []
+        for i, shard in enumerate(var.shards):
+            shard_args, shard_kwargs = tf.nest.pack_sequence_as(
+                (args, kwargs),
+                [x if p is None else p[i] for x, p in zip(flat, pieces, strict=True)],
+            )
+            with (
+                tf.device(shard.device),
+                distribute_lib.UpdateContext(shard.device),
+                shard_scope(var.layout, i),
+            ):
+                results.append(fn(var, *shard_args, **shard_kwargs))
+        return _grouped(results, group)
 
     def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
         with (
@@ -657,9 +783,33 @@ def _batch_shares(args, kwargs, num_replicas):
     return [size / total for size in sizes]
 
 
+def _split_for(var, x):
+    """Per-shard pieces of `x` if it is a value of `var`'s full shape, else None."""
+    if isinstance(x, tf.IndexedSlices):
+        return var.layout.split(x)
+    if (
+        isinstance(x, tf.Tensor)
+        and x.shape.rank == var.shape.rank
+        and x.shape.is_compatible_with(var.shape)
+    ):
+        # Static shapes can be partly unknown (a densified sparse gradient).
+        return var.layout.split(x)
+    return None
+
+
+def _grouped(result, group):
+    """What `update` returns: one op when grouped (graph), else the results."""
+    if not group or tf.executing_eagerly():
+        return result
+    ops = [r for r in tf.nest.flatten(result) if r is not None]
+    return tf.group(*ops) if ops else None
+
+
 def _unwrap(var):
     if isinstance(var, ps_values.AggregatingVariable):
         return var.get()
+    if isinstance(var, PartitionedVariable):
+        return var
     if hasattr(
         var, "_aggregating_container"
     ) and resource_variable_ops.is_resource_variable(var):

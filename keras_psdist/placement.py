@@ -88,8 +88,28 @@ def get_policy(placement: str | PlacementFn, devices: Sequence[str]) -> Placemen
 
 
 @dataclasses.dataclass(frozen=True)
+class Shard:
+    """Which part of a partitioned variable a placed variable holds."""
+
+    variable: str
+    index: int
+    num_shards: int
+    first_row: int
+
+
+@dataclasses.dataclass(frozen=True)
 class PlacedVariable:
-    """One row of the placement report."""
+    """One row of the placement report: a variable, or one shard of one.
+
+    Attributes:
+        name: The variable's name (a shard's ends in `/part_<i>`).
+        device: Its parameter device.
+        shape: Its shape (a shard's: its rows only).
+        dtype: Its dtype name.
+        bytes: Its size.
+        slot_of: For an optimizer slot, the name of its variable.
+        shard: For a shard of a partitioned variable, which one.
+    """
 
     name: str
     device: str
@@ -97,6 +117,7 @@ class PlacedVariable:
     dtype: str
     bytes: int
     slot_of: str | None = None
+    shard: Shard | None = None
 
 
 class Placement:
@@ -123,14 +144,33 @@ class Placement:
         return list(self._rows)
 
     def device_of(self, name: str) -> str:
-        """The device of the variable named `name` (first match)."""
+        """The device of the variable named `name` (first match).
+
+        Raises:
+            KeyError: if no variable of that name was placed, or if it is
+                partitioned (its shards have devices: see `shards_of`).
+        """
         for row in self._rows:
             if row.name == name:
                 return row.device
+        shards = self.shards_of(name)
+        if shards:
+            raise KeyError(
+                f"Variable {name!r} is partitioned into {len(shards)} shards, "
+                f"on {[r.device for r in shards]}. Use `shards_of({name!r})` "
+                "for each shard's device."
+            )
         raise KeyError(
             f"No variable named {name!r} was placed. Known: "
             f"{', '.join(r.name for r in self._rows[:20])}"
         )
+
+    def shards_of(self, name: str) -> list[PlacedVariable]:
+        """The shards of partitioned variable `name`, in row order ([] if it
+        is not partitioned)."""
+        return [
+            r for r in self._rows if r.shard is not None and r.shard.variable == name
+        ]
 
     def bytes_per_device(self) -> dict[str, int]:
         """Total bytes of variables (slots included) on each device."""
@@ -149,7 +189,13 @@ class Placement:
         lines = [f"{'variable':<{width}}  {'shape':<16} {'bytes':>10}  device"]
         for r in rows:
             shape = "x".join("?" if d is None else str(d) for d in r.shape) or "()"
-            lines.append(f"{r.name:<{width}}  {shape:<16} {r.bytes:>10}  {r.device}")
+            device = r.device
+            if r.shard is not None:
+                device += (
+                    f"  (shard {r.shard.index + 1}/{r.shard.num_shards}, rows "
+                    f"{r.shard.first_row}..{r.shard.first_row + r.shape[0] - 1})"
+                )
+            lines.append(f"{r.name:<{width}}  {shape:<16} {r.bytes:>10}  {device}")
         lines.append(
             f"({slots} optimizer slot variables colocated with their variables)"
         )

@@ -9,6 +9,7 @@ from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
 from keras_psdist import checkpointing
+from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
@@ -80,6 +81,15 @@ class PSStrategy(distribute_lib.Strategy):
         init_timeout: In async mode, seconds a worker waits for the chief to
             initialise each variable before raising `TimeoutError`.
             Defaults to 120.
+        partitioner: Splits large variables (embedding tables) into shards of
+            consecutive rows, each placed on a parameter device by
+            `placement`: a `keras_psdist.partitioners` object (`Fixed`,
+            `MinSize`, `MaxSize`), a TF
+            `tf.distribute.experimental.partitioners.*`, or a callable
+            `(shape, dtype) -> list[int]`. Lookups read only the touched rows
+            from the shards that own them; updates run on each shard's
+            device; checkpoints hold unpartitioned values. See
+            docs/partitioning.md. Defaults to `None` (no variable is split).
 
     Raises:
         ValueError: for unknown devices, placement or aggregator names, an
@@ -115,8 +125,10 @@ class PSStrategy(distribute_lib.Strategy):
         step_timeout: float = 300.0,
         connect_timeout: float = 20.0,
         init_timeout: float = 120.0,
+        partitioner: Any = None,
     ):
         check_placement(placement)
+        partitioner = partitioners_lib.get(partitioner)
         if mode not in runtime.MODES:
             raise ValueError(
                 f"Unknown mode {mode!r}. Expected one of: {', '.join(runtime.MODES)}."
@@ -158,7 +170,15 @@ class PSStrategy(distribute_lib.Strategy):
         self._num_byzantine = aggregator.num_byzantine
         attack = resolve_attack(attack, n, self._num_byzantine)
         super().__init__(
-            PSExtended(self, topology, placement, aggregator, attack, init_timeout)
+            PSExtended(
+                self,
+                topology,
+                placement,
+                aggregator,
+                attack,
+                init_timeout,
+                partitioner=partitioner,
+            )
         )
         if max_staleness is not None:
             from keras_psdist.sync.staleness import BoundedStaleness
@@ -187,6 +207,11 @@ class PSStrategy(distribute_lib.Strategy):
             f"parameter_devices={list(ext.parameter_devices)}, "
             f"aggregator={ext.aggregator!r}, num_byzantine={self._num_byzantine}"
             + (f", attack={ext.attack!r}" if ext.attack is not None else "")
+            + (
+                f", partitioner={ext.partitioner!r}"
+                if ext.partitioner is not None
+                else ""
+            )
             + (f", mode={mode!r})" if mode != "local" else ")")
         )
 

@@ -1,12 +1,14 @@
 """The Keras contract: the same checks on `PSStrategy` and `MirroredStrategy`.
 
 Every test takes the `strategy_factory` fixture, parametrized as `"ps"`
-(`keras_psdist.PSStrategy`) and `"mirrored"` (`tf.distribute.MirroredStrategy`),
-both with 4 logical CPU replicas, so any difference in behaviour between the
-two shows up as a test that passes for one and fails for the other.
+(`keras_psdist.PSStrategy`), `"ps_partitioned"` (a `PSStrategy` whose
+partitioner splits every variable of 1 KiB or more into 3 row shards on 3
+parameter devices) and `"mirrored"` (`tf.distribute.MirroredStrategy`), all
+with 4 logical CPU replicas, so any difference in behaviour between them
+shows up as a test that passes for one and fails for another.
 
 Where MirroredStrategy itself is broken on TF 2.21 the `mirrored` case is
-marked `xfail(strict=False)`; `ps` is never marked.
+marked `xfail(strict=False)`; the `ps` cases are never marked.
 """
 
 from __future__ import annotations
@@ -42,28 +44,56 @@ def _shared_mirrored_strategy(devices: tuple[str, ...]) -> tf.distribute.Strateg
 
 
 class StrategyFactory:
-    """Builds the strategy of one kind over the first 4 logical CPUs.
+    """Builds the strategy of one kind with replicas on the first 4 logical
+    CPUs.
 
-    `ps` gets a fresh `PSStrategy` per call; `mirrored` the process-wide one
-    (see `_shared_mirrored_strategy`).
+    `ps` and `ps_partitioned` get a fresh `PSStrategy` per call (the latter
+    with its variables on CPUs 4 to 6); `mirrored` the process-wide one (see
+    `_shared_mirrored_strategy`).
     """
 
-    def __init__(self, kind: str, devices: list[str]):
+    def __init__(self, kind: str, devices: list[str], parameter_devices: list[str]):
         self.kind = kind
         self.devices = devices
+        self.parameter_devices = parameter_devices
+        self.created: list[tf.distribute.Strategy] = []
 
     def __call__(self) -> tf.distribute.Strategy:
         if self.kind == "ps":
             return kpd.PSStrategy(devices=self.devices)
+        if self.kind == "ps_partitioned":
+            strategy = kpd.PSStrategy(
+                devices=self.devices,
+                parameter_devices=self.parameter_devices,
+                partitioner=kpd.partitioners.Fixed(3, min_variable_bytes=1024),
+            )
+            self.created.append(strategy)
+            return strategy
         return _shared_mirrored_strategy(tuple(self.devices))
+
+    def split_any_variable(self) -> bool:
+        """Whether some strategy this factory made partitioned a variable."""
+        return any(
+            row.shard is not None
+            for strategy in self.created
+            for row in strategy.extended.placement.variables
+        )
 
     def __repr__(self) -> str:
         return f"StrategyFactory({self.kind!r})"
 
 
-@pytest.fixture(params=["ps", "mirrored"])
-def strategy_factory(request, cpu_devices) -> StrategyFactory:
-    return StrategyFactory(request.param, cpu_devices[:NUM_REPLICAS])
+@pytest.fixture(params=["ps", "ps_partitioned", "mirrored"])
+def strategy_factory(request, cpu_devices):
+    factory = StrategyFactory(
+        request.param,
+        cpu_devices[:NUM_REPLICAS],
+        cpu_devices[NUM_REPLICAS : NUM_REPLICAS + 3],
+    )
+    yield factory
+    if factory.kind == "ps_partitioned":
+        # Else the test would pass without testing partitioned variables.
+        assert factory.split_any_variable(), "no variable was partitioned"
 
 
 def xfail_if_mirrored(request, factory: StrategyFactory, bug: str) -> None:

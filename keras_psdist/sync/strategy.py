@@ -6,6 +6,7 @@ from typing import Any
 
 from keras_psdist import aggregators as aggregators_lib
 from keras_psdist import checkpointing
+from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
@@ -75,6 +76,8 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         connect_timeout: Seconds to wait for the ps tasks. Defaults to 20.
         init_timeout: Seconds a worker waits for the chief to create each
             variable. Defaults to 120.
+        partitioner: Splits large variables into row shards over the
+            parameter devices (see `PSStrategy`). Defaults to `None`.
 
     Raises:
         ValueError: without a cluster, for counts that do not fit it, or for
@@ -106,6 +109,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         step_timeout: float = 300.0,
         connect_timeout: float = 20.0,
         init_timeout: float = 120.0,
+        partitioner: Any = None,
     ):
         for name, value in (
             ("replicas_to_aggregate", replicas_to_aggregate),
@@ -121,6 +125,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         if num_byzantine is not None:
             check_count("num_byzantine", num_byzantine, minimum=0)
         check_placement(placement)
+        partitioner = partitioners_lib.get(partitioner)
         aggregator = aggregators_lib.get(aggregator)
         config = runtime.resolve_config(cluster_resolver)
         if config is None:
@@ -150,7 +155,13 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         )
         checkpointing.install()
         extended = PSExtended(
-            self, topology, placement, aggregators_lib.Mean(), None, init_timeout
+            self,
+            topology,
+            placement,
+            aggregators_lib.Mean(),
+            None,
+            init_timeout,
+            partitioner=partitioner,
         )
         super().__init__(extended)
         sync = SyncReplicas(
