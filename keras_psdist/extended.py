@@ -24,7 +24,6 @@ from keras_psdist import placement as placement_lib
 from keras_psdist import routing
 from keras_psdist._tf import (
     cross_device_ops_lib,
-    device_util,
     distribute_lib,
     distribute_utils,
     mirrored_run,
@@ -37,22 +36,17 @@ from keras_psdist.aggregators import Aggregator, Mean
 from keras_psdist.aggregators.base import weighted_sum
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.creation import VariableCreator
 from keras_psdist.input import InputPipelines
-from keras_psdist.partitioned import PartitionedVariable, ShardLayout, shard_scope
+from keras_psdist.partitioned import PartitionedVariable, update_shards
 from keras_psdist.reduction import GradientReduction
 from keras_psdist.staged_merge import StagedMerge, in_replica_control_flow
-from keras_psdist.variables import PSVariable, effective_aggregation
+from keras_psdist.variables import effective_aggregation
 
 ReduceOp = tf.distribute.ReduceOp
 # Replica-context writes (metric totals, statistics) are combined with plain
 # arithmetic, never with the strategy's gradient aggregator.
 _PLAIN_MEAN = Mean()
-_AGGREGATIONS = (
-    tf.VariableAggregation.NONE,
-    tf.VariableAggregation.SUM,
-    tf.VariableAggregation.MEAN,
-    tf.VariableAggregation.ONLY_FIRST_REPLICA,
-)
 
 
 class PSExtended(distribute_lib.StrategyExtendedV1):
@@ -69,7 +63,6 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         partitioner: Any = None,
     ):
         super().__init__(container_strategy)
-        self._partitioner = partitioners_lib.get(partitioner)
         routing.install()
         self._topology = topology
         self._compute_devices = topology.compute_devices
@@ -77,8 +70,6 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         self._host_device = topology.client_device
         self._input_host_device = numpy_dataset.SingleDevice(self._host_device)
         self._inputs = InputPipelines(container_strategy, topology)
-        self._policy = placement_lib.get_policy(placement, self._parameter_devices)
-        self._placement = placement_lib.Placement(self._parameter_devices)
         self._shared = None
         if topology.mode == "async":
             self._shared = SharedVariables(
@@ -86,6 +77,13 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
                 chief=topology.chief_name,
                 init_timeout=init_timeout,
             )
+        self._creator = VariableCreator(
+            self._container_strategy,
+            topology,
+            placement_lib.get_policy(placement, self._parameter_devices),
+            partitioners_lib.get(partitioner),
+            self._shared,
+        )
         self._reduction_device = _reduction_device(topology)
         self._reduction = GradientReduction(
             aggregator,
@@ -115,12 +113,12 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     @property
     def placement(self) -> placement_lib.Placement:
         """Where each variable was placed and the bytes per device."""
-        return self._placement
+        return self._creator.placement
 
     @property
     def partitioner(self) -> partitioners_lib.Partitioner | None:
         """How large variables are split into row shards, or None."""
-        return self._partitioner
+        return self._creator.partitioner
 
     @property
     def topology(self) -> Topology:
@@ -154,169 +152,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     # ------------------------------------------------------------ variables
 
     def _create_variable(self, next_creator, **kwargs):
-        colocate_with = kwargs.pop("colocate_with", None)
-        aggregation = kwargs.pop("aggregation", tf.VariableAggregation.NONE)
-        if aggregation not in _AGGREGATIONS:
-            raise ValueError(
-                f"Invalid variable aggregation {aggregation!r} for variable "
-                f"{kwargs.get('name')!r}. Expected one of: {list(_AGGREGATIONS)}."
-            )
-        kwargs["initial_value"], shape, dtype = _materialize_initial_value(kwargs)
-        if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
-            return self._create_replica_local(next_creator, aggregation, kwargs)
-        name = kwargs.get("name") or "Variable"
-        slot_of = None
-        if isinstance(colocate_with, PartitionedVariable):
-            if shape == colocate_with.shape:
-                return self._create_partitioned(
-                    next_creator,
-                    kwargs,
-                    dtype,
-                    aggregation,
-                    colocate_with.layout,
-                    [s.device for s in colocate_with.shards],
-                    slot_of=colocate_with.name,
-                )
-            # A slot of another shape (a factored moment) stays whole.
-            colocate_with = colocate_with.shards[0]
-        if colocate_with is None:
-            shards = self._num_shards(name, shape, dtype)
-            if shards > 1:
-                layout = ShardLayout(partitioners_lib.shard_rows(shape[0], shards))
-                return self._create_partitioned(
-                    next_creator, kwargs, dtype, aggregation, layout
-                )
-            device = self._policy(name, shape, dtype)
-            device = self._check_policy_device(device, name)
-        elif isinstance(colocate_with, numpy_dataset.SingleDevice):
-            device = colocate_with.device
-        else:
-            device = colocate_with.device
-            slot_of = colocate_with.name
-        v = self._create_on(device, next_creator, kwargs, shape, dtype, name)
-        self._record(v, slot_of)
-        return PSVariable(self._container_strategy(), v, aggregation)
-
-    def _num_shards(self, name, shape, dtype):
-        try:
-            return partitioners_lib.num_shards(self._partitioner, shape, dtype)
-        except ValueError as e:
-            raise ValueError(f"While partitioning variable {name!r}: {e}") from None
-
-    def _create_on(self, device, next_creator, kwargs, shape, dtype, name):
-        """One resource variable on `device` (shared by name in async mode)."""
-        if self._shared is not None:
-            return self._shared.create(
-                device,
-                **{**kwargs, "shape": shape, "dtype": dtype, "name": name},
-            )
-        with tf.init_scope(), tf.device(None), tf.device(device):
-            return next_creator(**kwargs)
-
-    def _record(self, v, slot_of, shard=None):
-        self._placement.record(
-            placement_lib.PlacedVariable(
-                name=v.name.split(":")[0],
-                device=device_util.canonicalize(v.device),
-                shape=tuple(v.shape.as_list()) if v.shape.rank is not None else (),
-                dtype=v.dtype.name,
-                bytes=placement_lib.variable_bytes(v.shape, v.dtype),
-                slot_of=slot_of,
-                shard=shard,
-            )
-        )
-
-    def _create_partitioned(
-        self,
-        next_creator,
-        kwargs,
-        dtype,
-        aggregation,
-        layout,
-        devices=None,
-        slot_of=None,
-    ):
-        """A `PartitionedVariable`: one shard per block of rows of `layout`.
-
-        A model variable's shards are placed one by one by the placement
-        policy; a slot's shards go where its variable's are (`devices`).
-        """
-        name = kwargs.get("name") or "Variable"
-        initial = kwargs["initial_value"]
-        with tf.init_scope(), tf.device("/device:CPU:0"):
-            initial = getattr(initial, "wrapped_value", initial)
-            parts = layout.split(tf.convert_to_tensor(initial, dtype=dtype))
-        shards = []
-        logical = name
-        for i, part in enumerate(parts):
-            shard_name = f"{name}/part_{i}"
-            if devices is None:
-                device = self._policy(shard_name, part.shape, dtype)
-                device = self._check_policy_device(device, shard_name)
-            else:
-                device = devices[i]
-            shard_kwargs = {**kwargs, "initial_value": part, "name": shard_name}
-            shard_kwargs.pop("shape", None)
-            v = self._create_on(
-                device, next_creator, shard_kwargs, part.shape, dtype, shard_name
-            )
-            # The full name, with the name scope TF put in front (Keras's path).
-            logical = v.name.split(":")[0].removesuffix(f"/part_{i}")
-            self._record(
-                v,
-                slot_of,
-                shard=placement_lib.Shard(
-                    logical, i, layout.num_shards, layout.offsets[i]
-                ),
-            )
-            shards.append(v)
-        return PartitionedVariable(
-            self._container_strategy(), shards, layout, aggregation, logical
-        )
-
-    def _create_replica_local(self, next_creator, aggregation, kwargs):
-        """An ON_READ variable (a metric's total and count): one copy per
-        replica, on its compute device, combined when read.
-
-        Keras updates metric state as `v.assign(v + delta)` in each replica,
-        which is only right if each replica has its own copy; a shared copy
-        would sum the old value n times. These are not parameters, so they are
-        not in the placement report.
-        """
-
-        def create_components(**kw):
-            components = []
-            name = kw.get("name") or "Variable"
-            for i, device in enumerate(self._compute_devices):
-                component_kw = dict(kw)
-                if i > 0:
-                    component_kw["name"] = f"{name}/replica_{i}"
-                    component_kw["initial_value"] = components[0].value()
-                with tf.init_scope(), tf.device(None), tf.device(device):
-                    components.append(next_creator(**component_kw))
-            return components
-
-        kwargs["aggregation"] = aggregation
-        return distribute_utils.create_mirrored_variable(
-            self._container_strategy(),
-            create_components,
-            distribute_utils.VARIABLE_CLASS_MAPPING,
-            distribute_utils.VARIABLE_POLICY_MAPPING,
-            **kwargs,
-        )
-
-    def _check_policy_device(self, device, name):
-        try:
-            canonical = device_util.canonicalize(device)
-        except (TypeError, ValueError):
-            canonical = None
-        if canonical not in self._parameter_devices:
-            raise ValueError(
-                f"The placement policy put variable {name!r} on {device!r}, which "
-                f"is not a parameter device. Expected one of: "
-                f"{list(self._parameter_devices)}."
-            )
-        return canonical
+        return self._creator.create(next_creator, **kwargs)
 
     def colocate_vars_with(self, colocate_with_variable):
         # Checked before TF's own scope check, whose message ("Need to be
@@ -578,7 +414,13 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     def _update(self, var, fn, args, kwargs, group):
         inner = _unwrap(var)
         if isinstance(inner, PartitionedVariable):
-            return self._update_partitioned(inner, fn, args, kwargs, group)
+            results = update_shards(
+                inner,
+                fn,
+                self._select_single_value(args),
+                self._select_single_value(kwargs),
+            )
+            return _grouped(results, group)
         with tf.device(inner.device), distribute_lib.UpdateContext(inner.device):
             result = fn(
                 inner,
@@ -588,40 +430,6 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             if group:
                 return result
             return tf.nest.map_structure(self._local_results, result)
-
-    def _update_partitioned(self, var, fn, args, kwargs, group):
-        """Updates a partitioned variable shard by shard, where each lives.
-
-        Inside `shard_scope(layout, i)` the variable and its slots act as
-        their shard `i`, and arguments of the variable's full shape (the
-        gradient) are split so that each shard gets only its rows: a sparse
-        gradient's rows go only to the shards that own them. An optimizer
-        whose update is not row-separable (see `routing`) updates the whole
-        variable instead: its reads gather the shards, its writes split.
-        """
-        args = self._select_single_value(args)
-        kwargs = self._select_single_value(kwargs)
-        optimizer = routing.updating_optimizer()
-        if optimizer is not None and not routing.is_row_separable(optimizer):
-            routing.warn_whole_update(optimizer, var.name)
-            device = var.shards[0].device
-            with tf.device(device), distribute_lib.UpdateContext(device):
-                return _grouped(fn(var, *args, **kwargs), group)
-        flat = tf.nest.flatten((args, kwargs))
-        pieces = [_split_for(var, x) for x in flat]
-        results = []
-        for i, shard in enumerate(var.shards):
-            shard_args, shard_kwargs = tf.nest.pack_sequence_as(
-                (args, kwargs),
-                [x if p is None else p[i] for x, p in zip(flat, pieces, strict=True)],
-            )
-            with (
-                tf.device(shard.device),
-                distribute_lib.UpdateContext(shard.device),
-                shard_scope(var.layout, i),
-            ):
-                results.append(fn(var, *shard_args, **shard_kwargs))
-        return _grouped(results, group)
 
     def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
         with (
@@ -736,30 +544,6 @@ def _reduction_device(topology):
     return topology.input_workers[0][0]
 
 
-def _materialize_initial_value(kwargs):
-    """Returns `(initial_value, shape, dtype)` with the shape known up front.
-
-    The placement policy weighs a variable by its bytes before it exists, so a
-    callable initial value (how Keras creates weights) is evaluated once here,
-    eagerly, on the host.
-    """
-    initial_value = kwargs.get("initial_value")
-    dtype = kwargs.get("dtype")
-    shape = kwargs.get("shape")
-    if callable(initial_value):
-        with tf.init_scope(), tf.device("/device:CPU:0"):
-            initial_value = initial_value()
-    value = getattr(initial_value, "wrapped_value", initial_value)
-    if shape is None:
-        shape = getattr(value, "shape", None)
-        if shape is None:
-            value = tf.convert_to_tensor(value, dtype=dtype)
-            shape = value.shape
-    if dtype is None:
-        dtype = getattr(value, "dtype", None) or tf.convert_to_tensor(value).dtype
-    return initial_value, tf.TensorShape(shape), tf.as_dtype(dtype).base_dtype
-
-
 def _batch_shares(args, kwargs, num_replicas):
     """Each replica's fraction of the step's global batch, or None.
 
@@ -781,20 +565,6 @@ def _batch_shares(args, kwargs, num_replicas):
         sizes.append(tf.cast(tf.shape(first)[0], tf.float32))
     total = tf.maximum(tf.add_n(sizes), 1.0)
     return [size / total for size in sizes]
-
-
-def _split_for(var, x):
-    """Per-shard pieces of `x` if it is a value of `var`'s full shape, else None."""
-    if isinstance(x, tf.IndexedSlices):
-        return var.layout.split(x)
-    if (
-        isinstance(x, tf.Tensor)
-        and x.shape.rank == var.shape.rank
-        and x.shape.is_compatible_with(var.shape)
-    ):
-        # Static shapes can be partly unknown (a densified sparse gradient).
-        return var.layout.split(x)
-    return None
 
 
 def _grouped(result, group):

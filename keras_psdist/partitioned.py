@@ -30,28 +30,35 @@ The optimizer update runs per shard under `shard_scope(layout, i)`: inside
 it, this variable and its optimizer slots (which share its `ShardLayout`)
 read and write shard `i` only, so Keras's optimizers, which do elementwise
 arithmetic on a variable and its slots, work unchanged. An optimizer whose
-slots do not have the variable's shape (Adafactor's factored moments) cannot
-be split this way and is refused with a clear error.
+update is not row-separable (Adafactor's factored moments, Lamb's and Muon's
+whole-tensor norms) updates the whole variable instead: its reads gather the
+shards and its writes split (`update_shards`, `keras_psdist.routing`).
 
 Examples:
 
->>> layout = ShardLayout((3, 2))
->>> layout.offsets
-(0, 3)
->>> [int(t.shape[0]) for t in layout.split(tf.zeros([5, 4]))]
-[3, 2]
+>>> import keras, keras_psdist as kpd
+>>> cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+>>> strategy = kpd.PSStrategy(
+...     partitioner=kpd.partitioners.Fixed(2, min_variable_bytes=0))
+>>> with strategy.scope():
+...     table = keras.layers.Embedding(10, 4)
+...     table.build((None,))
+>>> table.embeddings.value.layout.rows
+(5, 5)
+>>> table(tf.constant([9, 0])).shape
+TensorShape([2, 4])
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from keras_psdist import routing
 from keras_psdist._tf import (
     composite_tensor,
     composite_tensor_gradient,
@@ -59,120 +66,11 @@ from keras_psdist._tf import (
     resource_variable_ops,
     tensor_conversion_registry,
 )
+from keras_psdist.shard_layout import ShardLayout
 from keras_psdist.staged_merge import in_replica_control_flow
 from keras_psdist.variables import effective_aggregation
 
 _scope = threading.local()
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ShardLayout:
-    """How the rows of a partitioned variable are split: `rows[i]` rows in
-    shard `i`, in order. A variable and its optimizer slots share one layout
-    object (compared by identity)."""
-
-    rows: tuple[int, ...]
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.rows)
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.rows)
-
-    @property
-    def offsets(self) -> tuple[int, ...]:
-        """The first global row of each shard."""
-        return tuple(int(x) for x in np.cumsum((0,) + self.rows[:-1]))
-
-    def shard_of(self, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """`(shard index, row within the shard)` of each int64 global row id."""
-        bounds = tf.constant(self.offsets[1:], tf.int64)
-        shard = tf.searchsorted(bounds, ids, side="right", out_type=tf.int32)
-        local = ids - tf.gather(tf.constant(self.offsets, tf.int64), shard)
-        return shard, local
-
-    def split(self, value):
-        """Splits a full-shape value into per-shard values.
-
-        A dense value is split into row blocks; `tf.IndexedSlices` (a sparse
-        gradient) into per-shard slices with shard-local row indices, so each
-        shard receives only the rows it owns.
-        """
-        if isinstance(value, tf.IndexedSlices):
-            return self._split_sparse(value)
-        return tf.split(tf.convert_to_tensor(value), list(self.rows), axis=0)
-
-    def _split_sparse(self, slices: tf.IndexedSlices) -> list[tf.IndexedSlices]:
-        ids = tf.cast(slices.indices, tf.int64)
-        shard, local = self.shard_of(ids)
-        parts = tf.dynamic_partition(local, shard, self.num_shards)
-        values = tf.dynamic_partition(slices.values, shard, self.num_shards)
-        tail = slices.values.shape[1:]
-        return [
-            tf.IndexedSlices(v, i, dense_shape=tf.constant([rows, *tail], tf.int64))
-            for v, i, rows in zip(values, parts, self.rows, strict=True)
-        ]
-
-    def join(self, parts: Sequence, shape: tf.TensorShape, dtype: tf.DType):
-        """The inverse of `split`: one full-shape value from per-shard ones.
-
-        `None` parts are shards with no gradient; all `None` gives `None`.
-        All-sparse parts stay sparse (global row indices); any dense part
-        makes the result dense.
-        """
-        if all(p is None for p in parts):
-            return None
-        tail = shape[1:]
-        if all(p is None or isinstance(p, tf.IndexedSlices) for p in parts):
-            indices, values = [], []
-            for p, offset in zip(parts, self.offsets, strict=True):
-                if p is not None:
-                    indices.append(tf.cast(p.indices, tf.int64) + offset)
-                    values.append(p.values)
-            return tf.IndexedSlices(
-                tf.concat(values, axis=0),
-                tf.concat(indices, axis=0),
-                dense_shape=tf.constant(shape.as_list(), tf.int64),
-            )
-        dense = [
-            tf.zeros([rows, *tail], dtype) if p is None else tf.convert_to_tensor(p)
-            for p, rows in zip(parts, self.rows, strict=True)
-        ]
-        return tf.concat(dense, axis=0)
-
-    def gather(self, shards: Sequence[tf.Variable], indices, name: str):
-        """Rows `indices` of the logical variable, each read on its shard."""
-        indices = tf.convert_to_tensor(indices)
-        if not indices.dtype.is_integer:
-            raise TypeError(
-                f"Row indices into partitioned variable {name!r} must be "
-                f"integers. Received dtype {indices.dtype.name}."
-            )
-        ids = tf.cast(tf.reshape(indices, [-1]), tf.int64)
-        check = tf.debugging.assert_less(
-            ids,
-            tf.constant(self.num_rows, tf.int64),
-            message=f"row index out of range for {name!r} ({self.num_rows} rows)",
-        )
-        check_low = tf.debugging.assert_non_negative(
-            ids, message=f"negative row index into {name!r}"
-        )
-        with tf.control_dependencies([check, check_low]):
-            shard, local = self.shard_of(ids)
-        positions = tf.range(tf.size(ids))
-        local_parts = tf.dynamic_partition(local, shard, self.num_shards)
-        position_parts = tf.dynamic_partition(positions, shard, self.num_shards)
-        rows = []
-        for variable, part in zip(shards, local_parts, strict=True):
-            with tf.device(variable.device):
-                rows.append(variable.sparse_read(part))
-        flat = tf.dynamic_stitch(position_parts, rows)
-        tail = shards[0].shape[1:]
-        out = tf.reshape(flat, tf.concat([tf.shape(indices), tail], axis=0))
-        out.set_shape(indices.shape.concatenate(tail))
-        return out
 
 
 @contextlib.contextmanager
@@ -190,6 +88,58 @@ def shard_scope(layout: ShardLayout, index: int):
         yield
     finally:
         stack.pop()
+
+
+def update_shards(var: PartitionedVariable, fn, args, kwargs) -> list:
+    """Runs an update `fn(var, *args, **kwargs)` shard by shard, where each
+    shard lives (`StrategyExtended.update` of a partitioned variable).
+
+    Inside `shard_scope(layout, i)` the variable and its slots act as their
+    shard `i`, and arguments of the variable's full shape (the gradient) are
+    split so that each shard gets only its rows: a sparse gradient's rows go
+    only to the shards that own them. An optimizer whose update is not
+    row-separable (see `keras_psdist.routing`) updates the whole variable
+    instead, on its first shard's device: its reads gather the shards, its
+    writes split.
+
+    Returns:
+        `fn`'s results, one per shard (one in all for a whole update).
+    """
+    optimizer = routing.updating_optimizer()
+    if optimizer is not None and not routing.is_row_separable(optimizer):
+        routing.warn_whole_update(optimizer, var.name)
+        device = var.shards[0].device
+        with tf.device(device), distribute_lib.UpdateContext(device):
+            return [fn(var, *args, **kwargs)]
+    flat = tf.nest.flatten((args, kwargs))
+    pieces = [_split_for(var, x) for x in flat]
+    results = []
+    for i, shard in enumerate(var.shards):
+        shard_args, shard_kwargs = tf.nest.pack_sequence_as(
+            (args, kwargs),
+            [x if p is None else p[i] for x, p in zip(flat, pieces, strict=True)],
+        )
+        with (
+            tf.device(shard.device),
+            distribute_lib.UpdateContext(shard.device),
+            shard_scope(var.layout, i),
+        ):
+            results.append(fn(var, *shard_args, **shard_kwargs))
+    return results
+
+
+def _split_for(var, x):
+    """Per-shard pieces of `x` if it is a value of `var`'s full shape, else None."""
+    if isinstance(x, tf.IndexedSlices):
+        return var.layout.split(x)
+    if (
+        isinstance(x, tf.Tensor)
+        and x.shape.rank == var.shape.rank
+        and x.shape.is_compatible_with(var.shape)
+    ):
+        # Static shapes can be partly unknown (a densified sparse gradient).
+        return var.layout.split(x)
+    return None
 
 
 def _current_shard():

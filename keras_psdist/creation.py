@@ -1,0 +1,263 @@
+"""Where a new variable goes: the first link of the hook chain.
+
+`PSExtended._create_variable` hands every variable Keras creates under a
+parameter-server strategy to a `VariableCreator`, which decides:
+
+| variable                              | becomes                                  |
+|---------------------------------------|------------------------------------------|
+| a model variable                      | a `PSVariable` on the parameter device   |
+|                                       | the placement policy picks               |
+| one the partitioner splits            | a `PartitionedVariable`: row shards, each|
+|                                       | placed by the policy                     |
+| an optimizer slot (`colocate_with`)   | beside its variable; split like it when  |
+|                                       | the variable is partitioned and the slot |
+|                                       | has its shape                            |
+| `ON_READ` (a metric's total, count)   | one copy per replica, on its compute     |
+|                                       | device, combined when read               |
+
+Every placed variable and shard is recorded in the placement report. In
+async (between-graph) mode each one is opened by name on its ps task, shared
+by every worker (`cluster.shared_variables`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from keras_psdist import partitioners as partitioners_lib
+from keras_psdist import placement as placement_lib
+from keras_psdist._tf import device_util, distribute_utils, numpy_dataset
+from keras_psdist.cluster.runtime import Topology
+from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.partitioned import PartitionedVariable
+from keras_psdist.shard_layout import ShardLayout
+from keras_psdist.variables import PSVariable
+
+_AGGREGATIONS = (
+    tf.VariableAggregation.NONE,
+    tf.VariableAggregation.SUM,
+    tf.VariableAggregation.MEAN,
+    tf.VariableAggregation.ONLY_FIRST_REPLICA,
+)
+
+
+class VariableCreator:
+    """Creates, places and records a strategy's variables (see module doc).
+
+    Args:
+        strategy_fn: Returns the strategy the variables belong to.
+        topology: Where the replicas and parameter devices are.
+        policy: The placement function `(name, shape, dtype) -> device`.
+        partitioner: A `keras_psdist.partitioners.Partitioner`, or None.
+        shared: In async mode, the `SharedVariables` that open variables on
+            the ps tasks; else None.
+    """
+
+    def __init__(
+        self,
+        strategy_fn: Callable[[], tf.distribute.Strategy],
+        topology: Topology,
+        policy: placement_lib.PlacementFn,
+        partitioner: partitioners_lib.Partitioner | None,
+        shared: SharedVariables | None,
+    ):
+        self._strategy_fn = strategy_fn
+        self._compute_devices = topology.compute_devices
+        self._parameter_devices = topology.parameter_devices
+        self._policy = policy
+        self.partitioner = partitioner
+        self._shared = shared
+        self.placement = placement_lib.Placement(self._parameter_devices)
+
+    def create(self, next_creator, **kwargs) -> tf.Variable:
+        """The variable for `tf.Variable(**kwargs)` under the strategy."""
+        colocate_with = kwargs.pop("colocate_with", None)
+        aggregation = kwargs.pop("aggregation", tf.VariableAggregation.NONE)
+        if aggregation not in _AGGREGATIONS:
+            raise ValueError(
+                f"Invalid variable aggregation {aggregation!r} for variable "
+                f"{kwargs.get('name')!r}. Expected one of: {list(_AGGREGATIONS)}."
+            )
+        kwargs["initial_value"], shape, dtype = _materialize_initial_value(kwargs)
+        if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
+            return self._create_replica_local(next_creator, aggregation, kwargs)
+        name = kwargs.get("name") or "Variable"
+        slot_of = None
+        if isinstance(colocate_with, PartitionedVariable):
+            if shape == colocate_with.shape:
+                return self._create_partitioned(
+                    next_creator,
+                    kwargs,
+                    dtype,
+                    aggregation,
+                    colocate_with.layout,
+                    [s.device for s in colocate_with.shards],
+                    slot_of=colocate_with.name,
+                )
+            # A slot of another shape (a factored moment) stays whole.
+            colocate_with = colocate_with.shards[0]
+        if colocate_with is None:
+            shards = self._num_shards(name, shape, dtype)
+            if shards > 1:
+                layout = ShardLayout(partitioners_lib.shard_rows(shape[0], shards))
+                return self._create_partitioned(
+                    next_creator, kwargs, dtype, aggregation, layout
+                )
+            device = self._place(name, shape, dtype)
+        elif isinstance(colocate_with, numpy_dataset.SingleDevice):
+            device = colocate_with.device
+        else:
+            device = colocate_with.device
+            slot_of = colocate_with.name
+        v = self._create_on(device, next_creator, kwargs, shape, dtype, name)
+        self._record(v, slot_of)
+        return PSVariable(self._strategy_fn(), v, aggregation)
+
+    def _num_shards(self, name, shape, dtype):
+        try:
+            return partitioners_lib.num_shards(self.partitioner, shape, dtype)
+        except ValueError as e:
+            raise ValueError(f"While partitioning variable {name!r}: {e}") from None
+
+    def _place(self, name, shape, dtype):
+        """The policy's device for a new variable, checked."""
+        device = self._policy(name, shape, dtype)
+        try:
+            canonical = device_util.canonicalize(device)
+        except (TypeError, ValueError):
+            canonical = None
+        if canonical not in self._parameter_devices:
+            raise ValueError(
+                f"The placement policy put variable {name!r} on {device!r}, which "
+                f"is not a parameter device. Expected one of: "
+                f"{list(self._parameter_devices)}."
+            )
+        return canonical
+
+    def _create_on(self, device, next_creator, kwargs, shape, dtype, name):
+        """One resource variable on `device` (shared by name in async mode)."""
+        if self._shared is not None:
+            return self._shared.create(
+                device,
+                **{**kwargs, "shape": shape, "dtype": dtype, "name": name},
+            )
+        with tf.init_scope(), tf.device(None), tf.device(device):
+            return next_creator(**kwargs)
+
+    def _record(self, v, slot_of, shard=None):
+        self.placement.record(
+            placement_lib.PlacedVariable(
+                name=v.name.split(":")[0],
+                device=device_util.canonicalize(v.device),
+                shape=tuple(v.shape.as_list()) if v.shape.rank is not None else (),
+                dtype=v.dtype.name,
+                bytes=placement_lib.variable_bytes(v.shape, v.dtype),
+                slot_of=slot_of,
+                shard=shard,
+            )
+        )
+
+    def _create_partitioned(
+        self,
+        next_creator,
+        kwargs,
+        dtype,
+        aggregation,
+        layout,
+        devices=None,
+        slot_of=None,
+    ):
+        """A `PartitionedVariable`: one shard per block of rows of `layout`.
+
+        A model variable's shards are placed one by one by the placement
+        policy; a slot's shards go where its variable's are (`devices`).
+        """
+        name = kwargs.get("name") or "Variable"
+        initial = kwargs["initial_value"]
+        with tf.init_scope(), tf.device("/device:CPU:0"):
+            initial = getattr(initial, "wrapped_value", initial)
+            parts = layout.split(tf.convert_to_tensor(initial, dtype=dtype))
+        shards = []
+        logical = name
+        for i, part in enumerate(parts):
+            shard_name = f"{name}/part_{i}"
+            if devices is None:
+                device = self._place(shard_name, part.shape, dtype)
+            else:
+                device = devices[i]
+            shard_kwargs = {**kwargs, "initial_value": part, "name": shard_name}
+            shard_kwargs.pop("shape", None)
+            v = self._create_on(
+                device, next_creator, shard_kwargs, part.shape, dtype, shard_name
+            )
+            # The full name, with the name scope TF put in front (Keras's path).
+            logical = v.name.split(":")[0].removesuffix(f"/part_{i}")
+            self._record(
+                v,
+                slot_of,
+                shard=placement_lib.Shard(
+                    logical, i, layout.num_shards, layout.offsets[i]
+                ),
+            )
+            shards.append(v)
+        return PartitionedVariable(
+            self._strategy_fn(), shards, layout, aggregation, logical
+        )
+
+    def _create_replica_local(self, next_creator, aggregation, kwargs):
+        """An ON_READ variable (a metric's total and count): one copy per
+        replica, on its compute device, combined when read.
+
+        Keras updates metric state as `v.assign(v + delta)` in each replica,
+        which is only right if each replica has its own copy; a shared copy
+        would sum the old value n times. These are not parameters, so they are
+        not in the placement report.
+        """
+
+        def create_components(**kw):
+            components = []
+            name = kw.get("name") or "Variable"
+            for i, device in enumerate(self._compute_devices):
+                component_kw = dict(kw)
+                if i > 0:
+                    component_kw["name"] = f"{name}/replica_{i}"
+                    component_kw["initial_value"] = components[0].value()
+                with tf.init_scope(), tf.device(None), tf.device(device):
+                    components.append(next_creator(**component_kw))
+            return components
+
+        kwargs["aggregation"] = aggregation
+        return distribute_utils.create_mirrored_variable(
+            self._strategy_fn(),
+            create_components,
+            distribute_utils.VARIABLE_CLASS_MAPPING,
+            distribute_utils.VARIABLE_POLICY_MAPPING,
+            **kwargs,
+        )
+
+
+def _materialize_initial_value(kwargs: dict[str, Any]):
+    """Returns `(initial_value, shape, dtype)` with the shape known up front.
+
+    The placement policy weighs a variable by its bytes before it exists, so a
+    callable initial value (how Keras creates weights) is evaluated once here,
+    eagerly, on the host.
+    """
+    initial_value = kwargs.get("initial_value")
+    dtype = kwargs.get("dtype")
+    shape = kwargs.get("shape")
+    if callable(initial_value):
+        with tf.init_scope(), tf.device("/device:CPU:0"):
+            initial_value = initial_value()
+    value = getattr(initial_value, "wrapped_value", initial_value)
+    if shape is None:
+        shape = getattr(value, "shape", None)
+        if shape is None:
+            value = tf.convert_to_tensor(value, dtype=dtype)
+            shape = value.shape
+    if dtype is None:
+        dtype = getattr(value, "dtype", None) or tf.convert_to_tensor(value).dtype
+    return initial_value, tf.TensorShape(shape), tf.as_dtype(dtype).base_dtype
