@@ -94,6 +94,34 @@ def test_in_graph_learns_and_equals_the_one_process_run(in_graph_run, cpu_device
 
 
 @pytest.mark.xdist_group("in_graph_cluster")
+def test_in_graph_partitioned_table_equals_the_unpartitioned_run(
+    in_graph_run, cpu_devices
+):
+    """The embedding table, split over the 2 ps tasks, trains to the weights
+    of the same model unpartitioned in one process."""
+    report, tmp_path, _ = in_graph_run
+    shards = report["shards"]
+    assert [name.rsplit("/", 1)[-1] for name, _, _ in shards] == ["part_0", "part_1"]
+    assert {device for _, device, _ in shards} == {
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    }
+    assert [shape for _, _, shape in shards] == [[544, 8], [544, 8]]
+    job = _job_module()
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:2], parameter_devices=cpu_devices[2:4]
+    )
+    model = job.build_embedding(strategy)
+    job.train_embedding(model)
+    cluster_weights = np.load(tmp_path / "embedding_weights.npz")
+    assert len(cluster_weights.files) == len(model.weights)
+    for i, w in enumerate(model.weights):
+        np.testing.assert_allclose(
+            cluster_weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5
+        )
+
+
+@pytest.mark.xdist_group("in_graph_cluster")
 def test_in_graph_streams_every_task_output(in_graph_run):
     _, _, log = in_graph_run
     for prefix in ("[chief:0]", "[ps:0]", "[ps:1]", "[worker:0]", "[worker:1]"):

@@ -118,30 +118,36 @@ def test_counts_reach_the_history_and_the_chief_checkpoints(full_sync_run):
 @pytest.fixture(scope="module")
 def sparse_sync_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("sync_sparse")
-    reports, _ = _launch(tmp_path, {"model": "embedding", "epochs": 3}, num_workers=2)
+    config = {"model": "embedding", "epochs": 3, "partitioned": True}
+    reports, _ = _launch(tmp_path, config, num_workers=2, num_ps=2)
     return reports, tmp_path
 
 
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_sparse")
 def test_sparse_gradients_equal_the_synchronous_run(sparse_sync_run, cpu_devices):
-    """An embedding table's `IndexedSlices` gradients travel and aggregate as
-    sparse, with the same result as one synchronous process."""
+    """An embedding table, split over the 2 ps tasks: its `IndexedSlices`
+    gradients travel and aggregate as sparse, with the same result as one
+    synchronous process without partitioning."""
     reports, tmp_path = sparse_sync_run
     sys.path.insert(0, str(JOB.parent))
-    import sync_job
+    import digits_job
 
-    sync_job.digits_job.EPOCHS = 3
+    digits_job.EPOCHS = 3
     strategy = kpd.PSStrategy(
         devices=cpu_devices[:2], parameter_devices=cpu_devices[2:3]
     )
-    model = sync_job.build_embedding(strategy)
-    sync_job.train_embedding(model)
+    model = digits_job.build_embedding(strategy)
+    digits_job.train_embedding(model)
     weights = np.load(tmp_path / "weights.npz")
     for i, w in enumerate(model.weights):
         np.testing.assert_allclose(weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5)
     assert reports[0]["counts_when_finished"]["dropped_stale"] == [0, 0]
     assert reports[0]["layout"] == ["sparse", "dense", "dense"]
+    assert reports[0]["table_shard_devices"] == [
+        "/job:ps/replica:0/task:0/device:CPU:0",
+        "/job:ps/replica:0/task:1/device:CPU:0",
+    ]
 
 
 @pytest.fixture(scope="module")

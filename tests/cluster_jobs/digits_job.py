@@ -1,13 +1,16 @@
 """A Keras training job on digits, run as one process of a cluster.
 
 Run by `tests/test_cluster_training.py` under `keras-psdist launch` (its
-TF_CONFIG says which task it is), and imported by the test for the
-one-process reference run with the same replicas.
+TF_CONFIG says which task it is), and imported by the tests for the
+one-process reference runs with the same replicas.
 
     python digits_job.py OUT_DIR MODE [SEED]
 
 writes `OUT_DIR/<task>.json` (what the test checks) and, in-graph,
-`OUT_DIR/weights.npz`.
+`OUT_DIR/weights.npz`. In-graph it then trains a second model, with an
+embedding table large enough for the strategy's partitioner to split it
+over the ps tasks (`EMBEDDING_PARTITIONER`), and writes
+`OUT_DIR/embedding_weights.npz`.
 """
 
 import json
@@ -50,6 +53,52 @@ def build(strategy, seed=0):
     return model
 
 
+# Splits tables of 32 KiB or more in two: the embedding model's table
+# (1088 x 8 floats, 34 KiB), not the digits MLP's kernels (16 KiB at most).
+EMBEDDING_PARTITIONER = {"num_shards": 2, "min_variable_bytes": 32 << 10}
+INTENSITIES = 17
+
+
+def build_embedding(strategy, seed=0):
+    """A model with sparse gradients and a table worth splitting: each
+    (pixel, intensity) pair has its own embedding row."""
+    with strategy.scope():
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential(
+            [
+                keras.Input((64,), dtype="int32"),
+                keras.layers.Embedding(64 * INTENSITIES, 8),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    return model
+
+
+def embedding_digits():
+    """Digits as row ids: pixel p at intensity v (0..16) is row 17 p + v."""
+    x, y = digits()
+    intensity = np.rint(x * (INTENSITIES - 1)).astype(np.int32)
+    return np.arange(64, dtype=np.int32) * INTENSITIES + intensity, y
+
+
+def train_embedding(model, callbacks=()):
+    x, y = embedding_digits()
+    keras.utils.set_random_seed(0)
+    return model.fit(
+        x[:1500],
+        y[:1500],
+        batch_size=BATCH_SIZE,
+        epochs=EPOCHS,
+        verbose=2,
+        callbacks=list(callbacks),
+    )
+
+
 def train(model, seed=0, callbacks=()):
     x, y = digits()
     keras.utils.set_random_seed(seed)
@@ -68,7 +117,9 @@ def train(model, seed=0, callbacks=()):
 def main(out_dir, mode, seed=0):
     import keras_psdist as kpd
 
-    strategy = kpd.PSStrategy(mode=mode)
+    strategy = kpd.PSStrategy(
+        mode=mode, partitioner=kpd.partitioners.Fixed(**EMBEDDING_PARTITIONER)
+    )
     topology = strategy.extended.topology
     task = topology.config.task_name
     if topology.mode == "async":
@@ -109,6 +160,17 @@ def main(out_dir, mode, seed=0):
         np.savez(
             os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights]
         )
+        embedding = build_embedding(strategy)
+        train_embedding(embedding)
+        np.savez(
+            os.path.join(out_dir, "embedding_weights.npz"),
+            *[w.numpy() for w in embedding.weights],
+        )
+        report["shards"] = [
+            [p.name, p.device, list(p.shape)]
+            for p in strategy.extended.placement.variables
+            if p.shard is not None and p.slot_of is None
+        ]
     with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
         json.dump(report, f)
     print(f"{task}: accuracy {accuracy:.3f} after {report['steps']} steps")

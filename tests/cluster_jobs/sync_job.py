@@ -8,7 +8,8 @@ between-graph`:
 CONFIG_JSON holds the strategy's arguments (`replicas_to_aggregate`,
 `aggregator`, `num_byzantine`, `attack`; or `max_staleness`, which trains
 with `PSStrategy(mode="async", max_staleness=...)` instead) and the job's:
-`epochs`, `model` (`"embedding"`: a model with sparse gradients), and
+`epochs`, `model` (`"embedding"`: a model with sparse gradients),
+`partitioned` (split its table over the ps tasks, as `digits_job` does), and
 `slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
 straggler). Each worker writes `OUT_DIR/worker_<i>.json`; the chief also
 writes `OUT_DIR/weights.npz`.
@@ -29,44 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import digits_job  # noqa: E402
 
 STRATEGY_ARGS = ("replicas_to_aggregate", "aggregator", "num_byzantine", "attack")
-
-
-def build_embedding(strategy, seed=0):
-    """A model with sparse gradients: each pixel's intensity (0..16) is
-    embedded, so the embedding table's gradient is `IndexedSlices`."""
-    with strategy.scope():
-        keras.utils.set_random_seed(seed)
-        model = keras.Sequential(
-            [
-                keras.Input((64,), dtype="int32"),
-                keras.layers.Embedding(17, 4),
-                keras.layers.Flatten(),
-                keras.layers.Dense(10),
-            ]
-        )
-        model.compile(
-            optimizer=keras.optimizers.Adam(0.01),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-    return model
-
-
-def embedding_digits():
-    x, y = digits_job.digits()
-    return np.rint(x * 16).astype(np.int32), y
-
-
-def train_embedding(model, callbacks=()):
-    x, y = embedding_digits()
-    keras.utils.set_random_seed(0)
-    return model.fit(
-        x[:1500],
-        y[:1500],
-        batch_size=digits_job.BATCH_SIZE,
-        epochs=digits_job.EPOCHS,
-        verbose=2,
-        callbacks=list(callbacks),
-    )
 
 
 class Straggler(keras.callbacks.Callback):
@@ -109,12 +72,17 @@ def main(out_dir, config):
             mode="async", max_staleness=config["max_staleness"], step_timeout=120
         )
     else:
+        partitioner = None
+        if config.get("partitioned"):
+            partitioner = kpd.partitioners.Fixed(**digits_job.EMBEDDING_PARTITIONER)
         strategy = kpd.SyncReplicaStrategy(
-            **{k: config[k] for k in STRATEGY_ARGS if k in config}, step_timeout=120
+            **{k: config[k] for k in STRATEGY_ARGS if k in config},
+            step_timeout=120,
+            partitioner=partitioner,
         )
     worker = strategy.extended.topology.worker_index
     sparse = config.get("model") == "embedding"
-    model = (build_embedding if sparse else digits_job.build)(strategy)
+    model = (digits_job.build_embedding if sparse else digits_job.build)(strategy)
     digits_job.EPOCHS = config.get("epochs", digits_job.EPOCHS)
     last_step = CountsAtLastStep(strategy)
     callbacks = [
@@ -136,11 +104,11 @@ def main(out_dir, config):
     if worker == config.get("slow_worker"):
         callbacks.append(Straggler(config["sleep_s"]))
     if sparse:
-        history = train_embedding(model, callbacks)
+        history = digits_job.train_embedding(model, callbacks)
     else:
         history, _ = digits_job.train(model, 0, callbacks)
     finished = strategy.extended.sync_training.counts()
-    x, y = embedding_digits() if sparse else digits_job.digits()
+    x, y = digits_job.embedding_digits() if sparse else digits_job.digits()
     logits = model(x[1500:], training=False)
     accuracy = float(np.mean(np.argmax(logits, axis=1) == y[1500:]))
     report = {
@@ -156,6 +124,11 @@ def main(out_dir, config):
     }
     if not bounded:
         report["layout"] = list(strategy.extended.sync_training.sync.layout.kinds)
+    if sparse:
+        table = model.layers[0].embeddings.path
+        report["table_shard_devices"] = [
+            p.device for p in strategy.extended.placement.shards_of(table)
+        ]
     if report["is_chief"]:
         np.savez(
             os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights]
