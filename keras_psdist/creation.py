@@ -140,9 +140,17 @@ class VariableCreator:
     def _create_on(self, device, next_creator, kwargs, shape, dtype, name):
         """One resource variable on `device` (shared by name in async mode)."""
         if self._shared is not None:
+            # Named as a local variable would be: with its name scope, which
+            # is Keras's path ("sequential/dense/kernel").
+            scope = tf.get_current_name_scope()
             return self._shared.create(
                 device,
-                **{**kwargs, "shape": shape, "dtype": dtype, "name": name},
+                **{
+                    **kwargs,
+                    "shape": shape,
+                    "dtype": dtype,
+                    "name": f"{scope}/{name}" if scope else name,
+                },
             )
         with tf.init_scope(), tf.device(None), tf.device(device):
             return next_creator(**kwargs)

@@ -1,0 +1,483 @@
+"""Embedding tables on parameter servers: what each step moves, and its time.
+
+What it measures
+----------------
+One model, ``ids (batch x seq) -> Embedding(rows, 64) -> mean over seq ->
+Dense(1)``, mean squared error, plain SGD (a sparse update: only the touched
+rows change), trained with ``model.fit`` by ``PSStrategy()`` as the chief of a
+local in-graph cluster: 2 worker tasks (the replicas, one each) and 2 ps tasks
+(the variables), every task its own process, talking gRPC over localhost
+(``keras_psdist.cluster.launch``). Four ways to hold and read the table, all
+in the same run:
+
+* ``whole_read``: unpartitioned, looked up as Keras's TensorFlow backend does
+  by itself (``take`` converts the variable to a tensor first): every step
+  each worker reads the *whole* table from its ps. Its gradient is still
+  sparse (``IndexedSlices``).
+* ``dense_gradient``: the same read, and the gradient densified to the
+  table's shape before it is sent (what strategies that all-reduce
+  embeddings densely do, e.g. Horovod's ``sparse_as_dense``).
+* ``rows``: unpartitioned, looked up by ``PSStrategy`` (``keras_psdist.routing``):
+  the rows are gathered on the ps, and only they travel.
+* ``partitioned``: the table split over the 2 ps tasks
+  (``partitioner=``), each row gathered on the shard that owns it.
+
+Two sweeps: the table size (``--rows``, default 65536, 262144, 1048576 rows of
+64 float32: 16, 64, 256 MiB) at ``--seq`` 8 ids per example (batch 128: 1024
+ids per step, about 1k distinct rows), and the ids per step (``--touch``,
+default seq 2, 8, 32, 128: 256 to 16384 ids) at the largest table.
+
+For each configuration, one ``fit`` runs a warm-up epoch of ``--steps``
+steps (tracing excluded), then ``--epochs`` timed epochs; per timed epoch it
+records the wall time and the bytes that crossed the loopback interface
+(``/proc/net/dev``, ``lo``: every gRPC byte between the tasks, both ways,
+counted once). Reported: median ms/step, median MB/step, and both as ratios
+to the ``rows`` path of the same table and ids. Run it on an otherwise idle
+machine: any other loopback traffic is counted too.
+
+A second, smaller table compares one host's strategies: 2 replicas on
+logical CPUs, ``tf.distribute.MirroredStrategy`` (a table copy per replica)
+against ``PSStrategy`` with the table on one parameter device, and split
+over two, at each table size (``--only local`` runs just this). In one
+process no byte crosses a network: it shows what each strategy costs
+besides the transfer.
+
+How to run
+----------
+From the repository root, on an idle machine::
+
+    python benchmarks/embeddings.py            # about 8 minutes on 2 cores
+    python benchmarks/embeddings.py --quick    # smoke run, about 2 minutes
+
+Options: ``--rows`` (table sizes, comma-separated), ``--touch`` (seq values
+for the second sweep), ``--batch`` (128), ``--seq`` (8), ``--steps`` (steps
+per epoch, 6), ``--epochs`` (timed epochs, 3), ``--only cluster|local``,
+``--json PATH`` (default ``benchmarks/results/embeddings.json``). The exit
+code is 1 if a configuration failed (its error is in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import REPO_ROOT, RunFailed, finish, read_reports, run_dir, use_checkout
+from _common import log as _log
+from _common import loadavg as _loadavg
+from _common import positive as _positive
+
+# Before TensorFlow is imported anywhere in this process.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+PATHS = ("whole_read", "dense_gradient", "rows", "partitioned")
+LOCAL_PATHS = ("mirrored", "ps_rows", "ps_partitioned")
+DIM = 64
+RUN_TIMEOUT_S = 1800.0
+
+
+# ----------------------------------------------------------------- models
+
+
+def _layers():
+    """The two baseline lookups, as Keras layers (built when Keras loads)."""
+    import keras
+    import tensorflow as tf
+
+    class WholeReadEmbedding(keras.layers.Embedding):
+        """Keras's own lookup: the table is converted to a tensor, then
+        gathered; a parameter-server strategy cannot intercept it."""
+
+        def call(self, inputs):
+            table = keras.ops.convert_to_tensor(self.embeddings)
+            return keras.ops.take(table, inputs, axis=0)
+
+    @tf.custom_gradient
+    def densify(table):
+        def grad(upstream):
+            return tf.convert_to_tensor(upstream)
+
+        return tf.identity(table), grad
+
+    class DenseGradientEmbedding(keras.layers.Embedding):
+        """The whole-table read, with the gradient made dense (table-sized)."""
+
+        def call(self, inputs):
+            table = densify(keras.ops.convert_to_tensor(self.embeddings))
+            return tf.gather(table, inputs)
+
+    return {
+        "whole_read": WholeReadEmbedding,
+        "dense_gradient": DenseGradientEmbedding,
+    }
+
+
+def build_model(strategy, path: str, rows: int, seq: int):
+    import keras
+
+    layer = _layers().get(path, keras.layers.Embedding)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((seq,), dtype="int32"),
+                layer(rows, DIM),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def make_dataset(rows: int, batch: int, seq: int):
+    """Uniform random ids, made by the input pipeline itself (in-graph, each
+    worker runs it): nothing but the step's own traffic crosses the network."""
+    import tensorflow as tf
+
+    def example(seed):
+        seeds = tf.stack([seed, seed + 1])
+        ids = tf.random.stateless_uniform([seq], seeds, 0, rows, tf.int32)
+        return ids, tf.cast(ids[:1] % 2, tf.float32)
+
+    return (
+        tf.data.Dataset.random(seed=0)
+        .map(example)
+        .batch(batch, drop_remainder=True)
+        .repeat()
+    )
+
+
+class SwitchPartitioner:
+    """Splits every variable of at least 1 MiB in `shards` (set per model),
+    so one strategy builds both the whole and the partitioned table."""
+
+    def __init__(self):
+        self.shards = 1
+
+    def __call__(self, shape, dtype):
+        big = shape.num_elements() * dtype.size >= 1 << 20
+        return self.shards if big and shape[0] >= self.shards else 1
+
+
+# ---------------------------------------------------- one configuration
+
+
+def loopback_bytes() -> int | None:
+    """Bytes received on the loopback interface so far (None if unknown)."""
+    try:
+        with open("/proc/net/dev") as f:
+            for line in f:
+                name, _, counters = line.partition(":")
+                if name.strip() == "lo":
+                    return int(counters.split()[0])
+    except OSError:
+        pass
+    return None
+
+
+def _epoch_meter():
+    import keras
+
+    class EpochMeter(keras.callbacks.Callback):
+        """Wall time and loopback bytes of every epoch."""
+
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+            self._begin = None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._begin = (time.perf_counter(), loopback_bytes())
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.perf_counter() - self._begin[0]
+            end_bytes, begin_bytes = loopback_bytes(), self._begin[1]
+            moved = None if end_bytes is None else end_bytes - begin_bytes
+            self.epochs.append((seconds, moved))
+
+    return EpochMeter()
+
+
+def measure(strategy, path, rows, seq, args, partitioner=None) -> dict:
+    """Builds, warms up and times one configuration; frees it after."""
+    import gc
+
+    if partitioner is not None:
+        partitioner.shards = 2 if path.endswith("partitioned") else 1
+    model = build_model(strategy, path, rows, seq)
+    meter = _epoch_meter()
+    model.fit(
+        make_dataset(rows, args.batch, seq),
+        epochs=1 + args.epochs,
+        steps_per_epoch=args.steps,
+        verbose=0,
+        callbacks=[meter],
+    )
+    timed = meter.epochs[1:]
+    ms = [1e3 * s / args.steps for s, _ in timed]
+    moved = [b / args.steps for _, b in timed if b is not None]
+    table = model.layers[0].embeddings
+    shards = strategy.extended.placement.shards_of(table.path)
+    result = {
+        "path": path,
+        "rows": rows,
+        "seq": seq,
+        "ids_per_step": args.batch * seq,
+        "ms_per_step": ms,
+        "bytes_per_step": moved,
+        "table_devices": [r.device for r in shards]
+        or [strategy.extended.placement.device_of(table.path)],
+    }
+    del model, table
+    gc.collect()
+    return result
+
+
+def _configurations(args):
+    """(path, rows, seq) in measuring order: the table sweep, then the ids."""
+    largest = max(args.rows)
+    configs = [(rows, args.seq) for rows in args.rows]
+    configs += [(largest, seq) for seq in args.touch if seq != args.seq]
+    return configs
+
+
+def _child_main(args) -> int:
+    import tensorflow as tf
+
+    import keras_psdist as kpd
+
+    results = []
+    if args.role == "chief":
+        partitioner = SwitchPartitioner()
+        strategy = kpd.PSStrategy(partitioner=partitioner)
+        paths = PATHS
+    else:
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0],
+            [tf.config.LogicalDeviceConfiguration()] * 4,
+        )
+        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+        partitioner = SwitchPartitioner()
+        strategies = {
+            "mirrored": tf.distribute.MirroredStrategy(cpus[:2]),
+            "ps_rows": kpd.PSStrategy(
+                devices=cpus[:2], parameter_devices=cpus[2:], partitioner=partitioner
+            ),
+        }
+        strategies["ps_partitioned"] = strategies["ps_rows"]
+        paths = LOCAL_PATHS
+    for rows, seq in _configurations(args):
+        for path in paths:
+            _log(f"{args.role}: {path}, {rows} rows, seq {seq} ...")
+            try:
+                s = strategy if args.role == "chief" else strategies[path]
+                results.append(measure(s, path, rows, seq, args, partitioner))
+            except Exception as e:  # noqa: BLE001 - recorded, the rest go on
+                results.append(
+                    {"path": path, "rows": rows, "seq": seq, "error": repr(e)[:2000]}
+                )
+    (Path(args.out_dir) / f"{args.role}.json").write_text(json.dumps(results))
+    return 0
+
+
+# ------------------------------------------------------------ orchestration
+
+
+def _child_command(role: str, out_dir: Path, args) -> list[str]:
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--role",
+        role,
+        "--out-dir",
+        str(out_dir),
+        "--rows",
+        ",".join(map(str, args.rows)),
+        "--touch",
+        ",".join(map(str, args.touch)),
+        "--seq",
+        str(args.seq),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--epochs",
+        str(args.epochs),
+    ]
+
+
+def run_cluster(work: Path, args) -> list[dict]:
+    from keras_psdist.cluster import launch
+
+    out_dir, log = run_dir(work, "cluster_")
+    with open(log, "w") as f:
+        code = launch(
+            _child_command("chief", out_dir, args),
+            num_ps=2,
+            num_workers=2,
+            mode="in-graph",
+            timeout_s=RUN_TIMEOUT_S,
+            out=f,
+        )
+    (results,) = read_reports(out_dir, 1, log, code)
+    return results
+
+
+def run_local(work: Path, args) -> list[dict]:
+    out_dir, log = run_dir(work, "local_")
+    with open(log, "w") as f:
+        try:
+            code = subprocess.run(
+                _child_command("local", out_dir, args),
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=RUN_TIMEOUT_S,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    (results,) = read_reports(out_dir, 1, log, code)
+    return results
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def summarize(results: list[dict], baseline: str) -> list[dict]:
+    """Medians per configuration, and ratios to `baseline` of the same one."""
+    rows = []
+    for r in results:
+        row = {k: r[k] for k in ("path", "rows", "seq")}
+        if "error" in r:
+            rows.append({**row, "error": r["error"]})
+            continue
+        row["ids_per_step"] = r["ids_per_step"]
+        row["ms_per_step"] = _median(r["ms_per_step"])
+        row["mb_per_step"] = _median([b / 1e6 for b in r["bytes_per_step"]])
+        row["table_devices"] = r["table_devices"]
+        rows.append(row)
+    for row in rows:
+        base = next(
+            (
+                b
+                for b in rows
+                if b["path"] == baseline
+                and (b["rows"], b["seq"]) == (row["rows"], row["seq"])
+                and "error" not in b
+            ),
+            None,
+        )
+        if base is None or "error" in row:
+            continue
+        row["time_vs_" + baseline] = row["ms_per_step"] / base["ms_per_step"]
+        if row["mb_per_step"] is not None and base["mb_per_step"]:
+            row["bytes_vs_" + baseline] = row["mb_per_step"] / base["mb_per_step"]
+    return rows
+
+
+def print_table(title: str, rows: list[dict], baseline: str) -> None:
+    print(f"\n{title}")
+    print(
+        f"{'path':<16} {'table rows':>10} {'ids/step':>8} {'ms/step':>9} "
+        f"{'x ' + baseline:>10} {'MB/step':>9} {'x ' + baseline:>10}"
+    )
+    for row in rows:
+        head = f"{row['path']:<16} {row['rows']:>10} {row['seq'] * ARGS.batch:>8}"
+        if "error" in row:
+            print(f"{head}  failed: {row['error'][:100]}")
+            continue
+        mb = row["mb_per_step"]
+        print(
+            f"{head} {row['ms_per_step']:>9.1f} "
+            f"{row.get('time_vs_' + baseline, float('nan')):>10.2f} "
+            + (
+                f"{mb:>9.2f} {row.get('bytes_vs_' + baseline, float('nan')):>10.1f}"
+                if mb is not None
+                else f"{'':>9} {'':>10}"
+            )
+        )
+
+
+def _ints(text: str) -> list[int]:
+    return [_positive(t) for t in text.split(",") if t]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=_ints, default=[1 << 16, 1 << 18, 1 << 20])
+    p.add_argument("--touch", type=_ints, default=[2, 8, 32, 128])
+    p.add_argument("--seq", type=_positive, default=8)
+    p.add_argument("--batch", type=_positive, default=128)
+    p.add_argument("--steps", type=_positive, default=6)
+    p.add_argument("--epochs", type=_positive, default=3)
+    p.add_argument("--only", choices=("cluster", "local"))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", default=None)
+    p.add_argument("--role", choices=("chief", "local"), help=argparse.SUPPRESS)
+    p.add_argument("--out-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.touch, args.steps, args.epochs = (
+            [1 << 14, 1 << 18],
+            [2, 32],
+            3,
+            2,
+        )
+    if args.json is None:
+        name = "embeddings_quick.json" if args.quick else "embeddings.json"
+        args.json = str(RESULTS / name)
+    return args
+
+
+def main() -> int:
+    global ARGS
+    args = ARGS = parse_args()
+    use_checkout()
+    if args.role is not None:
+        return _child_main(args)
+    import tempfile
+
+    load_start, start = _loadavg(), time.perf_counter()
+    rounds = {"cluster": [], "local": []}
+    summary = {}
+    with tempfile.TemporaryDirectory(prefix="kpd_embeddings_") as work:
+        for name, run, baseline in (
+            ("cluster", run_cluster, "rows"),
+            ("local", run_local, "ps_rows"),
+        ):
+            if args.only not in (None, name):
+                continue
+            _log(f"running the {name} measurements ...")
+            try:
+                results = run(Path(work), args)
+            except RunFailed as e:
+                rounds[name].append({"run": {"error": str(e)}})
+                print(f"{name}: failed\n{e}")
+                continue
+            rounds[name] = [{"config": r} for r in results]
+            summary[name] = summarize(results, baseline)
+            title = (
+                "in-graph cluster (2 workers, 2 ps; bytes = loopback traffic)"
+                if name == "cluster"
+                else "one host (2 replicas on logical CPUs)"
+            )
+            print_table(title, summary[name], baseline)
+    settings = ("rows", "touch", "seq", "batch", "steps", "epochs", "only", "quick")
+    return finish(
+        args, settings, load_start, time.perf_counter() - start, summary, rounds
+    )
+
+
+ARGS = None
+
+if __name__ == "__main__":
+    sys.exit(main())
