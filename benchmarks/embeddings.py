@@ -68,8 +68,8 @@ import time
 from pathlib import Path
 
 from _common import REPO_ROOT, RunFailed, finish, read_reports, run_dir, use_checkout
-from _common import log as _log
 from _common import loadavg as _loadavg
+from _common import log as _log
 from _common import positive as _positive
 
 # Before TensorFlow is imported anywhere in this process.
@@ -92,11 +92,12 @@ def _layers():
     import tensorflow as tf
 
     class WholeReadEmbedding(keras.layers.Embedding):
-        """Keras's own lookup: the table is converted to a tensor, then
-        gathered; a parameter-server strategy cannot intercept it."""
+        """Keras's own lookup without the strategy's routing: the table is
+        read whole into a tensor, then gathered. (`keras.ops.convert_to_tensor`
+        would hand the variable through unread: `tf.convert_to_tensor`.)"""
 
         def call(self, inputs):
-            table = keras.ops.convert_to_tensor(self.embeddings)
+            table = tf.convert_to_tensor(self.embeddings)
             return keras.ops.take(table, inputs, axis=0)
 
     @tf.custom_gradient
@@ -110,7 +111,7 @@ def _layers():
         """The whole-table read, with the gradient made dense (table-sized)."""
 
         def call(self, inputs):
-            table = densify(keras.ops.convert_to_tensor(self.embeddings))
+            table = densify(tf.convert_to_tensor(self.embeddings))
             return tf.gather(table, inputs)
 
     return {
@@ -224,8 +225,6 @@ def measure(strategy, path, rows, seq, args, partitioner=None) -> dict:
     timed = meter.epochs[1:]
     ms = [1e3 * s / args.steps for s, _ in timed]
     moved = [b / args.steps for _, b in timed if b is not None]
-    table = model.layers[0].embeddings
-    shards = strategy.extended.placement.shards_of(table.path)
     result = {
         "path": path,
         "rows": rows,
@@ -233,12 +232,21 @@ def measure(strategy, path, rows, seq, args, partitioner=None) -> dict:
         "ids_per_step": args.batch * seq,
         "ms_per_step": ms,
         "bytes_per_step": moved,
-        "table_devices": [r.device for r in shards]
-        or [strategy.extended.placement.device_of(table.path)],
+        "table_devices": _table_devices(strategy, model.layers[0].embeddings),
     }
-    del model, table
+    del model
     gc.collect()
     return result
+
+
+def _table_devices(strategy, table) -> list[str]:
+    """Where the table lives: its shards' devices, its device, or (for
+    MirroredStrategy) every replica's copy."""
+    placement = getattr(strategy.extended, "placement", None)
+    if placement is None:
+        return [v.device for v in table.value.values]
+    shards = placement.shards_of(table.path)
+    return [r.device for r in shards] or [placement.device_of(table.path)]
 
 
 def _configurations(args):
@@ -352,8 +360,9 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def summarize(results: list[dict], baseline: str) -> list[dict]:
-    """Medians per configuration, and ratios to `baseline` of the same one."""
+def summarize(results: list[dict], baseline: str, bytes_: bool) -> list[dict]:
+    """Medians per configuration, and ratios to `baseline` of the same one.
+    `bytes_`: whether the loopback bytes mean anything (not in one process)."""
     rows = []
     for r in results:
         row = {k: r[k] for k in ("path", "rows", "seq")}
@@ -362,7 +371,9 @@ def summarize(results: list[dict], baseline: str) -> list[dict]:
             continue
         row["ids_per_step"] = r["ids_per_step"]
         row["ms_per_step"] = _median(r["ms_per_step"])
-        row["mb_per_step"] = _median([b / 1e6 for b in r["bytes_per_step"]])
+        row["mb_per_step"] = (
+            _median([b / 1e6 for b in r["bytes_per_step"]]) if bytes_ else None
+        )
         row["table_devices"] = r["table_devices"]
         rows.append(row)
     for row in rows:
@@ -384,14 +395,14 @@ def summarize(results: list[dict], baseline: str) -> list[dict]:
     return rows
 
 
-def print_table(title: str, rows: list[dict], baseline: str) -> None:
+def print_table(title: str, rows: list[dict], baseline: str, batch: int) -> None:
     print(f"\n{title}")
     print(
         f"{'path':<16} {'table rows':>10} {'ids/step':>8} {'ms/step':>9} "
         f"{'x ' + baseline:>10} {'MB/step':>9} {'x ' + baseline:>10}"
     )
     for row in rows:
-        head = f"{row['path']:<16} {row['rows']:>10} {row['seq'] * ARGS.batch:>8}"
+        head = f"{row['path']:<16} {row['rows']:>10} {row['seq'] * batch:>8}"
         if "error" in row:
             print(f"{head}  failed: {row['error'][:100]}")
             continue
@@ -439,8 +450,7 @@ def parse_args(argv=None):
 
 
 def main() -> int:
-    global ARGS
-    args = ARGS = parse_args()
+    args = parse_args()
     use_checkout()
     if args.role is not None:
         return _child_main(args)
@@ -464,20 +474,18 @@ def main() -> int:
                 print(f"{name}: failed\n{e}")
                 continue
             rounds[name] = [{"config": r} for r in results]
-            summary[name] = summarize(results, baseline)
+            summary[name] = summarize(results, baseline, bytes_=name == "cluster")
             title = (
                 "in-graph cluster (2 workers, 2 ps; bytes = loopback traffic)"
                 if name == "cluster"
                 else "one host (2 replicas on logical CPUs)"
             )
-            print_table(title, summary[name], baseline)
+            print_table(title, summary[name], baseline, args.batch)
     settings = ("rows", "touch", "seq", "batch", "steps", "epochs", "only", "quick")
     return finish(
         args, settings, load_start, time.perf_counter() - start, summary, rounds
     )
 
-
-ARGS = None
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,14 @@ Examples:
 True
 """
 
-from keras_psdist import aggregators, attacks, callbacks, partitioners, placement
+from keras_psdist import (
+    aggregators,
+    attacks,
+    callbacks,
+    partitioners,
+    placement,
+    routing,
+)
 from keras_psdist.strategy import PSStrategy
 from keras_psdist.sync.strategy import SyncReplicaStrategy
 
@@ -24,4 +31,5 @@ __all__ = [
     "callbacks",
     "partitioners",
     "placement",
+    "routing",
 ]

@@ -129,16 +129,22 @@ def update_shards(var: PartitionedVariable, fn, args, kwargs) -> list:
 
 
 def _split_for(var, x):
-    """Per-shard pieces of `x` if it is a value of `var`'s full shape, else None."""
+    """Per-shard pieces of `x` if it is a value of `var`'s full shape, else None.
+
+    The split runs where `x` is (the reduction device, for a gradient), so
+    each piece travels from there straight to its shard.
+    """
     if isinstance(x, tf.IndexedSlices):
-        return var.layout.split(x)
+        with tf.device(x.values.device):
+            return var.layout.split(x)
     if (
         isinstance(x, tf.Tensor)
         and x.shape.rank == var.shape.rank
         and x.shape.is_compatible_with(var.shape)
     ):
         # Static shapes can be partly unknown (a densified sparse gradient).
-        return var.layout.split(x)
+        with tf.device(x.device):
+            return var.layout.split(x)
     return None
 
 

@@ -224,10 +224,12 @@ def _non_negative(indices, rows):
 def placed_variable_of(x):
     """The keras_psdist variable behind `x` (a Keras variable or itself),
     or None for anything else."""
+    import keras
+
     from keras_psdist.partitioned import PartitionedVariable
     from keras_psdist.variables import PSVariable
 
-    value = getattr(x, "_value", x)
+    value = x._value if isinstance(x, keras.Variable) else x
     if isinstance(value, PartitionedVariable):
         return value
     if isinstance(value, PSVariable):
