@@ -28,7 +28,12 @@ from tensorflow.python.framework import (
     composite_tensor_gradient,
     tensor_conversion_registry,
 )
-from tensorflow.python.ops import handle_data_util, resource_variable_ops
+from tensorflow.python.ops import (
+    embedding_ops,
+    handle_data_util,
+    resource_variable_ops,
+)
+from tensorflow.python.util import dispatch
 
 SUPPORTED_TF = ((2, 21), (2, 22))
 
@@ -53,8 +58,10 @@ __all__ = [
     "cross_device_ops_lib",
     "data_distribute",
     "device_util",
+    "dispatch",
     "distribute_lib",
     "distribute_utils",
+    "embedding_ops",
     "handle_data_util",
     "input_lib",
     "input_lib_v1",

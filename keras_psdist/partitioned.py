@@ -62,7 +62,9 @@ from keras_psdist import routing
 from keras_psdist._tf import (
     composite_tensor,
     composite_tensor_gradient,
+    dispatch,
     distribute_lib,
+    embedding_ops,
     resource_variable_ops,
     tensor_conversion_registry,
 )
@@ -486,3 +488,62 @@ def _tensor_conversion(var, dtype=None, name=None, as_ref=False):
 tensor_conversion_registry.register_tensor_conversion_function(
     PartitionedVariable, _tensor_conversion
 )
+
+
+# `tf.nn.embedding_lookup` and `safe_embedding_lookup_sparse` colocate with
+# their table's handle, which a partitioned variable does not have as one
+# tensor. As for TF's `ShardedVariable`, they look up in the list of shards
+# instead: TF's "div" partitioning is the shards' layout.
+
+
+dispatch.register_dispatchable_type(PartitionedVariable)
+
+
+@dispatch.dispatch_for_api(
+    embedding_ops.embedding_lookup, {"params": PartitionedVariable}
+)
+def _embedding_lookup(
+    params,
+    ids,
+    partition_strategy="mod",
+    name=None,
+    validate_indices=True,
+    max_norm=None,
+):
+    # One logical table: `partition_strategy` only means something for a
+    # list of tables, so the shards' own ("div") layout applies.
+    del partition_strategy
+    if isinstance(params, (list, tuple)):
+        (params,) = params
+    return embedding_ops.embedding_lookup(
+        params.shards, ids, "div", name, validate_indices, max_norm
+    )
+
+
+@dispatch.dispatch_for_api(
+    embedding_ops.safe_embedding_lookup_sparse,
+    {"embedding_weights": PartitionedVariable},
+)
+def _safe_embedding_lookup_sparse(
+    embedding_weights,
+    sparse_ids,
+    sparse_weights=None,
+    combiner="mean",
+    default_id=None,
+    name=None,
+    partition_strategy="div",
+    max_norm=None,
+    allow_fast_lookup=False,
+):
+    del partition_strategy
+    return embedding_ops.safe_embedding_lookup_sparse(
+        embedding_weights.shards,
+        sparse_ids,
+        sparse_weights=sparse_weights,
+        combiner=combiner,
+        default_id=default_id,
+        name=name,
+        partition_strategy="div",
+        max_norm=max_norm,
+        allow_fast_lookup=allow_fast_lookup,
+    )

@@ -125,6 +125,53 @@ def assert_same_weights(actual, expected, atol=1e-6):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=atol, err_msg=f"weight {i}")
 
 
+@pytest.mark.parametrize("partitioned", [False, True], ids=["whole", "partitioned"])
+def test_every_row_lookup_matches_numpy(cpu_devices, partitioned):
+    s = strategy(cpu_devices, split_in_three() if partitioned else None)
+    with s.scope():
+        layer = keras.layers.Embedding(VOCAB, DIM)
+        layer.build((None,))
+    table = layer.embeddings
+    expected = table.numpy()
+    ids = np.array([[VOCAB - 1, 0, 0], [150, 99, 100]], np.int32)
+    lookups = {
+        "layer": lambda i: layer(i),
+        "ops.take": lambda i: keras.ops.take(table, i, axis=0),
+        "tf.gather": lambda i: tf.gather(table.value, i),
+        "embedding_lookup": lambda i: tf.nn.embedding_lookup(table.value, i),
+    }
+    # d(sum of looked-up rows)/d(table): how often each row was looked up.
+    counts = np.zeros((VOCAB, DIM), np.float32)
+    np.add.at(counts, ids.ravel(), 1.0)
+    for name, lookup in lookups.items():
+        np.testing.assert_array_equal(lookup(ids), expected[ids], err_msg=name)
+        graph_lookup = tf.function(lookup)
+        np.testing.assert_array_equal(graph_lookup(ids), expected[ids], err_msg=name)
+        with tf.GradientTape() as tape:
+            total = tf.reduce_sum(lookup(ids))
+        gradient = tape.gradient(total, table)
+        assert isinstance(gradient, tf.IndexedSlices), name
+        np.testing.assert_array_equal(tf.convert_to_tensor(gradient), counts)
+    positions = np.array([[r, c] for r in range(ids.shape[0]) for c in range(3)])
+    sparse_ids = tf.SparseTensor(positions, ids.ravel().astype(np.int64), ids.shape)
+    np.testing.assert_allclose(
+        tf.nn.safe_embedding_lookup_sparse(table.value, sparse_ids),
+        expected[ids].mean(axis=1),
+        rtol=1e-6,
+    )
+    # Negative ids count from the end, as in Keras's own `take`.
+    negative = -ids - 1
+    np.testing.assert_array_equal(
+        keras.ops.take(table, negative, axis=0), expected[negative % VOCAB]
+    )
+    ragged = tf.ragged.constant([[1, 2, 299], [], [7]])
+    out = layer(ragged)
+    assert isinstance(out, tf.RaggedTensor)
+    np.testing.assert_array_equal(out.flat_values, expected[[1, 2, 299, 7]])
+    empty = layer(np.zeros((0, SEQ), np.int32))
+    assert tuple(empty.shape) == (0, SEQ, DIM)
+
+
 def test_large_variables_are_split_and_placed_by_bytes(cpu_devices, data):
     s = strategy(
         cpu_devices,
