@@ -199,7 +199,6 @@ def _routed_take(take):
         autocast = getattr(x, "_maybe_autocast", None)
         return autocast(out) if autocast is not None else out
 
-    routed.__wrapped__ = take
     return routed
 
 
