@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -115,6 +116,21 @@ def run_dir(work: Path, prefix: str) -> tuple[Path, Path]:
     """A fresh folder under `work` for a run's reports, and its log file."""
     out_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=work))
     return out_dir, out_dir.with_suffix(".log")
+
+
+def run_process(command: list[str], log: Path, timeout_s: float) -> int:
+    """Runs `command` with its output in `log`; its exit code, 124 on timeout."""
+    with open(log, "w") as f:
+        try:
+            return subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return 124
 
 
 def tail(path: Path, lines: int = 30) -> str:

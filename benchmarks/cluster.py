@@ -68,13 +68,20 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO_ROOT, RunFailed, finish, read_reports, run_dir, use_checkout
+from _common import (
+    REPO_ROOT,
+    RunFailed,
+    finish,
+    read_reports,
+    run_dir,
+    run_process,
+    use_checkout,
+)
 from _common import fmt as _fmt
 from _common import loadavg as _loadavg
 from _common import log as _log
@@ -261,17 +268,7 @@ def run_local(work: Path, args: argparse.Namespace) -> dict:
     """The one-process baseline: 2 logical CPU replicas + 2 parameter devices."""
     out_dir, log = run_dir(work, "local_")
     start = time.perf_counter()
-    with open(log, "w") as f:
-        try:
-            code = subprocess.run(
-                _child_command("local", out_dir, args),
-                stdin=subprocess.DEVNULL,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                timeout=RUN_TIMEOUT_S,
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
+    code = run_process(_child_command("local", out_dir, args), log, RUN_TIMEOUT_S)
     (report,) = read_reports(out_dir, 1, log, code)
     report["process_wall_s"] = time.perf_counter() - start
     return report

@@ -62,12 +62,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import REPO_ROOT, RunFailed, finish, read_reports, run_dir, use_checkout
+from _common import (
+    REPO_ROOT,
+    RunFailed,
+    finish,
+    read_reports,
+    run_dir,
+    run_process,
+    use_checkout,
+)
 from _common import loadavg as _loadavg
 from _common import log as _log
 from _common import positive as _positive
@@ -341,17 +348,7 @@ def run_cluster(work: Path, args) -> list[dict]:
 
 def run_local(work: Path, args) -> list[dict]:
     out_dir, log = run_dir(work, "local_")
-    with open(log, "w") as f:
-        try:
-            code = subprocess.run(
-                _child_command("local", out_dir, args),
-                stdin=subprocess.DEVNULL,
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                timeout=RUN_TIMEOUT_S,
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
+    code = run_process(_child_command("local", out_dir, args), log, RUN_TIMEOUT_S)
     (results,) = read_reports(out_dir, 1, log, code)
     return results
 

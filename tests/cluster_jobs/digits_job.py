@@ -86,9 +86,9 @@ def embedding_digits():
     return np.arange(64, dtype=np.int32) * INTENSITIES + intensity, y
 
 
-def train_embedding(model, callbacks=()):
-    x, y = embedding_digits()
-    keras.utils.set_random_seed(0)
+def _fit(model, x, y, seed, callbacks):
+    """Trains on the first 1500 examples, seeded."""
+    keras.utils.set_random_seed(seed)
     return model.fit(
         x[:1500],
         y[:1500],
@@ -99,17 +99,13 @@ def train_embedding(model, callbacks=()):
     )
 
 
+def train_embedding(model, callbacks=()):
+    return _fit(model, *embedding_digits(), 0, callbacks)
+
+
 def train(model, seed=0, callbacks=()):
     x, y = digits()
-    keras.utils.set_random_seed(seed)
-    history = model.fit(
-        x[:1500],
-        y[:1500],
-        batch_size=BATCH_SIZE,
-        epochs=EPOCHS,
-        verbose=2,
-        callbacks=list(callbacks),
-    )
+    history = _fit(model, x, y, seed, callbacks)
     _, accuracy = model.evaluate(x[1500:], y[1500:], verbose=0)
     return history, float(accuracy)
 
