@@ -68,6 +68,18 @@ flags.DEFINE_float(
 flags.DEFINE_float(
     "startup_timeout", 60.0, "Seconds the servers may take to accept connections."
 )
+flags.DEFINE_integer(
+    "max_restarts",
+    0,
+    "between-graph: restart a failed worker (not the chief) up to this many "
+    "times in all; it rejoins through the shared variables.",
+)
+flags.DEFINE_integer(
+    "max_worker_failures",
+    0,
+    "between-graph: go on when up to this many workers (not the chief) are "
+    "lost for good, for modes that tolerate it (async, backup workers).",
+)
 
 # Flags each command reads, with the smallest value each accepts.
 _MINIMUMS = {
@@ -79,6 +91,8 @@ _MINIMUMS = {
     "task": 0,
     "num_ps": 1,
     "num_workers": 1,
+    "max_restarts": 0,
+    "max_worker_failures": 0,
 }
 
 # The flags each command reads, in the order `--help` lists them.
@@ -100,6 +114,8 @@ _COMMAND_FLAGS = {
         "host",
         "timeout",
         "startup_timeout",
+        "max_restarts",
+        "max_worker_failures",
     ),
 }
 
@@ -284,7 +300,7 @@ def launch_command(args: Sequence[str] = ()) -> int:
     """Run a command on a parameter-server cluster of local processes."""
     from keras_psdist.cluster.launcher import launch
 
-    for name in ("num_ps", "num_workers"):
+    for name in ("num_ps", "num_workers", "max_restarts", "max_worker_failures"):
         _check_minimum(name)
     for name in ("timeout", "startup_timeout"):
         value = getattr(FLAGS, name)
@@ -299,6 +315,8 @@ def launch_command(args: Sequence[str] = ()) -> int:
             host=FLAGS.host,
             timeout_s=FLAGS.timeout,
             startup_timeout_s=FLAGS.startup_timeout,
+            max_restarts=FLAGS.max_restarts,
+            max_worker_failures=FLAGS.max_worker_failures,
         )
     except ValueError as e:
         raise _CliError(str(e)) from e

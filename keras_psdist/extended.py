@@ -107,6 +107,9 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         # worker runs when it is one of the attacked workers.
         self.sync_training = None
         self.worker_attack = None
+        # Between-graph runs: this process's heartbeat and its view of the
+        # others' (`keras_psdist.cluster.liveness`).
+        self.heartbeats = None
 
     # ---------------------------------------------------------------- state
 

@@ -14,6 +14,7 @@ from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.cluster import runtime
+from keras_psdist.cluster.liveness import Heartbeats, LossReporter
 from keras_psdist.extended import PSExtended
 
 
@@ -81,6 +82,10 @@ class PSStrategy(distribute_lib.Strategy):
         init_timeout: In async mode, seconds a worker waits for the chief to
             initialise each variable before raising `TimeoutError`.
             Defaults to 120.
+        heartbeat_timeout: In async mode, seconds without a heartbeat after
+            which a worker process counts as lost
+            (`keras_psdist.cluster.liveness`): the chief logs it, and with
+            `max_staleness` the others stop waiting for it. Defaults to 30.
         partitioner: Splits large variables (embedding tables) into shards of
             consecutive rows, each placed on a parameter device by
             `placement`: a `keras_psdist.partitioners` object (`Fixed`,
@@ -126,6 +131,7 @@ class PSStrategy(distribute_lib.Strategy):
         connect_timeout: float = 20.0,
         init_timeout: float = 120.0,
         partitioner: Any = None,
+        heartbeat_timeout: float = 30.0,
     ):
         check_placement(placement)
         partitioner = partitioners_lib.get(partitioner)
@@ -146,6 +152,7 @@ class PSStrategy(distribute_lib.Strategy):
             step_timeout=step_timeout,
             connect_timeout=connect_timeout,
             init_timeout=init_timeout,
+            heartbeat_timeout=heartbeat_timeout,
         )
         if num_byzantine is not None:
             check_count("num_byzantine", num_byzantine, minimum=0)
@@ -180,6 +187,16 @@ class PSStrategy(distribute_lib.Strategy):
                 partitioner=partitioner,
             )
         )
+        if topology.mode == "async":
+            self.extended.heartbeats = Heartbeats(
+                self.extended._shared,
+                topology.parameter_devices[0],
+                topology.worker_index,
+                topology.num_training_processes,
+                heartbeat_timeout,
+            )
+            if topology.is_chief:
+                self._loss_reporter = LossReporter(self.extended.heartbeats)
         if max_staleness is not None:
             from keras_psdist.sync.staleness import BoundedStaleness
 
@@ -192,6 +209,7 @@ class PSStrategy(distribute_lib.Strategy):
                 shared=self.extended._shared,
                 local_device=topology.client_device,
                 step_timeout=float(step_timeout),
+                heartbeats=self.extended.heartbeats,
             )
 
     @property

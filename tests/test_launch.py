@@ -227,6 +227,91 @@ def test_failing_worker_stops_everything_with_its_exit_code(tmp_path, processes)
     processes.assert_all_gone()
 
 
+def test_a_failed_worker_is_restarted_and_the_run_goes_on(tmp_path, processes):
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "flaky_worker_1",
+        num_ps=1,
+        num_workers=3,
+        mode="between-graph",
+        max_restarts=1,
+        timeout_s=120,
+    )
+    assert code == 0, out.text
+    assert out.prefixed("worker:1")[:1] == ["worker:1 start 1"]
+    assert "worker:1 start 2" in out.prefixed("worker:1")
+    assert (
+        "worker:1 exited with exit code 3; restarting it (restart 1 of "
+        "max_restarts=1)." in out.prefixed("launch")
+    )
+    assert (tmp_path / "reports" / "recovered").exists()
+    starts = (tmp_path / "reports" / "starts_worker_1").read_text().split()
+    processes.pids.update(int(p) for p in starts)
+    processes.assert_all_gone()
+
+
+def test_a_lost_worker_is_tolerated_and_reported(tmp_path, processes):
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "lose_worker_1",
+        num_ps=1,
+        num_workers=3,
+        mode="between-graph",
+        max_worker_failures=1,
+        timeout_s=120,
+    )
+    assert code == 0, out.text
+    launch_lines = out.prefixed("launch")
+    assert (
+        "worker:1 exited with exit code 3; lost it and going on without it "
+        "(1 of max_worker_failures=1 lost)." in launch_lines
+    )
+    assert launch_lines[-1].startswith(
+        "worker:0, worker:2 finished (exit code 0); lost: worker:1 (exit code 3)"
+    ), launch_lines[-1]
+    processes.assert_all_gone()
+
+
+def test_restarts_run_out_then_the_failure_stops_everything(tmp_path, processes):
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "lose_worker_1",
+        num_ps=1,
+        num_workers=2,
+        mode="between-graph",
+        max_restarts=1,
+        timeout_s=120,
+    )
+    assert code == 3, out.text
+    assert "worker:1 start 2" in out.prefixed("worker:1")
+    assert out.prefixed("launch")[-1] == (
+        "worker:1 exited with exit code 3; stopping every task."
+    )
+    processes.assert_all_gone()
+
+
+def test_the_chief_is_never_tolerated_to_fail(tmp_path, processes):
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "fail_worker_0",
+        num_ps=1,
+        num_workers=2,
+        mode="between-graph",
+        max_restarts=1,
+        max_worker_failures=1,
+        timeout_s=120,
+    )
+    assert code == 3, out.text
+    assert out.prefixed("launch")[-1] == (
+        "worker:0 exited with exit code 3; stopping every task."
+    )
+    processes.assert_all_gone()
+
+
 def test_timeout_kills_even_what_ignores_sigterm(tmp_path, processes, monkeypatch):
     monkeypatch.setattr(launcher_lib, "GRACE_S", 1.0)
     code, out = _launch(
@@ -341,6 +426,18 @@ def test_invalid_arguments_fail_fast():
         launch(["python"], num_ps=1, num_workers=1, mode="ring")
     with pytest.raises(ValueError, match="Cannot open ports on host '10.255.255.1'"):
         launch(["python"], num_ps=1, num_workers=1, host="10.255.255.1")
+    with pytest.raises(ValueError, match="`max_restarts` must be an integer >= 0"):
+        launch(["python"], num_ps=1, num_workers=2, max_restarts=-1)
+    with pytest.raises(ValueError, match="applies to between-graph runs"):
+        launch(["python"], num_ps=1, num_workers=2, max_worker_failures=1)
+    with pytest.raises(ValueError, match="at most num_workers - 1 = 1"):
+        launch(
+            ["python"],
+            num_ps=1,
+            num_workers=2,
+            mode="between-graph",
+            max_worker_failures=2,
+        )
 
 
 def _start_cli(args, out_path, **env) -> subprocess.Popen:

@@ -55,6 +55,8 @@ def launch(
     timeout_s: float | None = None,
     startup_timeout_s: float = 60.0,
     out: TextIO | None = None,
+    max_restarts: int = 0,
+    max_worker_failures: int = 0,
 ) -> int:
     """Runs `command` on a parameter-server cluster of local processes.
 
@@ -66,8 +68,9 @@ def launch(
     ps tasks run servers, and `command` runs once per worker task (its
     TF_CONFIG task is `worker:i`).
 
-    Every process gets this environment plus `TF_CONFIG` for its task and
-    `PYTHONUNBUFFERED=1`, and no stdin. Its stdout and stderr are merged and
+    Every process gets this environment plus `TF_CONFIG` for its task,
+    `PYTHONUNBUFFERED=1` and (unless set) `PYTHONFAULTHANDLER=1`, and no
+    stdin. Its stdout and stderr are merged and
     written line by line to `out`, prefixed with its task (`[ps:0] ...`,
     `[chief:0] ...`); the launcher's own lines start with `[launch]`.
     Training starts once every server accepts connections.
@@ -96,12 +99,24 @@ def launch(
             connections; past it, stop everything and return 1. Defaults to
             60.
         out: Where the output goes. Defaults to `sys.stdout`.
+        max_restarts: Between-graph: how many times in all a worker other
+            than the chief (worker:0) that fails (exits non-zero, or is
+            killed) is started again, with the same TF_CONFIG; it rejoins
+            the run by opening the shared variables on the ps tasks.
+            Defaults to 0.
+        max_worker_failures: Between-graph: how many workers other than the
+            chief may fail for good (after any restarts) while the others go
+            on, for modes that tolerate it (async, or `SyncReplicaStrategy`
+            with backup workers). Each loss is logged. Defaults to 0: the
+            first failure stops every task.
 
     Returns:
         The exit code: in-graph, the chief's; between-graph, 0 if every worker
-        exits 0, else the first non-zero code. 1 if a server fails to start or
-        dies while training runs, 124 on timeout, 130 on SIGINT, 143 on
-        SIGTERM; a process killed by signal N counts as 128 + N.
+        still counted exits 0 (workers lost within `max_worker_failures` are
+        logged, not counted), else the first non-zero code. 1 if a server
+        fails to start or dies while training runs, 124 on timeout, 130 on
+        SIGINT, 143 on SIGTERM; a process killed by signal N counts as
+        128 + N.
 
     Raises:
         ValueError: If an argument is invalid.
@@ -115,9 +130,12 @@ def launch(
     command, mode = _check_args(
         command, num_ps, num_workers, mode, host, timeout_s, startup_timeout_s
     )
+    _check_fault_tolerance(mode, num_workers, max_restarts, max_worker_failures)
     run = _Launch(
         command, num_ps, num_workers, mode, host, timeout_s, startup_timeout_s, out
     )
+    run.max_restarts = max_restarts
+    run.max_worker_failures = max_worker_failures
     return run()
 
 
@@ -163,6 +181,31 @@ def _check_args(
             "machine, e.g. 127.0.0.1."
         ) from None
     return command, normalised
+
+
+def _check_fault_tolerance(
+    mode: str, num_workers: int, max_restarts: int, max_worker_failures: int
+) -> None:
+    for name, value in (
+        ("max_restarts", max_restarts),
+        ("max_worker_failures", max_worker_failures),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"`{name}` must be an integer >= 0. Received: {value!r}")
+        if value and mode == "in-graph":
+            raise ValueError(
+                f"`{name}` applies to between-graph runs, where each worker is "
+                "its own training process. In-graph, the worker tasks are the "
+                "chief's replicas and it cannot go on without one. Received: "
+                f"{name}={value}, mode='in-graph'. Use mode='between-graph'."
+            )
+    if max_worker_failures >= num_workers:
+        raise ValueError(
+            "`max_worker_failures` must leave the chief (worker:0), which is "
+            f"never tolerated to fail: at most num_workers - 1 = "
+            f"{num_workers - 1}. Received: max_worker_failures="
+            f"{max_worker_failures}, num_workers={num_workers}."
+        )
 
 
 @dataclasses.dataclass
@@ -270,6 +313,10 @@ class _Launch:
         self.signals = _Signals()
         self.deadline: float | None = None  # Set when training starts.
         self.preexec = _parent_death_signal()
+        self.max_restarts = 0
+        self.max_worker_failures = 0
+        self.restarts = 0
+        self.lost: list[str] = []  # "worker:1 (SIGKILL (exit code 137))"
 
     def __call__(self) -> int:
         try:
@@ -403,24 +450,28 @@ class _Launch:
     def _train(self, config: ClusterConfig) -> int:
         if self.timeout_s is not None:
             self.deadline = time.monotonic() + self.timeout_s
-        trainers = [
-            self._spawn(config.with_task(job, i), self.command, is_server=False)
+        configs = {
+            f"{job}:{i}": config.with_task(job, i)
             for job, i in self._training_tasks(config)
+        }
+        trainers = [
+            self._spawn(task_config, self.command, is_server=False)
+            for task_config in configs.values()
         ]
         servers = [c for c in self.children if c.is_server]
         while True:
             self.signals.check()
-            codes = [child.proc.poll() for child in trainers]
-            for child, code in zip(trainers, codes, strict=True):
-                if code not in (None, 0):
-                    raise _Stop(
-                        _exit_code(code),
-                        f"{child.name} exited with {_describe(code)}; stopping "
-                        "every task.",
-                    )
-            if all(code == 0 for code in codes):
+            for i, child in enumerate(trainers):
+                code = child.proc.poll()
+                if code in (None, 0):
+                    continue
+                trainers[i] = self._after_failure(child, code, configs[child.name])
+            trainers = [child for child in trainers if child is not None]
+            if all(child.proc.poll() == 0 for child in trainers):
+                lost = f"; lost: {', '.join(self.lost)}" if self.lost else ""
                 self.log(
-                    f"{_names(trainers)} finished (exit code 0); stopping the servers."
+                    f"{_names(trainers)} finished (exit code 0){lost}; stopping "
+                    "the servers."
                 )
                 return 0
             for child in servers:
@@ -433,6 +484,33 @@ class _Launch:
                     )
             self._check_deadline()
             time.sleep(0.1)
+
+    def _after_failure(
+        self, child: _Child, code: int, config: ClusterConfig
+    ) -> _Child | None:
+        """A training process failed: its restart, None if the run goes on
+        without it, or `_Stop`."""
+        what = f"{child.name} exited with {_describe(code)}"
+        is_chief = child.name in ("chief:0", "worker:0")
+        if self.mode == "in-graph" or is_chief:
+            raise _Stop(_exit_code(code), f"{what}; stopping every task.")
+        if self.restarts < self.max_restarts:
+            self.restarts += 1
+            self.log(
+                f"{what}; restarting it (restart {self.restarts} of "
+                f"max_restarts={self.max_restarts})."
+            )
+            self.children.remove(child)
+            self._teardown([child])
+            return self._spawn(config, self.command, is_server=False)
+        if len(self.lost) < self.max_worker_failures:
+            self.lost.append(f"{child.name} ({_describe(code)})")
+            self.log(
+                f"{what}; lost it and going on without it ({len(self.lost)} of "
+                f"max_worker_failures={self.max_worker_failures} lost)."
+            )
+            return None
+        raise _Stop(_exit_code(code), f"{what}; stopping every task.")
 
     def _check_deadline(self) -> None:
         if self.deadline is not None and time.monotonic() >= self.deadline:
@@ -448,6 +526,8 @@ class _Launch:
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps(config.to_tf_config())
         env["PYTHONUNBUFFERED"] = "1"
+        # A crash (a segfault in TensorFlow) then prints every thread's stack.
+        env.setdefault("PYTHONFAULTHANDLER", "1")
         if is_server:
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         name = config.task_name

@@ -11,6 +11,10 @@ first parameter server and that every worker process opens by name:
 | token queues   | one FIFO per worker: release tokens          | the chief       |
 | `counts`       | int64 `[3, W]`: per worker, gradients        | the chief       |
 |                | applied / dropped stale / dropped at the end |                 |
+| `lost`         | int64 `[W]`: 1 for a worker the chief found  | the chief       |
+|                | lost (no heartbeat, see `cluster.liveness`)  |                 |
+| `finished`     | int64: the last session (`fit`) the chief    | the chief       |
+|                | finished without error                       |                 |
 
 A worker's step (`SyncReplicas.worker_step`, inside Keras's train function):
 it pushes its gradient tagged with its `local_step` (the global step its
@@ -50,8 +54,9 @@ import tensorflow as tf
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.cluster.shared_variables import SharedVariables
 
-# Kinds of queue elements.
-GRADIENT, LEAVE, SHUTDOWN = 0, 1, 2
+# Kinds of queue elements. LOST is sent by the chief for a worker whose
+# heartbeat stopped.
+GRADIENT, LEAVE, SHUTDOWN, LOST = 0, 1, 2, 3
 # Token values other than a global step.
 FREE_PASS = 2**62  # go on without an update: too few workers remain
 POISON = -1  # stop: the run failed (the chief or this worker's watchdog)
@@ -178,6 +183,12 @@ class SyncReplicas:
         self.counts = shared.create_int64(
             device, "keras_psdist/sync/counts", [[0] * num_workers] * 3
         )
+        self.lost = shared.create_int64(
+            device, "keras_psdist/sync/lost", [0] * num_workers
+        )
+        self.finished = shared.create_int64(
+            device, "keras_psdist/sync/finished_session", 0
+        )
         with tf.init_scope(), tf.device(device):
             self.token_queues = [
                 _fifo_queue([tf.int64], f"keras_psdist/sync/tokens_{w}")
@@ -293,22 +304,32 @@ class SyncReplicas:
         self._flush(self.token_queues[self.worker])
         return session
 
-    def send_marker(self, kind: int) -> None:
-        """Pushes a LEAVE or SHUTDOWN marker for this worker."""
+    def send_marker(self, kind: int, worker: int | None = None) -> None:
+        """Pushes a LEAVE, SHUTDOWN or LOST marker for `worker` (this one)."""
         if self.layout is None:
             return  # No gradient was ever sent, so no queue to mark.
         header = [
             tf.constant(kind, tf.int64),
-            tf.constant(self.worker, tf.int64),
+            tf.constant(self.worker if worker is None else worker, tf.int64),
             tf.constant(-1, tf.int64),
             self._session.read_value(),
         ]
         enqueue(self.device, self._gradient_queue, header + self.layout.empty())
 
+    def free(self, worker: int) -> None:
+        """Lets `worker`'s current (or next) wait end without an update."""
+        enqueue(
+            self.device, self.token_queues[worker], [tf.constant(FREE_PASS, tf.int64)]
+        )
+
     def poison(self, workers) -> None:
         """Makes `workers`' next (or current) wait fail (see `POISON`)."""
         for w in workers:
             enqueue(self.device, self.token_queues[w], [tf.constant(POISON, tf.int64)])
+
+    def lost_workers(self) -> list[int]:
+        """The workers the chief has found lost (as published on the ps)."""
+        return [w for w, lost in enumerate(self.lost.numpy().tolist()) if lost]
 
     def read_counts(self):
         """`(global_step, counts [3, W])` as numpy values."""

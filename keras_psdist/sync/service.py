@@ -15,6 +15,12 @@ the shared queue (see `protocol.py`) and, per element:
   remaining workers' gradients are dropped (counted as dropped at the end)
   and each is released at once, so no worker waits for an update that cannot
   come.
+- `LOST` (sent by the chief's watchdog when a worker's heartbeat stops, see
+  `cluster.liveness`): the worker no longer counts. If the others can still
+  gather `replicas_to_aggregate` gradients (backup workers), the run goes on;
+  else the service fails with `WorkerLostError` naming it, and every worker
+  stops with that error. A lost worker whose gradients come again (it was
+  restarted) counts again.
 
 Sessions: each `fit` is a session; the service finishes a session when every
 worker has left it, and keeps elements of a later session (a fast worker
@@ -38,6 +44,10 @@ from keras_psdist.sync.protocol import SyncReplicas
 LOG_EVERY_S = 30.0
 
 
+class WorkerLostError(RuntimeError):
+    """A worker died and the others cannot make an update without it."""
+
+
 class UpdateService:
     """Aggregates and applies workers' gradients on the chief.
 
@@ -57,6 +67,7 @@ class UpdateService:
         self._step = int(sync.global_step.numpy())
         self._session = 0
         self._active: set[int] = set()
+        self._lost: set[int] = set()
         self._members: list[tuple[int, list]] = []
         self._later: list[tuple] = []  # elements of a later session
         self._at_end = False
@@ -138,7 +149,13 @@ class UpdateService:
                 self._later.append(element)
                 continue
             if session < self._session:
-                continue  # left over from a session that failed
+                # A worker late for a session that has ended (restarted after
+                # the others left, or left over from a failed one): nothing
+                # will be updated for it.
+                if kind == protocol.GRADIENT:
+                    self._count(protocol.DROPPED_AT_END, worker)
+                    self._free(worker)
+                continue
             self._handle(kind, worker, step, grads)
             if not self._active:
                 self._end_session()
@@ -160,6 +177,18 @@ class UpdateService:
             self._active.discard(worker)
             self._check_end()
             return
+        if kind == protocol.LOST:
+            self._lose(worker)
+            return
+        if worker in self._lost:
+            self._lost.discard(worker)
+            self._active.add(worker)
+            self._publish_lost()
+            logging.warning(
+                "keras_psdist sync-replicas: worker %d is back and sends "
+                "gradients again.",
+                worker,
+            )
         if self._at_end:
             self._count(protocol.DROPPED_AT_END, worker)
             self._free(worker)
@@ -190,6 +219,38 @@ class UpdateService:
         self._step += 1
         self._release(self._step, self._counts)
 
+    def _lose(self, worker: int) -> None:
+        if worker not in self._active:
+            return  # It had left, or was already lost.
+        self._active.discard(worker)
+        self._lost.add(worker)
+        self._publish_lost()
+        config = self._sync.config
+        logging.error(
+            "keras_psdist sync-replicas: worker %d is lost (no heartbeat); "
+            "updates go on with workers %s.",
+            worker,
+            sorted(self._active),
+        )
+        if self._at_end:
+            return
+        if len(self._active) * config.pushes_per_update < config.replicas_to_aggregate:
+            raise WorkerLostError(
+                f"worker {worker} was lost (its heartbeat stopped), and the "
+                f"remaining workers {sorted(self._active)} cannot make an update "
+                f"of replicas_to_aggregate={config.replicas_to_aggregate}. "
+                "Restart it (`keras-psdist launch --max_restarts`), or train with "
+                "backup workers (replicas_to_aggregate < total_num_replicas) to "
+                "go on without a lost worker."
+            )
+
+    def _publish_lost(self) -> None:
+        mask = [
+            int(w in self._lost) for w in range(self._sync.config.total_num_replicas)
+        ]
+        with tf.device(self._sync.device):
+            self._sync.lost.assign(tf.constant(mask, tf.int64))
+
     def _check_end(self) -> None:
         config = self._sync.config
         if self._at_end or len(self._active) * config.pushes_per_update >= (
@@ -215,7 +276,8 @@ class UpdateService:
 
     def _begin(self, session: int) -> None:
         self._session = session
-        self._active = set(range(self._sync.config.total_num_replicas))
+        # A lost worker counts again once its gradients come again.
+        self._active = set(range(self._sync.config.total_num_replicas)) - self._lost
         self._members = []
         self._at_end = False
 
@@ -244,7 +306,7 @@ class UpdateService:
         self._release_fn(tf.constant(step, tf.int64), tf.constant(counts))
 
     def _free(self, worker: int) -> None:
-        self._wake(worker, protocol.FREE_PASS)
+        self._sync.free(worker)
 
     def _wake(self, worker: int, token: int) -> None:
         protocol.enqueue(

@@ -50,6 +50,8 @@ class BoundedStaleness:
         shared: Opens (or, on the chief, creates) shared variables.
         local_device: This process's CPU, for its private counters.
         step_timeout: Seconds a worker waits for the slowest before raising.
+        heartbeats: This process's `cluster.liveness.Heartbeats`: a lost
+            worker is not waited for. None: every active worker counts.
     """
 
     def __init__(
@@ -62,12 +64,14 @@ class BoundedStaleness:
         shared: SharedVariables,
         local_device: str,
         step_timeout: float,
+        heartbeats=None,
     ):
         self._strategy = strategy
         self.max_staleness = max_staleness
         self.worker = worker
         self.num_workers = num_workers
         self._step_timeout = step_timeout
+        self._heartbeats = heartbeats
         self.clocks = shared.create_int64(
             device, "keras_psdist/staleness/clocks", [0] * num_workers
         )
@@ -134,6 +138,7 @@ class BoundedStaleness:
         if self._in_session:
             yield
             return
+        self._catch_up()
         self._set(self.active, 1)
         self._in_session = True
         try:
@@ -154,12 +159,31 @@ class BoundedStaleness:
                 stats["largest_staleness"],
             )
 
+    def _alive_active(self):
+        """`active`, with lost workers (no heartbeat) left out."""
+        active = self.active.numpy().copy()
+        if self._heartbeats is not None:
+            for w in self._heartbeats.lost():
+                active[w] = 0
+        return active
+
+    def _catch_up(self) -> None:
+        """A worker that (re)joins behind the slowest active one starts at
+        its clock: it was not there for the steps in between (a restarted
+        worker), and the others must not wait for it to redo them."""
+        clocks = self.clocks.numpy()
+        active = self._alive_active()
+        active[self.worker] = 0
+        others = clocks[active > 0]
+        if others.size and others.min() > clocks[self.worker]:
+            self._set(self.clocks, int(others.min()))
+
     def before_step(self) -> None:
         """Waits while this worker is more than `max_staleness` ahead."""
         deadline = None
         while True:
             clocks = self.clocks.numpy()
-            active = self.active.numpy()
+            active = self._alive_active()
             own = clocks[self.worker]
             others = clocks[active > 0]
             slowest = others.min() if others.size else own

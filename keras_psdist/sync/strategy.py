@@ -11,6 +11,7 @@ from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.cluster import runtime
+from keras_psdist.cluster.liveness import Heartbeats
 from keras_psdist.extended import PSExtended
 from keras_psdist.strategy import check_placement, check_seconds, resolve_attack
 from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
@@ -78,6 +79,11 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             variable. Defaults to 120.
         partitioner: Splits large variables into row shards over the
             parameter devices (see `PSStrategy`). Defaults to `None`.
+        heartbeat_timeout: Seconds without a heartbeat after which a worker
+            process counts as lost (`keras_psdist.cluster.liveness`): with
+            backup workers the run goes on without it, else every worker
+            stops with `WorkerLostError` naming it; a lost chief stops every
+            worker. Defaults to 30.
 
     Raises:
         ValueError: without a cluster, for counts that do not fit it, or for
@@ -110,6 +116,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         connect_timeout: float = 20.0,
         init_timeout: float = 120.0,
         partitioner: Any = None,
+        heartbeat_timeout: float = 30.0,
     ):
         for name, value in (
             ("replicas_to_aggregate", replicas_to_aggregate),
@@ -121,6 +128,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             step_timeout=step_timeout,
             connect_timeout=connect_timeout,
             init_timeout=init_timeout,
+            heartbeat_timeout=heartbeat_timeout,
         )
         if num_byzantine is not None:
             check_count("num_byzantine", num_byzantine, minimum=0)
@@ -176,12 +184,20 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         from keras_psdist.attacks.base import GradientAttack
 
         extended.worker_attack = attack if attacked else None
+        extended.heartbeats = Heartbeats(
+            extended._shared,
+            topology.parameter_devices[0],
+            topology.worker_index,
+            total_num_replicas,
+            heartbeat_timeout,
+        )
         extended.sync_training = SyncTraining(
             self,
             sync,
             aggregator,
             attack if attacked and isinstance(attack, GradientAttack) else None,
             topology.parameter_devices,
+            heartbeats=extended.heartbeats,
         )
         self._attack = attack
         self._aggregator = aggregator

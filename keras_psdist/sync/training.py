@@ -20,12 +20,17 @@ What happens when a process fails:
 | raises)                 | then needs replicas_to_aggregate of the others);   |
 |                         | before its first step it cannot leave, and the     |
 |                         | chief stops waiting after `step_timeout`           |
-| a worker dies (killed)  | with backup workers the run goes on; without, no   |
-|                         | update comes: after `step_timeout` s every worker  |
-|                         | raises `TimeoutError` naming the missing workers   |
+| a worker dies (killed)  | its heartbeat stops (`cluster.liveness`): after    |
+|                         | `heartbeat_timeout` s the chief counts it lost.    |
+|                         | With backup workers the run goes on; without,      |
+|                         | every worker raises `WorkerLostError` naming it.   |
+|                         | Restarted, it rejoins and counts again.            |
 | the chief (`fit` raises | every worker raises `RuntimeError` at its next     |
 | or the service fails)   | wait: "the chief stopped the run"                  |
-| the chief dies (killed) | no update comes: `TimeoutError` after step_timeout |
+| the chief dies (killed) | after `heartbeat_timeout` s every worker raises    |
+|                         | `StalledError` naming the lost chief               |
+| no step finishes at all | after `step_timeout` s, `StalledError` naming the  |
+| (a hang)                | workers the pending update waits for               |
 
 There is no chief failover: the chief's optimizer state is on the ps tasks,
 but the service runs in the chief's process only.
@@ -45,7 +50,7 @@ from keras_psdist.reduction import GradientReduction
 from keras_psdist.staged_merge import in_replica_control_flow
 from keras_psdist.sync import keras_hooks, protocol
 from keras_psdist.sync.protocol import SyncReplicas
-from keras_psdist.sync.service import UpdateService
+from keras_psdist.sync.service import UpdateService, WorkerLostError
 
 # How often the watchdog looks, in seconds.
 _WATCH_EVERY_S = 1.0
@@ -65,6 +70,8 @@ class SyncTraining:
         attack: A gradient attack this worker runs on its own gradient (it is
             one of the attack's workers), or `None`.
         parameter_devices: Where the chief spreads per-variable aggregation.
+        heartbeats: This process's `cluster.liveness.Heartbeats`, or None
+            (no failure detection beyond `step_timeout`).
     """
 
     def __init__(
@@ -74,8 +81,11 @@ class SyncTraining:
         aggregator,
         attack: Any,
         parameter_devices,
+        heartbeats=None,
     ):
         self._strategy = strategy
+        self._heartbeats = heartbeats
+        self._reported_lost: set[int] = set()
         self.sync = sync
         self._aggregator = aggregator
         self._attack = attack
@@ -86,6 +96,8 @@ class SyncTraining:
         self._update_fn = None
         self._session = 0
         self._in_session = False
+        self._model = None
+        self._let_go = False
         self._last_progress = time.monotonic()
         self._stall: str | None = None
         keras_hooks.install()
@@ -138,6 +150,8 @@ class SyncTraining:
             yield  # nested (fit inside `strategy.training`)
             return
         self._session = self.sync.begin_session()
+        self._model = model
+        self._let_go = False
         self._stall = None
         self._last_progress = time.monotonic()
         if self.sync.is_chief:
@@ -195,7 +209,10 @@ class SyncTraining:
         if not sync.is_chief:
             return
         service = self._service
-        if not service.wait_for_session(self._session, sync.config.step_timeout):
+        finished = service.wait_for_session(self._session, sync.config.step_timeout)
+        if finished and service.error is None:
+            sync.finished.assign(self._session)
+        if not finished:
             logging.error(
                 "keras_psdist sync-replicas: workers %s did not finish within "
                 "step_timeout=%g s after the chief's fit ended; the chief stops "
@@ -215,15 +232,89 @@ class SyncTraining:
     def _stop_error(self) -> Exception:
         if self._stall is not None:
             return StalledError(self._stall)
+        service = self._service
+        if service is not None and service.error is not None:
+            if isinstance(service.error, WorkerLostError):
+                return WorkerLostError(str(service.error))
+            return RuntimeError(
+                f"The sync-replica update service failed: {service.error!r}"
+            )
+        try:
+            lost = self.sync.lost_workers()
+        except tf.errors.OpError:
+            lost = []
+        if lost:
+            return WorkerLostError(
+                f"worker {self.sync.worker} was told to stop: workers {lost} were "
+                "lost (their heartbeats stopped) and the others cannot make an "
+                "update without them. Restart them (`keras-psdist launch "
+                "--max_restarts`), or train with backup workers "
+                "(replicas_to_aggregate < total_num_replicas)."
+            )
         return RuntimeError(
             f"worker {self.sync.worker} was told to stop: the chief stopped the "
             "run (its fit or its update service failed, or it timed out "
             "waiting for other workers). See the chief's log for the cause."
         )
 
+    def _check_liveness(self) -> str | None:
+        """Reports lost workers to the service (chief); on a worker, the
+        reason to stop if the chief is lost."""
+        if self._heartbeats is None:
+            return None
+        lost = set(self._heartbeats.lost())
+        if not self.sync.is_chief:
+            if self._let_go:
+                return None
+            if 0 in lost and self._model is not None and self._chief_finished():
+                # A worker late for a run the chief finished (restarted near
+                # the end): its gradients can no longer be applied.
+                logging.warning(
+                    "keras_psdist sync-replicas: worker %d: the chief finished "
+                    "this fit and has left; this worker's remaining steps are "
+                    "not trained: its fit stops now.",
+                    self.sync.worker,
+                )
+                self._model.stop_training = True
+                self.sync.free(self.sync.worker)
+                self._let_go = True
+                self._last_progress = time.monotonic()
+                return None
+            if 0 in lost:
+                return (
+                    f"worker {self.sync.worker}: the chief (worker 0) is lost: no "
+                    f"heartbeat for {self._heartbeats.silent_for(0):.0f} s "
+                    f"(heartbeat_timeout={self._heartbeats.timeout:g}). It makes "
+                    "every update, so no step can finish. Restart the run; "
+                    "BackupAndRestore resumes it from the last epoch."
+                )
+            return None
+        self._reported_lost &= lost  # the ones back may be lost again later
+        service = self._service
+        if service is None:
+            return None
+        for worker in sorted(lost - self._reported_lost):
+            if worker in service.active_workers:
+                self.sync.send_marker(protocol.LOST, worker)
+                self._reported_lost.add(worker)
+        return None
+
+    def _chief_finished(self) -> bool:
+        return int(self.sync.finished.numpy()) >= self._session
+
     def _watch(self, stop: threading.Event) -> None:
         timeout = self.sync.config.step_timeout
         while not stop.wait(_WATCH_EVERY_S):
+            try:
+                chief_lost = self._check_liveness()
+            except tf.errors.OpError as e:
+                chief_lost = None
+                logging.warning("keras_psdist sync-replicas: %s", e)
+            if chief_lost is not None:
+                self._stall = chief_lost
+                logging.error("keras_psdist sync-replicas: %s", chief_lost)
+                self.sync.poison([self.sync.worker])
+                return
             idle = time.monotonic() - self._last_progress
             if idle <= timeout:
                 continue

@@ -7,8 +7,14 @@ grandchild it may start, prints "TF_CONFIG=<json>" and "started", then:
 
 - ok: exits 0.
 - fail_worker_1: exits 3 if it is worker:1, else hangs like `hang`.
+- fail_worker_0: exits 3 if it is worker:0 (the chief), else hangs.
 - hang: starts a sleeping grandchild (same process group) and sleeps.
 - hang_ignore_term: like `hang`, but ignores SIGTERM (needs SIGKILL).
+- flaky_worker_1: worker:1 exits 3 on its first start; started again, it
+  writes REPORT_DIR/recovered and exits 0. The others exit 0 once
+  `recovered` exists (or after 60 s, exit 1).
+- lose_worker_1: worker:1 exits 3 at every start; the others exit 0 after
+  2 s.
 """
 
 import json
@@ -24,7 +30,12 @@ def main() -> int:
     tf_config = os.environ["TF_CONFIG"]
     task = json.loads(tf_config)["task"]
     name = f"{task['type']}:{task['index']}"
-    fails = action == "fail_worker_1" and name == "worker:1"
+    if action in ("flaky_worker_1", "lose_worker_1"):
+        return _faulty(action, name, report_dir)
+    fails = (action, name) in (
+        ("fail_worker_1", "worker:1"),
+        ("fail_worker_0", "worker:0"),
+    )
     grandchild = None
     if action != "ok" and not fails:
         if action == "hang_ignore_term":
@@ -46,6 +57,31 @@ def main() -> int:
         return 3
     while True:
         time.sleep(1)
+
+
+def _faulty(action: str, name: str, report_dir: str) -> int:
+    starts = os.path.join(report_dir, f"starts_{name.replace(':', '_')}")
+    with open(starts, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    with open(starts) as f:
+        start = len(f.read().split())
+    print(f"{name} start {start}", flush=True)
+    recovered = os.path.join(report_dir, "recovered")
+    if name == "worker:1":
+        if action == "lose_worker_1" or start == 1:
+            print("failing on purpose", file=sys.stderr)
+            return 3
+        open(recovered, "w").close()
+        return 0
+    if action == "lose_worker_1":
+        time.sleep(2)
+        return 0
+    deadline = time.monotonic() + 60
+    while not os.path.exists(recovered):
+        if time.monotonic() > deadline:
+            return 1
+        time.sleep(0.05)
+    return 0
 
 
 if __name__ == "__main__":

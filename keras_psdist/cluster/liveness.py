@@ -1,0 +1,180 @@
+"""Which worker processes of a between-graph run are alive: heartbeats.
+
+A worker killed with SIGKILL says nothing: the others only see that its
+gradients stop coming. In a between-graph run (`PSStrategy(mode="async")`,
+`SyncReplicaStrategy`) every training process therefore beats: a thread
+adds 1 to its own slot of an int64 vector on the first ps task, every
+`timeout / 5` seconds (at most every second). A process that reads the vector
+declares a worker lost when its count, once it has started, has not moved for
+`timeout` seconds, and back when it moves again (a restarted worker, which
+opens the same vector).
+
+What each mode does with it:
+
+| mode                 | a lost worker                                        |
+|----------------------|------------------------------------------------------|
+| async                | the chief logs it (and its return); nobody waits for |
+|                      | it anyway                                            |
+| async, max_staleness | no longer counts as the slowest: the others stop     |
+|                      | waiting for it                                       |
+| sync replicas        | the chief stops waiting for it: with backup workers  |
+|                      | the run goes on; without, every worker stops with an |
+|                      | error naming it. A lost chief stops every worker     |
+|                      | with an error naming the chief.                      |
+
+The beat is a plain eager `ResourceScatterAdd` (it never blocks on the ps),
+from a daemon thread stopped at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from keras_psdist.cluster.shared_variables import SharedVariables
+
+
+class Heartbeats:
+    """This process's heartbeat, and its view of every worker's.
+
+    Args:
+        shared: Opens (or, on the chief, creates) the shared vector.
+        device: Where it lives (the first parameter device).
+        worker: This process's index among the training processes.
+        num_workers: How many processes train.
+        timeout: Seconds without a beat after which a worker is lost.
+    """
+
+    def __init__(
+        self,
+        shared: SharedVariables,
+        device: str,
+        worker: int,
+        num_workers: int,
+        timeout: float,
+    ):
+        self.worker = worker
+        self.num_workers = num_workers
+        self.timeout = float(timeout)
+        self.period = min(1.0, self.timeout / 5)
+        self._device = device
+        self.beats = shared.create_int64(
+            device, "keras_psdist/liveness/beats", [0] * num_workers
+        )
+        self._lock = threading.Lock()
+        now = time.monotonic()
+        self._last_count = [None] * num_workers
+        self._last_change = [now] * num_workers
+        self._cached = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat_forever, name="keras_psdist-heartbeat", daemon=True
+        )
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Stops beating (others will see this process as lost)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5.0)
+
+    def _beat_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except Exception as e:  # noqa: BLE001 - a dead ps: others report it
+                logging.warning("keras_psdist heartbeat failed: %s", e)
+            self._stop.wait(self.period)
+
+    def beat(self) -> None:
+        """One beat of this process."""
+        with tf.device(self._device):
+            tf.raw_ops.ResourceScatterAdd(
+                resource=self.beats.handle,
+                indices=tf.constant([self.worker]),
+                updates=tf.constant([1], tf.int64),
+            )
+
+    def lost(self) -> list[int]:
+        """Workers (other than this one) that have beaten, but not for
+        `timeout` seconds. A worker that has not started yet is not lost:
+        `step_timeout` covers one that never comes."""
+        now = time.monotonic()
+        with self._lock:
+            # Called between steps: a fresh read every half period is enough.
+            if self._cached is not None and now - self._cached[0] < self.period / 2:
+                return list(self._cached[1])
+        counts = self.beats.numpy()
+        with self._lock:
+            lost = []
+            for w, count in enumerate(counts.tolist()):
+                if count != self._last_count[w]:
+                    self._last_count[w] = count
+                    self._last_change[w] = now
+                elif (
+                    w != self.worker
+                    and count > 0
+                    and now - self._last_change[w] > self.timeout
+                ):
+                    lost.append(w)
+            self._cached = (now, lost)
+            return list(lost)
+
+    def silent_for(self, worker: int) -> float:
+        """Seconds since `worker`'s count last moved (as of the last `lost()`)."""
+        with self._lock:
+            return time.monotonic() - self._last_change[worker]
+
+
+class LossReporter:
+    """Logs, on the chief of an async run, when a worker is lost or back.
+
+    Args:
+        heartbeats: This process's `Heartbeats`.
+        every: Seconds between looks.
+    """
+
+    def __init__(self, heartbeats: Heartbeats, every: float = 1.0):
+        self._heartbeats = heartbeats
+        self._every = every
+        self.lost: set[int] = set()
+        self.ever_lost: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch, name="keras_psdist-liveness", daemon=True
+        )
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5.0)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self.check()
+            except Exception as e:  # noqa: BLE001 - a dead ps is reported elsewhere
+                logging.warning("keras_psdist liveness check failed: %s", e)
+
+    def check(self) -> None:
+        now_lost = set(self._heartbeats.lost())
+        for w in sorted(now_lost - self.lost):
+            logging.error(
+                "keras_psdist: worker %d is lost (no heartbeat for %.0f s); "
+                "training goes on without it.",
+                w,
+                self._heartbeats.silent_for(w),
+            )
+        for w in sorted(self.lost - now_lost):
+            logging.warning(
+                "keras_psdist: worker %d is back (its heartbeat resumed).", w
+            )
+        self.ever_lost |= now_lost
+        self.lost = now_lost

@@ -1,0 +1,186 @@
+"""Faults survived: worker processes really killed (SIGKILL) mid-`fit`.
+
+Each fixture runs `tests/cluster_jobs/fault_job.py` on a whole local cluster
+(`keras_psdist.cluster.launch`, which stops every process however the run
+ends, and bounds it with its timeout) and reads back what every start of
+every worker wrote. See docs/reliability.md for the table these tests fill.
+"""
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from keras_psdist import cluster
+
+pytestmark = pytest.mark.multiprocess
+
+JOB = Path(__file__).parent / "cluster_jobs" / "fault_job.py"
+LAUNCH_TIMEOUT_S = 420
+
+
+def _launch(tmp_path, config, num_workers, **kwargs):
+    out = io.StringIO()
+    code = cluster.launch(
+        [sys.executable, str(JOB), str(tmp_path), json.dumps(config)],
+        num_ps=1,
+        num_workers=num_workers,
+        mode="between-graph",
+        timeout_s=LAUNCH_TIMEOUT_S,
+        out=out,
+        **kwargs,
+    )
+    reports = {
+        p.stem.removeprefix("worker_"): json.loads(p.read_text())
+        for p in tmp_path.glob("worker_*_start_*.json")
+    }
+    return code, reports, out.getvalue()
+
+
+def _quiet(log):
+    return "\n".join(
+        line
+        for line in log.splitlines()
+        if "/step" not in line and "Epoch " not in line
+    )
+
+
+# ------------------------------------------- async: killed, restarted, rejoined
+
+
+@pytest.fixture(scope="module")
+def async_restart_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("async_restart")
+    config = {
+        "strategy": "async",
+        "kill_worker": 1,
+        "kill_at_step": 10,
+        "wait_for_rejoin_at_step": 30,
+        "epochs": 3,
+        "heartbeat_timeout": 3,
+    }
+    code, reports, log = _launch(tmp_path, config, num_workers=2, max_restarts=1)
+    assert code == 0, _quiet(log)[-8000:]
+    return reports, log
+
+
+@pytest.mark.xdist_group("async_restart")
+def test_async_survivor_finishes_and_keeps_every_update(async_restart_run):
+    reports, log = async_restart_run
+    assert set(reports) == {"0_start_1", "1_start_1", "1_start_2"}
+    killed = reports["1_start_1"]
+    assert killed["steps"] == 10
+    chief, restarted = reports["0_start_1"], reports["1_start_2"]
+    assert chief["failure"] is None and restarted["failure"] is None
+    # Every step any process applied is in the shared counter on the ps: the
+    # kill lost nothing, and nothing was counted twice.
+    total = chief["steps"] + killed["steps"] + restarted["steps"]
+    last = max(chief["counter"], restarted["counter"])
+    assert last == total, (last, chief, killed, restarted)
+    assert "[launch] worker:1 exited with SIGKILL (exit code 137); restarting it" in log
+
+
+@pytest.mark.xdist_group("async_restart")
+def test_async_chief_reports_the_lost_worker_and_its_return(async_restart_run):
+    _, log = async_restart_run
+    chief = "\n".join(
+        line for line in log.splitlines() if line.startswith("[worker:0]")
+    )
+    assert "worker 1 is lost (no heartbeat for" in chief
+    assert "worker 1 is back (its heartbeat resumed)" in chief
+
+
+@pytest.mark.xdist_group("async_restart")
+def test_async_restarted_worker_reads_the_current_variables(async_restart_run):
+    reports, _ = async_restart_run
+    chief, restarted = reports["0_start_1"], reports["1_start_2"]
+    # It joined a run in progress: the ps held at least the chief's 30 steps
+    # and the killed start's 10, and weights trained that far, not the
+    # initial ones the chief read at the start.
+    assert restarted["initial"]["counter"] >= 30 + 10
+    assert restarted["initial"]["checksum"] != pytest.approx(
+        chief["initial"]["checksum"], rel=1e-6
+    )
+    assert restarted["steps"] > 0
+
+
+# ------------------------- sync replicas, one backup: lost, run goes on, back
+
+
+@pytest.fixture(scope="module")
+def sync_backup_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sync_backup")
+    config = {
+        "strategy": "sync",
+        "replicas_to_aggregate": 2,
+        "kill_worker": 2,
+        "kill_at_step": 10,
+        "wait_for_rejoin_at_step": 25,
+        "epochs": 2,
+        "heartbeat_timeout": 3,
+    }
+    code, reports, log = _launch(tmp_path, config, num_workers=3, max_restarts=1)
+    assert code == 0, _quiet(log)[-8000:]
+    return reports, log
+
+
+@pytest.mark.xdist_group("sync_backup")
+def test_sync_goes_on_without_a_lost_backup_worker(sync_backup_run):
+    reports, log = sync_backup_run
+    assert set(reports) == {"0_start_1", "1_start_1", "2_start_1", "2_start_2"}
+    chief = reports["0_start_1"]
+    assert chief["failure"] is None and reports["1_start_1"]["failure"] is None
+    assert reports["2_start_1"]["steps"] == 10
+    # Updates went on while worker 2 was down: the chief reached its barrier
+    # (step 25) only once worker 2 had been found lost.
+    assert "worker 2 is lost (no heartbeat); updates go on with workers [0, 1]" in log
+    assert chief["counts"]["global_step"] >= chief["steps"] // 2
+
+
+@pytest.mark.xdist_group("sync_backup")
+def test_sync_restarted_worker_rejoins_and_counts_again(sync_backup_run):
+    reports, log = sync_backup_run
+    assert "worker 2 is back and sends gradients again" in log
+    chief = reports["0_start_1"]
+    applied_by_2 = chief["counts"]["applied"][2]
+    # Its gradients were applied after the restart too, and every gradient
+    # any start of worker 2 sent is accounted for.
+    sent_by_2 = reports["2_start_1"]["steps"] + reports["2_start_2"]["steps"]
+    counted = sum(
+        chief["counts"][k][2] for k in ("applied", "dropped_stale", "dropped_at_end")
+    )
+    assert applied_by_2 > 0
+    assert sent_by_2 - 1 <= counted <= sent_by_2
+    assert chief["lost"] == []  # back, so no longer lost
+
+
+# ------------------------- sync replicas, no backup: a clear error, no hang
+
+
+@pytest.fixture(scope="module")
+def sync_no_backup_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sync_no_backup")
+    config = {
+        "strategy": "sync",
+        "kill_worker": 1,
+        "kill_at_step": 10,
+        "epochs": 2,
+        "heartbeat_timeout": 3,
+    }
+    # max_worker_failures=1: the launcher lets the chief find out by itself.
+    return _launch(tmp_path, config, num_workers=2, max_worker_failures=1)
+
+
+@pytest.mark.xdist_group("sync_no_backup")
+def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
+    sync_no_backup_run,
+):
+    code, reports, log = sync_no_backup_run
+    assert code not in (0, 124), _quiet(log)[-6000:]  # an error, not a timeout
+    chief = reports["0_start_1"]
+    assert chief["failure"].startswith("WorkerLostError: worker 1 was lost"), chief
+    assert "replicas_to_aggregate=2" in chief["failure"]
+    assert "--max_restarts" in chief["failure"]  # and how to fix it
+    assert chief["steps"] >= 10
