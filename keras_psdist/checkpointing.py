@@ -17,11 +17,20 @@ callbacks do not ask. `install()` makes them ask, for models trained under a
 
 Code that saves by hand should do the same:
 `if strategy.extended.should_checkpoint: model.save(path)`.
+
+Separately, in every mode, `install_atomic_saves()` makes `model.save` and
+`model.save_weights` (and so `ModelCheckpoint` and `BackupAndRestore`) of a
+keras_psdist model write a temporary file beside the target, flush it to
+disk, and rename it over the target: a process killed during the write
+leaves the previous file whole, never a truncated one. (Local paths; a
+remote path such as `gs://` or a sharded save is written as Keras does.)
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import uuid
 
 import keras
 
@@ -74,5 +83,54 @@ def _weights_from_chief_only(load_model):
             return load_model(self)
         finally:
             self._weights_path = path
+
+    return wrapper
+
+
+_atomic_installed = False
+
+
+def install_atomic_saves() -> None:
+    """Makes saves of keras_psdist models atomic (idempotent); see module doc."""
+    global _atomic_installed
+    if _atomic_installed:
+        return
+    _atomic_installed = True
+    keras.Model.save = _atomic(keras.Model.save)
+    keras.Model.save_weights = _atomic(keras.Model.save_weights)
+
+
+def _uses_keras_psdist(model) -> bool:
+    from keras_psdist.extended import PSExtended
+
+    strategy = getattr(model, "distribute_strategy", None)
+    return isinstance(getattr(strategy, "extended", None), PSExtended)
+
+
+def _atomic(save):
+    @functools.wraps(save)
+    def wrapper(self, filepath, *args, **kwargs):
+        path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
+        overwrite = kwargs.get("overwrite", args[0] if args else True)
+        if (
+            path is None
+            or "://" in path
+            or kwargs.get("max_shard_size") is not None
+            or (not overwrite and os.path.exists(path))  # Keras asks first
+            or not _uses_keras_psdist(self)
+        ):
+            return save(self, filepath, *args, **kwargs)
+        directory, name = os.path.split(path)
+        # The name keeps its suffix, which Keras checks (".weights.h5", ".keras").
+        temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex[:12]}-{name}")
+        try:
+            result = save(self, temporary, *args, **kwargs)
+            with open(temporary, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+        return result
 
     return wrapper

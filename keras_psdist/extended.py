@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from keras_psdist import checkpointing, routing
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
-from keras_psdist import routing
 from keras_psdist._tf import (
     cross_device_ops_lib,
     distribute_lib,
@@ -64,6 +64,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     ):
         super().__init__(container_strategy)
         routing.install()
+        checkpointing.install_atomic_saves()
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices

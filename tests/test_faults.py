@@ -8,9 +8,14 @@ every worker wrote. See docs/reliability.md for the table these tests fill.
 
 import io
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from keras_psdist import cluster
@@ -18,6 +23,7 @@ from keras_psdist import cluster
 pytestmark = pytest.mark.multiprocess
 
 JOB = Path(__file__).parent / "cluster_jobs" / "fault_job.py"
+CHECKPOINT_KILL_JOB = Path(__file__).parent / "scripts" / "checkpoint_kill_job.py"
 LAUNCH_TIMEOUT_S = 420
 
 
@@ -184,3 +190,53 @@ def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
     assert "replicas_to_aggregate=2" in chief["failure"]
     assert "--max_restarts" in chief["failure"]  # and how to fix it
     assert chief["steps"] >= 10
+
+
+# --------------------------------------- killed while writing a checkpoint
+
+
+def test_killed_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    env.pop("TF_CONFIG", None)
+    with open(tmp_path / "log.txt", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(CHECKPOINT_KILL_JOB), str(tmp_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "writing").exists():
+            assert proc.poll() is None, (tmp_path / "log.txt").read_text()[-4000:]
+            assert time.monotonic() < deadline, "the second write never started"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    # The write was cut short: its temporary file is there, half written...
+    partial = [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+    assert len(partial) == 1 and partial[0].endswith("ckpt.weights.h5"), partial
+    # ...and the checkpoint is the first epoch's, whole: it loads (without
+    # the strategy) and holds exactly the weights after that epoch.
+    sys.path.insert(0, str(JOB.parent))
+    import digits_job
+
+    model = digits_job.build(tf_default_strategy())
+    model.load_weights(tmp_path / "ckpt.weights.h5")
+    expected = np.load(tmp_path / "epoch_0.npz")
+    for i, weight in enumerate(model.get_weights()):
+        np.testing.assert_array_equal(weight, expected[f"arr_{i}"])
+
+
+def tf_default_strategy():
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()

@@ -306,7 +306,8 @@ class UpdateService:
         self._release_fn(tf.constant(step, tf.int64), tf.constant(counts))
 
     def _free(self, worker: int) -> None:
-        self._sync.free(worker)
+        """Lets `worker`'s current (or next) wait end without an update."""
+        self._wake(worker, protocol.FREE_PASS)
 
     def _wake(self, worker: int, token: int) -> None:
         protocol.enqueue(
