@@ -34,6 +34,7 @@ from keras_psdist._tf import (
 )
 from keras_psdist.aggregators import Aggregator, Mean
 from keras_psdist.aggregators.base import weighted_sum
+from keras_psdist.cluster import task_loss
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.creation import VariableCreator
@@ -65,6 +66,8 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         super().__init__(container_strategy)
         routing.install()
         checkpointing.install_atomic_saves()
+        if topology.config is not None:
+            task_loss.install()
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices

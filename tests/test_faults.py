@@ -9,9 +9,11 @@ every worker wrote. See docs/reliability.md for the table these tests fill.
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,8 +25,10 @@ from keras_psdist import cluster
 pytestmark = pytest.mark.multiprocess
 
 JOB = Path(__file__).parent / "cluster_jobs" / "fault_job.py"
+PS_LOSS_JOB = Path(__file__).parent / "cluster_jobs" / "ps_loss_job.py"
 CHECKPOINT_KILL_JOB = Path(__file__).parent / "scripts" / "checkpoint_kill_job.py"
 LAUNCH_TIMEOUT_S = 420
+PID_LINE = re.compile(r"^\[launch\] (\S+) pid (\d+):")
 
 
 def _launch(tmp_path, config, num_workers, **kwargs):
@@ -190,6 +194,153 @@ def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
     assert "replicas_to_aggregate=2" in chief["failure"]
     assert "--max_restarts" in chief["failure"]  # and how to fix it
     assert chief["steps"] >= 10
+
+
+# ---------------------------- a ps task killed: every process names it, exits
+
+
+class _Log(io.StringIO):
+    """The launcher's output, and the pid of each task it started."""
+
+    def __init__(self):
+        super().__init__()
+        self.pids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def write(self, text):
+        with self._lock:
+            for line in text.splitlines():
+                match = PID_LINE.match(line)
+                if match:
+                    self.pids[match.group(1)] = int(match.group(2))
+            return super().write(text)
+
+
+def _launch_and_kill_ps(tmp_path, config, ps, **kwargs):
+    """Launches `ps_loss_job.py`; SIGKILLs task `ps` once the chief asks for
+    it (`tmp_path/kill_ps`). Returns the exit code, the log and the reports."""
+    out = _Log()
+    result = {}
+
+    def run():
+        result["code"] = cluster.launch(
+            [sys.executable, str(PS_LOSS_JOB), str(tmp_path), json.dumps(config)],
+            timeout_s=LAUNCH_TIMEOUT_S,
+            out=out,
+            **kwargs,
+        )
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while thread.is_alive() and not (tmp_path / "kill_ps").exists():
+        time.sleep(0.1)
+    if thread.is_alive():
+        os.kill(out.pids[ps], signal.SIGKILL)
+    # Bounded: the launch stops every task at its timeout.
+    thread.join()
+    reports = {
+        p.stem: json.loads(p.read_text())
+        for p in tmp_path.glob("*.json")
+        if p.stem != "epochs"
+    }
+    return result["code"], out.getvalue(), reports
+
+
+@pytest.mark.parametrize("strategy", ["async", "sync"])
+def test_a_killed_ps_stops_every_worker_with_an_error_naming_it(tmp_path, strategy):
+    config = {"strategy": strategy, "lose_ps_at_step": 5, "epochs": 50}
+    code, log, reports = _launch_and_kill_ps(
+        tmp_path, config, "ps:1", num_ps=2, num_workers=2, mode="between-graph"
+    )
+    assert code == 1, _quiet(log)[-6000:]
+    assert "[launch] ps:1 (server) exited with SIGKILL" in log
+    # Each worker stopped by itself (the launcher's grace period), and its
+    # error names the lost task, where it was, and what to do.
+    assert set(reports) == {"worker_0", "worker_1"}, _quiet(log)[-6000:]
+    for worker, report in reports.items():
+        failure = report["failure"] or ""
+        assert failure.startswith(
+            f"TaskLostError: {worker.replace('_', ':')}: lost ps:1 at 127.0.0.1:"
+        ), (worker, report, _quiet(log)[-6000:])
+        assert "BackupAndRestore" in failure
+    assert "still running" not in log  # none had to be killed
+
+
+@pytest.fixture(scope="module")
+def ps_loss_and_resume(tmp_path_factory):
+    """In-graph: ps:0 killed after epoch 2 was backed up; the whole cluster
+    restarted with the same BackupAndRestore directory."""
+    first = tmp_path_factory.mktemp("ps_loss_first")
+    second = tmp_path_factory.mktemp("ps_loss_resumed")
+    backup_dir = tmp_path_factory.mktemp("ps_loss_backup")
+    config = {
+        "strategy": "in-graph",
+        "epochs": 4,
+        "backup_dir": str(backup_dir),
+        "lose_ps_after_epoch": 2,
+    }
+    kwargs = {"num_ps": 2, "num_workers": 2, "mode": "in-graph"}
+    code, log, reports = _launch_and_kill_ps(first, config, "ps:0", **kwargs)
+    assert code != 0, _quiet(log)[-6000:]
+    # The backup the restart resumes from (BackupAndRestore deletes it once
+    # a fit completes).
+    saved = {p.name: p.read_bytes() for p in backup_dir.iterdir() if p.is_file()}
+    config = {**config, "seed": 1}
+    del config["lose_ps_after_epoch"]
+    resumed = cluster.launch(
+        [sys.executable, str(PS_LOSS_JOB), str(second), json.dumps(config)],
+        timeout_s=LAUNCH_TIMEOUT_S,
+        out=io.StringIO(),
+        **kwargs,
+    )
+    return first, second, reports, log, saved, resumed
+
+
+@pytest.mark.xdist_group("ps_loss_and_resume")
+def test_in_graph_chief_names_the_killed_ps(ps_loss_and_resume):
+    _, _, reports, log, _, _ = ps_loss_and_resume
+    failure = reports["chief_0"]["failure"] or ""
+    assert failure.startswith("TaskLostError: chief:0: lost ps:0 at 127.0.0.1:"), (
+        _quiet(log)[-6000:]
+    )
+    assert "[launch] ps:0 (server) exited with SIGKILL" in log
+
+
+@pytest.mark.xdist_group("ps_loss_and_resume")
+def test_restarted_cluster_resumes_from_the_backup(ps_loss_and_resume):
+    first, second, _, _, saved, resumed = ps_loss_and_resume
+    assert resumed == 0
+    assert json.loads(saved["training_metadata.json"])["epoch"] == 2
+    # The backup holds the weights and optimizer state at the end of epoch 2...
+    at_epoch_end = np.load(first / "at_epoch_end.npz")
+    from_file = _state_in_weights_file(saved["latest.weights.h5"], first)
+    assert len(from_file) == len(at_epoch_end.files)
+    for i, value in enumerate(from_file):
+        np.testing.assert_array_equal(value, at_epoch_end[f"arr_{i}"])
+    # ...and the restarted run (other initial weights: seed 1) began from
+    # exactly that, at epoch 2 (0-based), and trained the remaining epochs.
+    restored = np.load(second / "restored.npz")
+    for i, value in enumerate(from_file):
+        np.testing.assert_array_equal(restored[f"arr_{i}"], value)
+    assert json.loads((second / "epochs.json").read_text()) == [2, 3]
+
+
+def _state_in_weights_file(content, tmp_path):
+    """What a `.weights.h5` file holds, read without keras_psdist: weights
+    then optimizer variables, in the order `ps_loss_job.state` lists them."""
+    import tensorflow as tf
+
+    sys.path.insert(0, str(PS_LOSS_JOB.parent))
+    import digits_job
+
+    path = tmp_path / "copy.weights.h5"
+    path.write_bytes(content)
+    model = digits_job.build(tf.distribute.get_strategy(), seed=2)
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(path)
+    return [v.numpy() for v in model.weights] + [
+        v.numpy() for v in model.optimizer.variables
+    ]
 
 
 # --------------------------------------- killed while writing a checkpoint

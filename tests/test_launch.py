@@ -330,7 +330,12 @@ def test_timeout_kills_even_what_ignores_sigterm(tmp_path, processes, monkeypatc
     processes.assert_all_gone()
 
 
-def test_server_death_during_training_stops_everything(tmp_path, processes):
+def test_server_death_during_training_stops_everything(
+    tmp_path, processes, monkeypatch
+):
+    # The hanging trainer never stops on its own: it is stopped after the
+    # grace period the training processes get to report the lost server.
+    monkeypatch.setattr(launcher_lib, "SERVER_LOSS_GRACE_S", 1.0)
     pids: dict[str, int] = {}
 
     def kill_ps_once_training_runs(line: str) -> None:
@@ -350,9 +355,14 @@ def test_server_death_during_training_stops_everything(tmp_path, processes):
         mode="between-graph",
     )
     assert code == 1, out.text
-    assert any(
-        "ps:0 (server) exited with SIGKILL (exit code 137) while training ran" in x
-        for x in out.prefixed("launch")
+    launch_lines = "\n".join(out.prefixed("launch"))
+    assert (
+        "ps:0 (server) exited with SIGKILL (exit code 137) while training ran; "
+        "waiting up to 1 s for the training processes to stop." in launch_lines
+    ), out.text
+    assert (
+        "ps:0 (server) exited with SIGKILL (exit code 137) while training ran; "
+        "stopping every task." in launch_lines
     ), out.text
     processes.assert_all_gone()
 

@@ -365,17 +365,12 @@ def wait_reachable(
     deadline = time.monotonic() + timeout_s
     while True:
         for name, address in list(pending.items()):
-            host, port = _split_address(address, "wait_reachable")
             remaining = deadline - time.monotonic()
-            try:
-                with socket.create_connection(
-                    (host.strip("[]"), port), timeout=max(0.05, min(1.0, remaining))
-                ):
-                    pass
-            except OSError as e:
-                errors[name] = e.strerror or str(e) or type(e).__name__
-            else:
+            error = connect_error(address, max(0.05, min(1.0, remaining)))
+            if error is None:
                 del pending[name]
+            else:
+                errors[name] = error
         if not pending:
             return
         if time.monotonic() >= deadline:
@@ -397,6 +392,26 @@ def wait_reachable(
         "its task), or check that TF_CONFIG's addresses are right and that no "
         "firewall blocks the ports."
     )
+
+
+def connect_error(address: str, timeout_s: float) -> str | None:
+    """Why `address` refuses a TCP connection now (None if it accepts one).
+
+    One attempt, at most `timeout_s` seconds: a killed process's port refuses
+    at once; a host that is down times out.
+
+    Examples:
+
+    >>> port = pick_free_ports(1)[0]
+    >>> connect_error(f"127.0.0.1:{port}", timeout_s=1.0)
+    'Connection refused'
+    """
+    host, port = _split_address(address, "connect_error")
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
 
 
 def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

@@ -39,6 +39,10 @@ SERVER_COMMAND = (sys.executable, "-m", "keras_psdist", "serve")
 
 # How long children get between SIGTERM and SIGKILL.
 GRACE_S = 5.0
+# How long the training processes get, once a server died while they train,
+# to stop on their own with an error naming it (`cluster.task_loss`) before
+# they are stopped.
+SERVER_LOSS_GRACE_S = 20.0
 # Attempts at starting the servers when a port is taken between picking and
 # binding it.
 MAX_ATTEMPTS = 3
@@ -114,7 +118,9 @@ def launch(
         The exit code: in-graph, the chief's; between-graph, 0 if every worker
         still counted exits 0 (workers lost within `max_worker_failures` are
         logged, not counted), else the first non-zero code. 1 if a server
-        fails to start or dies while training runs, 124 on timeout, 130 on
+        fails to start or dies while training runs (the training
+        processes then get 20 s to stop on their own, each with an error
+        naming it, before they are stopped), 124 on timeout, 130 on
         SIGINT, 143 on SIGTERM; a process killed by signal N counts as
         128 + N.
 
@@ -477,13 +483,30 @@ class _Launch:
             for child in servers:
                 code = child.proc.poll()
                 if code is not None:
-                    raise _Stop(
-                        1,
-                        f"{child.name} (server) exited with {_describe(code)} "
-                        "while training ran; stopping every task.",
-                    )
+                    self._after_server_loss(child, code, trainers)
             self._check_deadline()
             time.sleep(0.1)
+
+    def _after_server_loss(
+        self, server: _Child, code: int, trainers: list[_Child]
+    ) -> None:
+        """A server died while training ran: the training processes get
+        `SERVER_LOSS_GRACE_S` to stop on their own (each with an error naming
+        the lost task), then every task is stopped."""
+        what = (
+            f"{server.name} (server) exited with {_describe(code)} while training ran"
+        )
+        self.log(
+            f"{what}; waiting up to {SERVER_LOSS_GRACE_S:g} s for the training "
+            "processes to stop."
+        )
+        deadline = time.monotonic() + SERVER_LOSS_GRACE_S
+        while any(child.proc.poll() is None for child in trainers):
+            self.signals.check()
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        raise _Stop(1, f"{what}; stopping every task.")
 
     def _after_failure(
         self, child: _Child, code: int, config: ClusterConfig

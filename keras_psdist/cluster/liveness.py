@@ -35,6 +35,8 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist.cluster import task_loss
+from keras_psdist.cluster.config import ClusterConfig
 from keras_psdist.cluster.shared_variables import SharedVariables
 
 
@@ -47,6 +49,9 @@ class Heartbeats:
         worker: This process's index among the training processes.
         num_workers: How many processes train.
         timeout: Seconds without a beat after which a worker is lost.
+        config: The cluster, to tell a lost ps from a failed beat (then
+            this process stops beating: see `cluster.task_loss`). Defaults to
+            `None`: beats go on however they fail.
     """
 
     def __init__(
@@ -56,8 +61,12 @@ class Heartbeats:
         worker: int,
         num_workers: int,
         timeout: float,
+        config: ClusterConfig | None = None,
     ):
         self.worker = worker
+        self._config = config
+        # The ps tasks found lost (task -> where, why), once a beat failed.
+        self.servers_lost: dict[str, str] = {}
         self.num_workers = num_workers
         self.timeout = float(timeout)
         self.period = min(1.0, self.timeout / 5)
@@ -88,8 +97,19 @@ class Heartbeats:
             try:
                 self.beat()
             except Exception as e:  # noqa: BLE001 - a dead ps: others report it
+                if self._find_lost_servers():
+                    logging.error(
+                        "keras_psdist heartbeat: %s lost; this process stops beating.",
+                        ", ".join(f"{n} at {w}" for n, w in self.servers_lost.items()),
+                    )
+                    return
                 logging.warning("keras_psdist heartbeat failed: %s", e)
             self._stop.wait(self.period)
+
+    def _find_lost_servers(self) -> dict[str, str]:
+        if self._config is not None and not self.servers_lost:
+            self.servers_lost = task_loss.unreachable_tasks(self._config, ("ps",))
+        return self.servers_lost
 
     def beat(self) -> None:
         """One beat of this process."""
@@ -158,6 +178,8 @@ class LossReporter:
 
     def _watch(self) -> None:
         while not self._stop.wait(self._every):
+            if self._heartbeats.servers_lost:
+                return  # Reading the beats would need the lost ps.
             try:
                 self.check()
             except Exception as e:  # noqa: BLE001 - a dead ps is reported elsewhere

@@ -48,8 +48,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from collections.abc import Callable
 
 import tensorflow as tf
+from absl import logging
 
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.cluster.shared_variables import SharedVariables
@@ -171,8 +173,12 @@ class SyncReplicas:
         device: str,
         shared: SharedVariables,
         local_device: str,
+        unreachable_servers: Callable[[], dict[str, str]] | None = None,
     ):
         self.config = config
+        # Which ps tasks refuse connections now (`cluster.task_loss`): no
+        # control message goes to a lost ps (a call on it can wait forever).
+        self._unreachable_servers = unreachable_servers
         self.worker = worker
         self.is_chief = is_chief
         self.device = device
@@ -314,18 +320,38 @@ class SyncReplicas:
             tf.constant(-1, tf.int64),
             self._session.read_value(),
         ]
-        enqueue(self.device, self._gradient_queue, header + self.layout.empty())
+        self._send_control(self._gradient_queue, header + self.layout.empty())
 
     def free(self, worker: int) -> None:
         """Lets `worker`'s current (or next) wait end without an update."""
-        enqueue(
-            self.device, self.token_queues[worker], [tf.constant(FREE_PASS, tf.int64)]
+        self._send_control(
+            self.token_queues[worker], [tf.constant(FREE_PASS, tf.int64)]
         )
 
     def poison(self, workers) -> None:
         """Makes `workers`' next (or current) wait fail (see `POISON`)."""
         for w in workers:
-            enqueue(self.device, self.token_queues[w], [tf.constant(POISON, tf.int64)])
+            self._send_control(self.token_queues[w], [tf.constant(POISON, tf.int64)])
+
+    def servers_lost(self) -> dict[str, str]:
+        """The ps tasks that refuse connections now (task -> where, why)."""
+        if self._unreachable_servers is None:
+            return {}
+        return self._unreachable_servers()
+
+    def _send_control(self, queue, components) -> None:
+        spec = tf.DeviceSpec.from_string(self.device)
+        task = f"{spec.job}:{spec.task}"
+        lost = self.servers_lost()
+        if task in lost:
+            logging.warning(
+                "keras_psdist sync-replicas: not sending a control message: "
+                "%s at %s is lost.",
+                task,
+                lost[task],
+            )
+            return
+        enqueue(self.device, queue, components)
 
     def lost_workers(self) -> list[int]:
         """The workers the chief has found lost (as published on the ps)."""

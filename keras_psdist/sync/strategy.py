@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from keras_psdist import aggregators as aggregators_lib
@@ -10,7 +11,7 @@ from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
-from keras_psdist.cluster import runtime
+from keras_psdist.cluster import runtime, task_loss
 from keras_psdist.cluster.liveness import Heartbeats
 from keras_psdist.extended import PSExtended
 from keras_psdist.strategy import check_placement, check_seconds, resolve_attack
@@ -179,6 +180,9 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             device=topology.parameter_devices[0],
             shared=extended._shared,
             local_device=topology.client_device,
+            unreachable_servers=functools.partial(
+                task_loss.unreachable_tasks, topology.config, ("ps",)
+            ),
         )
         attacked = attack is not None and topology.worker_index in attack.replicas
         from keras_psdist.attacks.base import GradientAttack
@@ -190,6 +194,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             topology.worker_index,
             total_num_replicas,
             heartbeat_timeout,
+            config=topology.config,
         )
         extended.sync_training = SyncTraining(
             self,

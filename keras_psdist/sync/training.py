@@ -46,6 +46,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist.cluster import task_loss
 from keras_psdist.reduction import GradientReduction
 from keras_psdist.staged_merge import in_replica_control_flow
 from keras_psdist.sync import keras_hooks, protocol
@@ -173,6 +174,15 @@ class SyncTraining:
                 if protocol.POISON_MESSAGE not in str(e):
                     raise
                 raise self._stop_error() from None
+            except tf.errors.OpError as e:
+                # A lost ps: say so. (`_end` sends nothing to a lost ps: a
+                # call on it can wait forever.)
+                servers_lost = self.sync.servers_lost()
+                if not servers_lost:
+                    raise
+                raise task_loss.TaskLostError(
+                    servers_lost, f"worker {self.sync.worker}"
+                ) from e
             failed = False
         finally:
             stop.set()
@@ -230,6 +240,9 @@ class SyncTraining:
             ) from service.error
 
     def _stop_error(self) -> Exception:
+        servers_lost = self.sync.servers_lost()
+        if servers_lost:
+            return task_loss.TaskLostError(servers_lost, f"worker {self.sync.worker}")
         if self._stall is not None:
             return StalledError(self._stall)
         service = self._service
@@ -309,6 +322,8 @@ class SyncTraining:
                 chief_lost = self._check_liveness()
             except tf.errors.OpError as e:
                 chief_lost = None
+                if self.sync.servers_lost():
+                    return  # The step fails too, and says which ps.
                 logging.warning("keras_psdist sync-replicas: %s", e)
             if chief_lost is not None:
                 self._stall = chief_lost

@@ -1,0 +1,153 @@
+"""When a server task of the cluster dies: an error that names it, never a hang.
+
+A parameter-server task holds variables in its memory, and TensorFlow has no
+ps failover: when a ps process dies, the variables it held are gone, and the
+only way on is to restart the cluster and resume from a checkpoint
+(`keras.callbacks.BackupAndRestore`). What TensorFlow itself says is a
+`tf.errors.UnavailableError` ("Connection reset by peer"), and a *later* call
+of a function on the dead task can wait forever (its registration on the
+task never completes). So when an op fails, we look: one TCP connection to
+each server task (a killed process's port refuses at once) tells which are
+gone, and then
+
+- `model.fit`, `evaluate` and `predict` raise `TaskLostError` naming the
+  lost tasks, their addresses and what to do (`reporting_lost_tasks`);
+- the sync-replica protocol, the heartbeats and the liveness reporter send
+  nothing more to a lost ps (`unreachable_tasks` before each control
+  message), so the process exits instead of hanging in its clean-up.
+
+Which tasks are looked at: the ps tasks always; in an in-graph run also the
+worker tasks (servers the chief places replicas on). In a between-graph run a
+lost *worker* is the heartbeats' business (`cluster.liveness`).
+
+Examples:
+
+>>> from keras_psdist import cluster
+>>> from keras_psdist.cluster import task_loss
+>>> port = cluster.pick_free_ports(1)[0]
+>>> config = cluster.from_tf_config(
+...     {"cluster": {"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:2"]},
+...      "task": {"type": "worker", "index": 0}})
+>>> task_loss.unreachable_tasks(config, ("ps",))
+{'ps:0': '127.0.0.1:... (Connection refused)'}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterable, Iterator
+
+import tensorflow as tf
+
+from keras_psdist.cluster.config import ClusterConfig, connect_error
+
+# Seconds one connection attempt may take: a dead process refuses at once,
+# a live server accepts within milliseconds; a host that is down times out.
+PROBE_TIMEOUT_S = 2.0
+
+
+class TaskLostError(RuntimeError):
+    """A server task of the cluster (a ps, or an in-graph worker) is gone.
+
+    Attributes:
+        tasks: Task name (e.g. `"ps:0"`) -> `"address (why)"`.
+    """
+
+    def __init__(self, tasks: dict[str, str], process: str):
+        self.tasks = dict(tasks)
+        names = ", ".join(f"{name} at {where}" for name, where in self.tasks.items())
+        lost_ps = any(name.startswith("ps:") for name in self.tasks)
+        super().__init__(
+            f"{process}: lost {names}: its process died or its host is unreachable. "
+            + (
+                "The variables a ps task held died with it (TensorFlow has no ps "
+                "failover), so this run cannot go on. "
+                if lost_ps
+                else "The replicas placed on it cannot run, so this run cannot go on. "
+            )
+            + "Stop every task, restart the whole cluster (`keras-psdist launch` "
+            "starts and stops it as one command), and resume from the last "
+            "checkpoint: with keras.callbacks.BackupAndRestore in `fit`, "
+            "training resumes from the last saved epoch, with its weights and "
+            "optimizer state."
+        )
+
+
+def server_jobs(mode: str) -> tuple[str, ...]:
+    """The jobs whose tasks a process of a `mode` run depends on."""
+    return ("ps", "worker") if mode == "in-graph" else ("ps",)
+
+
+def unreachable_tasks(
+    config: ClusterConfig,
+    jobs: Iterable[str] = ("ps",),
+    timeout_s: float = PROBE_TIMEOUT_S,
+) -> dict[str, str]:
+    """The tasks of `jobs` (but not this process's own) that refuse a TCP
+    connection now: task name -> `"address (why)"`."""
+    lost = {}
+    for job in jobs:
+        for i, address in enumerate(config.addresses(job)):
+            if (job, i) == (config.task_type, config.task_id):
+                continue
+            error = connect_error(address, timeout_s)
+            if error is not None:
+                lost[f"{job}:{i}"] = f"{address} ({error})"
+    return lost
+
+
+def lost_task_error(
+    config: ClusterConfig, jobs: Iterable[str], process: str
+) -> TaskLostError | None:
+    """A `TaskLostError` if some task of `jobs` is unreachable, else None."""
+    lost = unreachable_tasks(config, jobs)
+    return TaskLostError(lost, process) if lost else None
+
+
+@contextlib.contextmanager
+def reporting_lost_tasks(
+    config: ClusterConfig, jobs: Iterable[str], process: str
+) -> Iterator[None]:
+    """Re-raises a TensorFlow op error as `TaskLostError` when it came from a
+    lost task (so the error names it); any other error passes unchanged."""
+    try:
+        yield
+    except tf.errors.OpError as e:
+        error = lost_task_error(config, tuple(jobs), process)
+        if error is None:
+            raise
+        raise error from e
+
+
+_WRAPPED = ("fit", "evaluate", "predict")
+
+
+def install() -> None:
+    """Wraps Keras's `fit`, `evaluate` and `predict` (idempotent): for a model
+    under a keras_psdist strategy on a cluster, errors from a lost task
+    become `TaskLostError`."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    for name in _WRAPPED:
+        method = getattr(TensorFlowTrainer, name)
+        if not getattr(method, "_keras_psdist_task_loss", False):
+            setattr(TensorFlowTrainer, name, _reporting(method))
+
+
+def _reporting(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        topology = getattr(
+            getattr(getattr(self, "distribute_strategy", None), "extended", None),
+            "topology",
+            None,
+        )
+        config = getattr(topology, "config", None)
+        if config is None:
+            return method(self, *args, **kwargs)
+        with reporting_lost_tasks(config, server_jobs(topology.mode), config.task_name):
+            return method(self, *args, **kwargs)
+
+    wrapper._keras_psdist_task_loss = True
+    return wrapper

@@ -1,0 +1,135 @@
+"""A training job whose ps task is killed (by the test) mid-`fit`: one process.
+
+Run by `tests/test_faults.py` under `keras-psdist launch`:
+
+    python ps_loss_job.py OUT_DIR CONFIG_JSON
+
+CONFIG_JSON:
+
+- `strategy`: `"async"` (`PSStrategy(mode="async")`, between-graph),
+  `"sync"` (`SyncReplicaStrategy`, between-graph) or `"in-graph"`
+  (`PSStrategy()`, the chief drives every worker).
+- `lose_ps_at_step`: the chief writes `OUT_DIR/kill_ps` after that step, and
+  the test kills the ps task; the chief then waits until the ps is gone.
+- `lose_ps_after_epoch`: the same, after that epoch's end (and after
+  `keras.callbacks.BackupAndRestore` saved it); the chief first writes what
+  the model and optimizer hold to `OUT_DIR/at_epoch_end.npz`.
+- `backup_dir`: train with `BackupAndRestore(backup_dir)`; the chief writes
+  what the model and optimizer hold once it has restored (at the start of
+  `fit`) to `OUT_DIR/restored.npz`, and each epoch it begins to
+  `OUT_DIR/epochs.json`.
+- `epochs`.
+
+Each process writes `OUT_DIR/<task>.json`: its steps, and how its `fit`
+ended (`failure`: `"TypeName: message"`, or None).
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import digits_job  # noqa: E402
+
+PS_GONE_TIMEOUT_S = 120
+
+
+def state(model):
+    """Every weight and optimizer variable, by position."""
+    values = [v.numpy() for v in model.weights]
+    values += [v.numpy() for v in model.optimizer.variables]
+    return {f"arr_{i}": v for i, v in enumerate(values)}
+
+
+class LosePs(keras.callbacks.Callback):
+    """Has the test kill the ps at a step or after an epoch, and waits for it."""
+
+    def __init__(self, out_dir, config, is_chief, cluster_config):
+        super().__init__()
+        self.out_dir = out_dir
+        self.config = config
+        self.is_chief = is_chief
+        self.cluster_config = cluster_config
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.is_chief and self.steps == self.config.get("lose_ps_at_step"):
+            self._lose_ps()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.is_chief and epoch + 1 == self.config.get("lose_ps_after_epoch"):
+            np.savez(
+                os.path.join(self.out_dir, "at_epoch_end.npz"), **state(self.model)
+            )
+            self._lose_ps()
+
+    def _lose_ps(self):
+        from keras_psdist.cluster import task_loss
+
+        open(os.path.join(self.out_dir, "kill_ps"), "w").close()
+        deadline = time.monotonic() + PS_GONE_TIMEOUT_S
+        while not task_loss.unreachable_tasks(self.cluster_config, ("ps",)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the ps was not killed in {PS_GONE_TIMEOUT_S} s")
+            time.sleep(0.1)
+
+
+class RecordRestore(keras.callbacks.Callback):
+    """After BackupAndRestore (listed before it): what `fit` resumed from."""
+
+    def __init__(self, out_dir):
+        super().__init__()
+        self.out_dir = out_dir
+        self.epochs = []
+
+    def on_train_begin(self, logs=None):
+        np.savez(os.path.join(self.out_dir, "restored.npz"), **state(self.model))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch)
+        with open(os.path.join(self.out_dir, "epochs.json"), "w") as f:
+            json.dump(self.epochs, f)
+
+
+def main(out_dir, config):
+    import keras_psdist as kpd
+
+    if config["strategy"] == "async":
+        strategy = kpd.PSStrategy(mode="async", heartbeat_timeout=3)
+    elif config["strategy"] == "sync":
+        strategy = kpd.SyncReplicaStrategy(heartbeat_timeout=3, step_timeout=120)
+    else:
+        strategy = kpd.PSStrategy()
+    topology = strategy.extended.topology
+    task = topology.config.task_name
+    model = digits_job.build(strategy, seed=config.get("seed", 0))
+    lose_ps = LosePs(out_dir, config, topology.is_chief, topology.config)
+    callbacks = [lose_ps]
+    if "backup_dir" in config:
+        callbacks = [
+            keras.callbacks.BackupAndRestore(config["backup_dir"]),
+            RecordRestore(out_dir),
+            lose_ps,
+        ]
+    digits_job.EPOCHS = config["epochs"]
+    failure = None
+    try:
+        digits_job.train(model, 0, callbacks)
+    except Exception as e:  # noqa: BLE001 - reported, then re-raised
+        failure = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
+            json.dump({"steps": lose_ps.steps, "failure": failure}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], json.loads(sys.argv[2]))
