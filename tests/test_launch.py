@@ -171,6 +171,11 @@ def test_in_graph_runs_the_command_once_as_chief(tmp_path, processes):
     assert "started" in chief, out.text
     assert any("ps:0 listening on 127.0.0.1:" in line for line in out.prefixed("ps:0"))
     assert any("worker:0 listening" in line for line in out.prefixed("worker:0"))
+    # Every server says what its open port allows (docs/security.md).
+    assert any(
+        "unauthenticated connections on port" in line and "every interface" in line
+        for line in out.prefixed("ps:0")
+    ), out.text
     assert any("stopping ps:0" in line for line in out.prefixed("ps:0")), out.text
     (tf_config,) = [line for line in chief if line.startswith("TF_CONFIG=")]
     config = cluster_config.from_tf_config(tf_config[len("TF_CONFIG=") :])

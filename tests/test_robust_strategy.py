@@ -151,6 +151,37 @@ def test_mean_lets_nan_through(cpu_devices, small_digits):
     assert not all(np.isfinite(w).all() for w in model.get_weights())
 
 
+class _Batches(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def test_under_mean_terminate_on_nan_stops_at_the_first_nan_loss(
+    cpu_devices, small_digits
+):
+    # What docs/reliability.md promises: `mean` applies a non-finite gradient,
+    # the next batch's loss is NaN, and keras.callbacks.TerminateOnNaN stops
+    # `fit` right there, as on one device.
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:4], attack=attacks.NonFinite(replicas=[3])
+    )
+    batches = _Batches()
+    _, history = train(
+        strategy,
+        small_digits,
+        epochs=3,
+        callbacks=[batches, keras.callbacks.TerminateOnNaN()],
+    )
+    # The first batch's loss is computed before its (poisoned) update.
+    assert np.isfinite(batches.losses[0])
+    assert len(batches.losses) == 2 and np.isnan(batches.losses[1]), batches.losses
+    assert len(history.epoch) == 1  # stopped in the first of 3 epochs
+
+
 def test_label_flip_corrupts_training_batches_of_its_replicas(
     cpu_devices, small_digits
 ):

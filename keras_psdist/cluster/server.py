@@ -14,6 +14,13 @@ from keras_psdist.cluster.config import ClusterConfig, PortInUseError, check_por
 # waits for it (a port that accepts connections may belong to someone else).
 READY_LINE = "keras-psdist serve: {name} listening on {address} (pid {pid})"
 
+# Printed once the server runs: TensorFlow cannot be told to bind one interface.
+SECURITY_NOTE = (
+    "keras-psdist serve: note: TensorFlow's gRPC server takes unauthenticated "
+    "connections on port {port} of every interface of this machine; keep the "
+    "port on a private network (see docs/security.md)."
+)
+
 # Exit code of `keras-psdist serve` when its port is taken: sysexits.h's
 # EX_TEMPFAIL ("try again later"), so a launcher can retry with other ports.
 PORT_IN_USE_EXIT_CODE = 75
@@ -27,7 +34,8 @@ def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
 
         keras-psdist serve: ps:0 listening on 127.0.0.1:2222 (pid 4242)
 
-    and waits. A chief or worker process then places variables and ops on
+    and a note on what the open port allows (below), and waits. A chief or
+    worker process then places variables and ops on
     this task (`/job:ps/replica:0/task:0/...`) through TensorFlow's own
     runtime; nothing else needs to run here.
 
@@ -117,6 +125,9 @@ def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
             READY_LINE.format(name=name, address=address, pid=os.getpid()),
             file=out,
             flush=True,
+        )
+        print(
+            SECURITY_NOTE.format(port=address.rsplit(":", 1)[1]), file=out, flush=True
         )
         # Wake up now and then: Python runs signal handlers only between
         # bytecodes of the main thread, never inside TF's `server.join()`.

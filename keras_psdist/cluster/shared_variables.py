@@ -11,7 +11,10 @@ gets (a worker that exits must not destroy the model for the others).
 
 The chief initialises each variable, once: if the variable already holds a
 value (the chief restarted while the ps tasks kept running), it is kept. The
-other workers wait until the chief has done so.
+other workers wait until the chief has done so. A process that opens a
+variable someone else created checks its shape: a worker that builds another
+model (other arguments, another script) gets a `ValueError` naming the
+variable and both shapes, not an obscure failure in its first step.
 
 Names: a variable's shared name is its name (Keras's path, e.g.
 `sequential/dense/kernel`), plus `_2`, `_3`, ... for the second and later
@@ -97,8 +100,10 @@ class SharedVariables:
             if self._is_chief:
                 if not _is_initialized(handle):
                     variable.assign(tf.cast(tf.convert_to_tensor(initial_value), dtype))
+                    return variable
             else:
                 self._wait_for_value(handle, shared_name, device)
+            self._check_shape(handle, shape, shared_name, device)
         return variable
 
     def create_int64(self, device: str, name: str, initial_value) -> tf.Variable:
@@ -111,6 +116,24 @@ class SharedVariables:
             dtype=tf.int64,
             name=name,
             trainable=False,
+        )
+
+    def _check_shape(self, handle, shape, shared_name, device):
+        """The variable another process created must have this one's shape."""
+        held = tf.TensorShape(
+            tf.raw_ops.VariableShape(input=handle, out_type=tf.int64).numpy().tolist()
+        )
+        if held == tf.TensorShape(shape):
+            return
+        who = "this process, the chief," if self._is_chief else "this process"
+        raise ValueError(
+            f"Shared variable {shared_name!r} on {device}: {who} builds it with "
+            f"shape {tuple(tf.TensorShape(shape).as_list())}, but the ps task holds "
+            f"it with shape {tuple(held.as_list())} (as the chief, {self._chief}, "
+            "created it). Every process of a between-graph run must build the same "
+            "model: run the same script with the same arguments on every worker. "
+            "If the ps tasks kept running from an earlier run with another model, "
+            "restart them too."
         )
 
     def _wait_for_value(self, handle, shared_name, device):

@@ -138,6 +138,11 @@ class _Progress(keras.callbacks.Callback):
         super().__init__()
         self._training = training
 
+    def on_train_begin(self, logs=None):
+        steps = self.params.get("steps")
+        if steps is not None:
+            self._training.check_steps(steps * self.params.get("epochs", 1))
+
     def on_train_batch_begin(self, batch, logs=None):
         self._training.before_step()
 

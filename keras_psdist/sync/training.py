@@ -190,6 +190,19 @@ class SyncTraining:
             self._in_session = False
             self._end(failed)
 
+    def check_steps(self, steps: int) -> None:
+        """Refuses a `fit` of `steps` steps per worker that can make no update."""
+        config = self.sync.config
+        most = steps * config.total_num_replicas
+        if most < config.replicas_to_aggregate:
+            raise ValueError(
+                f"replicas_to_aggregate={config.replicas_to_aggregate} gradients make "
+                f"one update, but this fit runs {steps} steps on each of "
+                f"{config.total_num_replicas} workers: {most} gradients at most, so "
+                "no update would ever be applied. Train more steps, or lower "
+                "SyncReplicaStrategy(replicas_to_aggregate=...)."
+            )
+
     def before_step(self) -> None:
         """Called before each step; a worker waits inside the step instead."""
 
