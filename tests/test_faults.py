@@ -9,11 +9,9 @@ every worker wrote. See docs/reliability.md for the table these tests fill.
 import io
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,13 +20,15 @@ import pytest
 
 from keras_psdist import cluster
 
+sys.path.insert(0, str(Path(__file__).parent / "cluster_jobs"))
+import ps_loss_job  # noqa: E402
+
 pytestmark = pytest.mark.multiprocess
 
 JOB = Path(__file__).parent / "cluster_jobs" / "fault_job.py"
 PS_LOSS_JOB = Path(__file__).parent / "cluster_jobs" / "ps_loss_job.py"
 CHECKPOINT_KILL_JOB = Path(__file__).parent / "scripts" / "checkpoint_kill_job.py"
 LAUNCH_TIMEOUT_S = 420
-PID_LINE = re.compile(r"^\[launch\] (\S+) pid (\d+):")
 
 
 def _launch(tmp_path, config, num_workers, **kwargs):
@@ -199,65 +199,25 @@ def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
 # ---------------------------- a ps task killed: every process names it, exits
 
 
-class _Log(io.StringIO):
-    """The launcher's output, and the pid of each task it started."""
-
-    def __init__(self):
-        super().__init__()
-        self.pids: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def write(self, text):
-        with self._lock:
-            for line in text.splitlines():
-                match = PID_LINE.match(line)
-                if match:
-                    self.pids[match.group(1)] = int(match.group(2))
-            return super().write(text)
-
-
-def _launch_and_kill_ps(tmp_path, config, ps, **kwargs):
-    """Launches `ps_loss_job.py`; SIGKILLs task `ps` once the chief asks for
-    it (`tmp_path/kill_ps`). Returns the exit code, the log and the reports."""
-    out = _Log()
-    result = {}
-
-    def run():
-        result["code"] = cluster.launch(
-            [sys.executable, str(PS_LOSS_JOB), str(tmp_path), json.dumps(config)],
-            timeout_s=LAUNCH_TIMEOUT_S,
-            out=out,
-            **kwargs,
-        )
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    while thread.is_alive() and not (tmp_path / "kill_ps").exists():
-        time.sleep(0.1)
-    if thread.is_alive():
-        os.kill(out.pids[ps], signal.SIGKILL)
-    # Bounded: the launch stops every task at its timeout.
-    thread.join()
-    reports = {
-        p.stem: json.loads(p.read_text())
-        for p in tmp_path.glob("*.json")
-        if p.stem != "epochs"
-    }
-    return result["code"], out.getvalue(), reports
-
-
 @pytest.mark.parametrize("strategy", ["async", "sync"])
 def test_a_killed_ps_stops_every_worker_with_an_error_naming_it(tmp_path, strategy):
     config = {"strategy": strategy, "lose_ps_at_step": 5, "epochs": 50}
-    code, log, reports = _launch_and_kill_ps(
-        tmp_path, config, "ps:1", num_ps=2, num_workers=2, mode="between-graph"
+    code, log, reports = ps_loss_job.launch_and_kill_ps(
+        tmp_path,
+        config,
+        "ps:1",
+        timeout_s=LAUNCH_TIMEOUT_S,
+        num_ps=2,
+        num_workers=2,
+        mode="between-graph",
     )
     assert code == 1, _quiet(log)[-6000:]
     assert "[launch] ps:1 (server) exited with SIGKILL" in log
     # Each worker stopped by itself (the launcher's grace period), and its
     # error names the lost task, where it was, and what to do.
-    assert set(reports) == {"worker_0", "worker_1"}, _quiet(log)[-6000:]
-    for worker, report in reports.items():
+    assert set(reports) == {"worker_0", "worker_1", "killed_at"}, _quiet(log)[-6000:]
+    for worker in ("worker_0", "worker_1"):
+        report = reports[worker]
         failure = report["failure"] or ""
         assert failure.startswith(
             f"TaskLostError: {worker.replace('_', ':')}: lost ps:1 at 127.0.0.1:"
@@ -280,7 +240,9 @@ def ps_loss_and_resume(tmp_path_factory):
         "lose_ps_after_epoch": 2,
     }
     kwargs = {"num_ps": 2, "num_workers": 2, "mode": "in-graph"}
-    code, log, reports = _launch_and_kill_ps(first, config, "ps:0", **kwargs)
+    code, log, reports = ps_loss_job.launch_and_kill_ps(
+        first, config, "ps:0", timeout_s=LAUNCH_TIMEOUT_S, **kwargs
+    )
     assert code != 0, _quiet(log)[-6000:]
     # The backup the restart resumes from (BackupAndRestore deletes it once
     # a fit completes).

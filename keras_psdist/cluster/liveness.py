@@ -40,7 +40,23 @@ from keras_psdist.cluster.config import ClusterConfig
 from keras_psdist.cluster.shared_variables import SharedVariables
 
 
-class Heartbeats:
+class _Background:
+    """A daemon thread of this object's, stopped by `stop()` or at exit."""
+
+    def _start_thread(self, target, name: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Stops the thread (waits up to 5 s for it)."""
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5.0)
+
+
+class Heartbeats(_Background):
     """This process's heartbeat, and its view of every worker's.
 
     Args:
@@ -79,18 +95,11 @@ class Heartbeats:
         self._last_count = [None] * num_workers
         self._last_change = [now] * num_workers
         self._cached = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._beat_forever, name="keras_psdist-heartbeat", daemon=True
-        )
-        self._thread.start()
-        atexit.register(self.stop)
+        self._start_thread(self._beat_forever, "keras_psdist-heartbeat")
 
     def stop(self) -> None:
         """Stops beating (others will see this process as lost)."""
-        self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5.0)
+        super().stop()
 
     def _beat_forever(self) -> None:
         while not self._stop.is_set():
@@ -151,7 +160,7 @@ class Heartbeats:
             return time.monotonic() - self._last_change[worker]
 
 
-class LossReporter:
+class LossReporter(_Background):
     """Logs, on the chief of an async run, when a worker is lost or back.
 
     Args:
@@ -164,17 +173,7 @@ class LossReporter:
         self._every = every
         self.lost: set[int] = set()
         self.ever_lost: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._watch, name="keras_psdist-liveness", daemon=True
-        )
-        self._thread.start()
-        atexit.register(self.stop)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5.0)
+        self._start_thread(self._watch, "keras_psdist-liveness")
 
     def _watch(self) -> None:
         while not self._stop.wait(self._every):

@@ -178,6 +178,9 @@ class BoundedStaleness:
         if others.size and others.min() > clocks[self.worker]:
             self._set(self.clocks, int(others.min()))
 
+    def check_steps(self, steps: int) -> None:
+        """Any number of steps works: every step applies its own update."""
+
     def before_step(self) -> None:
         """Waits while this worker is more than `max_staleness` ahead."""
         deadline = None

@@ -20,13 +20,18 @@ CONFIG_JSON:
   `OUT_DIR/epochs.json`.
 - `epochs`.
 
-Each process writes `OUT_DIR/<task>.json`: its steps, and how its `fit`
-ended (`failure`: `"TypeName: message"`, or None).
+Each process writes `OUT_DIR/<task>.json`: its steps, how its `fit` ended
+(`failure`: `"TypeName: message"`, or None), when (`ended_at`, wall clock)
+and its median step time over its last steps (`median_step_s`).
 """
 
+import io
 import json
 import os
+import re
+import signal
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -39,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import digits_job  # noqa: E402
 
 PS_GONE_TIMEOUT_S = 120
+PID_LINE = re.compile(r"^\[launch\] (\S+) pid (\d+):")
 
 
 def state(model):
@@ -58,9 +64,11 @@ class LosePs(keras.callbacks.Callback):
         self.is_chief = is_chief
         self.cluster_config = cluster_config
         self.steps = 0
+        self.step_ends = []
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
+        self.step_ends.append(time.time())
         if self.is_chief and self.steps == self.config.get("lose_ps_at_step"):
             self._lose_ps()
 
@@ -128,7 +136,78 @@ def main(out_dir, config):
         raise
     finally:
         with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
-            json.dump({"steps": lose_ps.steps, "failure": failure}, f)
+            step_s = np.diff(lose_ps.step_ends[-20:])
+            report = {
+                "steps": lose_ps.steps,
+                "failure": failure,
+                "ended_at": time.time(),
+                "median_step_s": float(np.median(step_s)) if len(step_s) else None,
+            }
+            json.dump(report, f)
+
+
+# ------------------------------------------------- the driver (tests, benchmark)
+
+
+class _Log(io.StringIO):
+    """The launcher's output, and the pid of each task it started."""
+
+    def __init__(self):
+        super().__init__()
+        self.pids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def write(self, text):
+        with self._lock:
+            for line in text.splitlines():
+                match = PID_LINE.match(line)
+                if match:
+                    self.pids[match.group(1)] = int(match.group(2))
+            return super().write(text)
+
+
+def launch_and_kill_ps(out_dir, config, ps, **launch_kwargs):
+    """Runs this job under `keras_psdist.cluster.launch` and SIGKILLs task
+    `ps` once the chief asks for it (`out_dir/kill_ps`).
+
+    Returns `(exit code, log, reports)`: reports by task file stem (e.g.
+    `"worker_1"`), plus `"killed_at"` (wall clock) when the kill happened.
+    Bounded by the launch's `timeout_s`.
+    """
+    from keras_psdist import cluster
+
+    out = _Log()
+    result = {}
+
+    def run():
+        result["code"] = cluster.launch(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                str(out_dir),
+                json.dumps(config),
+            ],
+            out=out,
+            **launch_kwargs,
+        )
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    kill_file = os.path.join(out_dir, "kill_ps")
+    while thread.is_alive() and not os.path.exists(kill_file):
+        time.sleep(0.05)
+    killed_at = None
+    if thread.is_alive():
+        os.kill(out.pids[ps], signal.SIGKILL)
+        killed_at = time.time()
+    thread.join()
+    reports = {}
+    for name in os.listdir(out_dir):
+        if name.endswith(".json") and name != "epochs.json":
+            with open(os.path.join(out_dir, name)) as f:
+                reports[name[: -len(".json")]] = json.load(f)
+    reports["killed_at"] = killed_at
+    return result["code"], out.getvalue(), reports
 
 
 if __name__ == "__main__":
