@@ -196,6 +196,28 @@ def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
     assert chief["steps"] >= 10
 
 
+# ------------------------------- sync replicas, the chief frozen: no hang
+
+
+def test_sync_workers_stop_with_an_error_naming_a_frozen_chief(tmp_path):
+    # SIGSTOP, not SIGKILL: the chief's process stays (a hung machine), so
+    # the launcher sees no exit; only the heartbeats tell the others.
+    config = {
+        "strategy": "sync",
+        "freeze_worker": 0,
+        "freeze_at_step": 10,
+        "epochs": 3,
+        "heartbeat_timeout": 3,
+    }
+    code, reports, log = _launch(tmp_path, config, num_workers=2)
+    assert code not in (0, 124), _quiet(log)[-6000:]  # an error, not a timeout
+    failure = reports["1_start_1"]["failure"] or ""
+    assert failure.startswith("StalledError: worker 1: the chief (worker 0) is lost"), (
+        _quiet(log)[-6000:]
+    )
+    assert "heartbeat_timeout=3" in failure and "BackupAndRestore" in failure
+
+
 # ---------------------------- a ps task killed: every process names it, exits
 
 

@@ -11,6 +11,8 @@ CONFIG_JSON:
   (`SyncReplicaStrategy`, with `replicas_to_aggregate` if given).
 - `kill_worker`, `kill_at_step`: that worker SIGKILLs itself right after that
   step of its first start (a real kill: no cleanup, no goodbye).
+- `freeze_worker`, `freeze_at_step`: that worker SIGSTOPs itself right after
+  that step: a hung process, which no launcher sees exit.
 - `wait_for_rejoin_at_step`: the chief, at that step, waits until the killed
   worker has been found lost (its heartbeat stopped) and has been started
   again (`max_restarts`) and has read the shared variables, so that both
@@ -65,6 +67,14 @@ class Faults(keras.callbacks.Callback):
             if self.steps == self.config["kill_at_step"]:
                 _write(self.out_dir, self.worker, self.start, {"steps": self.steps})
                 os.kill(os.getpid(), signal.SIGKILL)
+        if (
+            self.worker == self.config.get("freeze_worker")
+            and self.steps == (self.config["freeze_at_step"])
+        ):
+            # Frozen, not dead: its process is still there (as when a machine
+            # hangs or is cut off), only its heartbeat stops.
+            _write(self.out_dir, self.worker, self.start, {"steps": self.steps})
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self.worker == 0 and self.steps == self.config.get(
             "wait_for_rejoin_at_step"
         ):
