@@ -114,6 +114,9 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         # Between-graph runs: this process's heartbeat and its view of the
         # others' (`keras_psdist.cluster.liveness`).
         self.heartbeats = None
+        # Cluster runs: ends this process if a server task is lost and it
+        # does not stop by itself (`keras_psdist.cluster.task_loss`).
+        self.server_watch = None
 
     # ---------------------------------------------------------------- state
 
@@ -159,7 +162,14 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     # ------------------------------------------------------------ variables
 
     def _create_variable(self, next_creator, **kwargs):
-        return self._creator.create(next_creator, **kwargs)
+        config = self._topology.config
+        if config is None:
+            return self._creator.create(next_creator, **kwargs)
+        # A ps lost while the model is built: an error that names it.
+        with task_loss.reporting_lost_tasks(
+            config, task_loss.server_jobs(self._topology.mode), config.task_name
+        ):
+            return self._creator.create(next_creator, **kwargs)
 
     def colocate_vars_with(self, colocate_with_variable):
         # Checked before TF's own scope check, whose message ("Need to be

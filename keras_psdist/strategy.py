@@ -13,7 +13,7 @@ from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
-from keras_psdist.cluster import runtime
+from keras_psdist.cluster import runtime, task_loss
 from keras_psdist.cluster.liveness import Heartbeats, LossReporter
 from keras_psdist.extended import PSExtended
 
@@ -85,7 +85,10 @@ class PSStrategy(distribute_lib.Strategy):
         heartbeat_timeout: In async mode, seconds without a heartbeat after
             which a worker process counts as lost
             (`keras_psdist.cluster.liveness`): the chief logs it, and with
-            `max_staleness` the others stop waiting for it. Defaults to 30.
+            `max_staleness` the others stop waiting for it. On a cluster
+            (any mode), also how long a process whose ps task is lost may
+            take to stop by itself before it is ended with the error
+            (`keras_psdist.cluster.task_loss`). Defaults to 30.
         partitioner: Splits large variables (embedding tables) into shards of
             consecutive rows, each placed on a parameter device by
             `placement`: a `keras_psdist.partitioners` object (`Fixed`,
@@ -187,6 +190,7 @@ class PSStrategy(distribute_lib.Strategy):
                 partitioner=partitioner,
             )
         )
+        self.extended.server_watch = task_loss.watch(topology, heartbeat_timeout)
         if topology.mode == "async":
             self.extended.heartbeats = Heartbeats(
                 self.extended._shared,

@@ -235,17 +235,21 @@ def test_a_killed_ps_stops_every_worker_with_an_error_naming_it(tmp_path, strate
     )
     assert code == 1, _quiet(log)[-6000:]
     assert "[launch] ps:1 (server) exited with SIGKILL" in log
-    # Each worker stopped by itself (the launcher's grace period), and its
-    # error names the lost task, where it was, and what to do.
-    assert set(reports) == {"worker_0", "worker_1", "killed_at"}, _quiet(log)[-6000:]
-    for worker in ("worker_0", "worker_1"):
-        report = reports[worker]
-        failure = report["failure"] or ""
-        assert failure.startswith(
-            f"TaskLostError: {worker.replace('_', ':')}: lost ps:1 at 127.0.0.1:"
-        ), (worker, report, _quiet(log)[-6000:])
-        assert "BackupAndRestore" in failure
-    assert "still running" not in log  # none had to be killed
+    # Each worker stopped by itself, within the launcher's grace period, with
+    # an error that names the lost task, where it was, and what to do: its
+    # `fit` raised it, or (when TensorFlow waited on the dead task without
+    # failing) the server watch printed it and ended the process.
+    for i in (0, 1):
+        report = reports.get(f"worker_{i}")
+        if report is not None:  # its `fit` raised
+            error = report["failure"]
+            assert error.startswith(
+                f"TaskLostError: worker:{i}: lost ps:1 at 127.0.0.1:"
+            )
+        else:  # the watch ended it, after printing the error
+            printed = f"[worker:{i}] keras_psdist: worker:{i}: lost ps:1 at 127.0.0.1:"
+            (error,) = [line for line in log.splitlines() if line.startswith(printed)]
+        assert "BackupAndRestore" in error, (i, _quiet(log)[-6000:])
 
 
 @pytest.fixture(scope="module")

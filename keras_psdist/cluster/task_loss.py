@@ -14,7 +14,14 @@ gone, and then
   lost tasks, their addresses and what to do (`reporting_lost_tasks`);
 - the sync-replica protocol, the heartbeats and the liveness reporter send
   nothing more to a lost ps (`unreachable_tasks` before each control
-  message), so the process exits instead of hanging in its clean-up.
+  message), so the process exits instead of hanging in its clean-up;
+- and because a TensorFlow call can also wait forever *without* any op
+  failing first (e.g. a worker starting an epoch's input iterator syncs its
+  executors with every task, the dead one included), `ServerWatch` looks
+  every second: once a task is lost, the process has `grace_s` (the
+  strategy's `heartbeat_timeout`) to stop by itself; if it has not, the
+  watch prints the `TaskLostError` and ends the process (`os._exit(1)`):
+  a bounded exit with the cause, never a hang.
 
 Which tasks are looked at: the ps tasks always; in an in-graph run also the
 worker tasks (servers the chief places replicas on). In a between-graph run a
@@ -34,11 +41,16 @@ Examples:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 
 import tensorflow as tf
+from absl import logging
 
 from keras_psdist.cluster.config import ClusterConfig, connect_error
 
@@ -118,6 +130,77 @@ def reporting_lost_tasks(
         if error is None:
             raise
         raise error from e
+
+
+# Exit code of a process the watch ends (its error on stderr before it).
+EXIT_CODE = 1
+
+
+class ServerWatch:
+    """Ends this process, with the error, when a server task is lost and
+    the process has not stopped by itself within `grace_s`.
+
+    Args:
+        config: The cluster (this process's task set).
+        jobs: The jobs whose tasks this process depends on (`server_jobs`).
+        grace_s: Seconds from the loss to the exit.
+        period: Seconds between looks. Defaults to `min(1, grace_s / 5)`.
+        exit: Called with `EXIT_CODE` to end the process. Defaults to
+            `os._exit` (no clean-up: TensorFlow's may wait on the dead task).
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        jobs: Iterable[str],
+        grace_s: float,
+        period: float | None = None,
+        exit: Callable[[int], None] = os._exit,
+    ):
+        self._config = config
+        self._jobs = tuple(jobs)
+        self.grace_s = float(grace_s)
+        self._period = min(1.0, self.grace_s / 5) if period is None else period
+        self._exit = exit
+        self.error: TaskLostError | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch, name="keras_psdist-server-watch", daemon=True
+        )
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Stops watching, unless a task is already lost (then the exit
+        stays armed: the interpreter's own clean-up may wait on it)."""
+        if self.error is None:
+            self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._period):
+            self.error = lost_task_error(
+                self._config, self._jobs, self._config.task_name
+            )
+            if self.error is not None:
+                break
+        else:
+            return
+        logging.error(
+            "keras_psdist: %s This process ends in %g s unless it stops first.",
+            self.error,
+            self.grace_s,
+        )
+        # Not `self._stop`: once armed, nothing disarms it.
+        threading.Event().wait(self.grace_s)
+        print(f"keras_psdist: {self.error}", file=sys.stderr, flush=True)
+        self._exit(EXIT_CODE)
+
+
+def watch(topology, grace_s: float) -> ServerWatch | None:
+    """A `ServerWatch` for a process of a cluster run, else None."""
+    if topology.config is None:
+        return None
+    return ServerWatch(topology.config, server_jobs(topology.mode), grace_s)
 
 
 _WRAPPED = ("fit", "evaluate", "predict")

@@ -84,7 +84,9 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             process counts as lost (`keras_psdist.cluster.liveness`): with
             backup workers the run goes on without it, else every worker
             stops with `WorkerLostError` naming it; a lost chief stops every
-            worker. Defaults to 30.
+            worker. Also how long a process whose ps task is lost may take
+            to stop by itself before it is ended with the error
+            (`keras_psdist.cluster.task_loss`). Defaults to 30.
 
     Raises:
         ValueError: without a cluster, for counts that do not fit it, or for
@@ -188,6 +190,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         from keras_psdist.attacks.base import GradientAttack
 
         extended.worker_attack = attack if attacked else None
+        extended.server_watch = task_loss.watch(topology, heartbeat_timeout)
         extended.heartbeats = Heartbeats(
             extended._shared,
             topology.parameter_devices[0],

@@ -25,6 +25,7 @@ Each process writes `OUT_DIR/<task>.json`: its steps, how its `fit` ended
 and its median step time over its last steps (`median_step_s`).
 """
 
+import faulthandler
 import io
 import json
 import os
@@ -57,18 +58,22 @@ def state(model):
 class LosePs(keras.callbacks.Callback):
     """Has the test kill the ps at a step or after an epoch, and waits for it."""
 
-    def __init__(self, out_dir, config, is_chief, cluster_config):
+    def __init__(self, out_dir, config, topology):
         super().__init__()
         self.out_dir = out_dir
         self.config = config
-        self.is_chief = is_chief
-        self.cluster_config = cluster_config
+        self.is_chief = topology.is_chief
+        self.worker = topology.worker_index
+        self.num_workers = topology.num_training_processes
+        self.cluster_config = topology.config
         self.steps = 0
         self.step_ends = []
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
         self.step_ends.append(time.time())
+        if self.steps == 1:
+            open(os.path.join(self.out_dir, f"training_{self.worker}"), "w").close()
         if self.is_chief and self.steps == self.config.get("lose_ps_at_step"):
             self._lose_ps()
 
@@ -82,8 +87,16 @@ class LosePs(keras.callbacks.Callback):
     def _lose_ps(self):
         from keras_psdist.cluster import task_loss
 
-        open(os.path.join(self.out_dir, "kill_ps"), "w").close()
+        # Every process trains (none is still building its model) when the
+        # ps is killed.
         deadline = time.monotonic() + PS_GONE_TIMEOUT_S
+        for worker in range(self.num_workers):
+            path = os.path.join(self.out_dir, f"training_{worker}")
+            while not os.path.exists(path):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"worker {worker} never started training")
+                time.sleep(0.05)
+        open(os.path.join(self.out_dir, "kill_ps"), "w").close()
         while not task_loss.unreachable_tasks(self.cluster_config, ("ps",)):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the ps was not killed in {PS_GONE_TIMEOUT_S} s")
@@ -108,6 +121,8 @@ class RecordRestore(keras.callbacks.Callback):
 
 
 def main(out_dir, config):
+    # `kill -USR1 <pid>` prints every thread's stack (to diagnose a hang).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     import keras_psdist as kpd
 
     if config["strategy"] == "async":
@@ -115,11 +130,11 @@ def main(out_dir, config):
     elif config["strategy"] == "sync":
         strategy = kpd.SyncReplicaStrategy(heartbeat_timeout=3, step_timeout=120)
     else:
-        strategy = kpd.PSStrategy()
+        strategy = kpd.PSStrategy(heartbeat_timeout=3)
     topology = strategy.extended.topology
     task = topology.config.task_name
     model = digits_job.build(strategy, seed=config.get("seed", 0))
-    lose_ps = LosePs(out_dir, config, topology.is_chief, topology.config)
+    lose_ps = LosePs(out_dir, config, topology)
     callbacks = [lose_ps]
     if "backup_dir" in config:
         callbacks = [
