@@ -31,7 +31,7 @@ How to run
 ----------
 From the repository root::
 
-    python benchmarks/faults.py            # about 4 minutes on 2 shared cores
+    python benchmarks/faults.py            # about 3 minutes on 2 shared cores
     python benchmarks/faults.py --rounds 1 # about 1.5 minutes
 
 Writes ``benchmarks/results/faults.json`` (``--json``).
