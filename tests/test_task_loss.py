@@ -117,3 +117,27 @@ def test_a_stopped_watch_never_fires(listening):
     watch.stop()
     listening.close()
     assert not exits.called.wait(timeout=0.6)
+
+
+def test_a_connection_error_waits_for_the_port_to_close(listening):
+    # A killed process's connections can be reset a moment before its
+    # listening socket closes: the connection error is looked at again.
+    config = _config(_address(listening))
+    threading.Timer(0.5, listening.close).start()
+    with (
+        pytest.raises(task_loss.TaskLostError, match="lost ps:0"),
+        task_loss.reporting_lost_tasks(config, ("ps",), "worker:0"),
+    ):
+        raise tf.errors.UnavailableError(None, None, "Connection reset by peer")
+
+
+def test_other_op_errors_are_not_waited_on(listening, monkeypatch):
+    config = _config(_address(listening))
+    sleeps = []
+    monkeypatch.setattr(task_loss.time, "sleep", sleeps.append)
+    with (
+        pytest.raises(tf.errors.InvalidArgumentError),
+        task_loss.reporting_lost_tasks(config, ("ps",), "worker:0"),
+    ):
+        raise tf.errors.InvalidArgumentError(None, None, "bad shape")
+    assert sleeps == []  # one look, no second one

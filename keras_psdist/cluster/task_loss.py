@@ -47,6 +47,7 @@ import functools
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 import tensorflow as tf
@@ -117,6 +118,32 @@ def lost_task_error(
     return TaskLostError(lost, process) if lost else None
 
 
+# How long a connection error may precede the lost task's port closing: a
+# killed process's connections can be reset a moment before its listening
+# socket is closed (longer on a loaded machine).
+SETTLE_S = 2.0
+_CONNECTION_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+)
+
+
+def lost_after(
+    error: BaseException, probe: Callable[[], dict[str, str]]
+) -> dict[str, str]:
+    """`probe()` (the lost tasks), looked at again for up to `SETTLE_S` when
+    `error` is a connection error and nothing is lost yet."""
+    lost = probe()
+    if lost or not isinstance(error, _CONNECTION_ERRORS):
+        return lost
+    deadline = time.monotonic() + SETTLE_S
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.1)
+        lost = probe()
+    return lost
+
+
 @contextlib.contextmanager
 def reporting_lost_tasks(
     config: ClusterConfig, jobs: Iterable[str], process: str
@@ -126,10 +153,10 @@ def reporting_lost_tasks(
     try:
         yield
     except tf.errors.OpError as e:
-        error = lost_task_error(config, tuple(jobs), process)
-        if error is None:
+        lost = lost_after(e, functools.partial(unreachable_tasks, config, tuple(jobs)))
+        if not lost:
             raise
-        raise error from e
+        raise TaskLostError(lost, process) from e
 
 
 # Exit code of a process the watch ends (its error on stderr before it).

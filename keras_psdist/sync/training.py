@@ -177,7 +177,7 @@ class SyncTraining:
             except tf.errors.OpError as e:
                 # A lost ps: say so. (`_end` sends nothing to a lost ps: a
                 # call on it can wait forever.)
-                servers_lost = self.sync.servers_lost()
+                servers_lost = task_loss.lost_after(e, self.sync.servers_lost)
                 if not servers_lost:
                     raise
                 raise task_loss.TaskLostError(
