@@ -43,12 +43,13 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster_jobs"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import log, machine, positive, save_json  # noqa: E402
+from _common import finish, loadavg, log, positive, use_checkout  # noqa: E402
 
 MODES = {
     "async": {"num_ps": 2, "num_workers": 2, "mode": "between-graph"},
@@ -120,10 +121,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    use_checkout()
+    load_start, start = loadavg(), time.perf_counter()
     modes = [args.only] if args.only else list(MODES)
-    results = {}
+    results, rounds = {}, {}
     for strategy in modes:
-        rows = []
+        rows = rounds[strategy] = []
         for round_ in range(args.rounds):
             log(f"{strategy}: round {round_ + 1} of {args.rounds}")
             rows += one_run(strategy, args.kill_at_step)
@@ -131,7 +134,7 @@ def main(argv=None) -> int:
         latencies = [r["latency_s"] for r in timed] or [float("nan")]
         in_steps = [r["latency_in_steps"] for r in timed] or [float("nan")]
         results[strategy] = {
-            "runs": rows,
+            "processes": len(rows),
             "ended_by_watch": len(rows) - len(timed),
             "median_latency_s": statistics.median(latencies),
             "max_latency_s": max(latencies),
@@ -144,16 +147,14 @@ def main(argv=None) -> int:
     )
     for strategy, r in results.items():
         print(
-            f"{strategy:<10}{len(r['runs']):>10}{r['ended_by_watch']:>10}"
+            f"{strategy:<10}{r['processes']:>10}{r['ended_by_watch']:>10}"
             f"{r['median_latency_s']:>10.2f}{r['max_latency_s']:>10.2f}"
             f"{r['median_latency_in_steps']:>10.1f}"
         )
-    save_json(
-        args.json,
-        {"args": vars(args), "machine": machine(), "results": results},
+    settings = ("rounds", "kill_at_step", "only")
+    return finish(
+        args, settings, load_start, time.perf_counter() - start, results, rounds
     )
-    log(f"wrote {args.json}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ class PSStrategy(distribute_lib.Strategy):
                 topology.worker_index,
                 topology.num_training_processes,
                 heartbeat_timeout,
-                config=topology.config,
+                server_watch=self.extended.server_watch,
             )
             if topology.is_chief:
                 self._loss_reporter = LossReporter(self.extended.heartbeats)

@@ -2,10 +2,16 @@
 
 At import time, before any test module imports TensorFlow, the host CPU is
 split into 8 logical devices (only when no GPU is present) so multi-replica
-strategies can be exercised on a CPU-only machine.
+strategies can be exercised on a CPU-only machine. `tests/cluster_jobs` goes
+on `sys.path` for the tests that launch those jobs.
 """
 
 import os
+import sys
+from pathlib import Path
+
+# The cluster jobs and their launching helpers (`import launching`).
+sys.path.insert(0, str(Path(__file__).parent / "cluster_jobs"))
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")

@@ -6,7 +6,6 @@ process down when the job ends, fails or times out.
 """
 
 import importlib.util
-import io
 import json
 import os
 import socket
@@ -14,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launching  # tests/cluster_jobs, see conftest.py
 import numpy as np
 import pytest
 
@@ -34,16 +34,14 @@ def _job_module():
 
 
 def _launch(tmp_path, mode, num_ps, num_workers):
-    out = io.StringIO()
-    code = cluster.launch(
-        [sys.executable, str(JOB), str(tmp_path), mode],
+    code, log = launching.launch_job(
+        JOB,
+        [tmp_path, mode],
         num_ps=num_ps,
         num_workers=num_workers,
         mode="in-graph" if mode == "sync" else "between-graph",
         timeout_s=LAUNCH_TIMEOUT_S,
-        out=out,
     )
-    log = out.getvalue()
     assert code == 0, f"launch exited {code}:\n{log[-6000:]}"
     reports = {
         p.stem.replace("_", ":"): json.loads(p.read_text())

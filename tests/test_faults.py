@@ -6,7 +6,6 @@ ends, and bounds it with its timeout) and reads back what every start of
 every worker wrote. See docs/reliability.md for the table these tests fill.
 """
 
-import io
 import json
 import os
 import signal
@@ -15,13 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import launching  # tests/cluster_jobs, see conftest.py
 import numpy as np
+import ps_loss_job
 import pytest
-
-from keras_psdist import cluster
-
-sys.path.insert(0, str(Path(__file__).parent / "cluster_jobs"))
-import ps_loss_job  # noqa: E402
+from launching import without_progress
 
 pytestmark = pytest.mark.multiprocess
 
@@ -32,29 +29,20 @@ LAUNCH_TIMEOUT_S = 420
 
 
 def _launch(tmp_path, config, num_workers, **kwargs):
-    out = io.StringIO()
-    code = cluster.launch(
-        [sys.executable, str(JOB), str(tmp_path), json.dumps(config)],
+    code, log = launching.launch_job(
+        JOB,
+        [tmp_path, json.dumps(config)],
         num_ps=1,
         num_workers=num_workers,
         mode="between-graph",
         timeout_s=LAUNCH_TIMEOUT_S,
-        out=out,
         **kwargs,
     )
     reports = {
         p.stem.removeprefix("worker_"): json.loads(p.read_text())
         for p in tmp_path.glob("worker_*_start_*.json")
     }
-    return code, reports, out.getvalue()
-
-
-def _quiet(log):
-    return "\n".join(
-        line
-        for line in log.splitlines()
-        if "/step" not in line and "Epoch " not in line
-    )
+    return code, reports, log
 
 
 # ------------------------------------------- async: killed, restarted, rejoined
@@ -72,7 +60,7 @@ def async_restart_run(tmp_path_factory):
         "heartbeat_timeout": 3,
     }
     code, reports, log = _launch(tmp_path, config, num_workers=2, max_restarts=1)
-    assert code == 0, _quiet(log)[-8000:]
+    assert code == 0, without_progress(log)[-8000:]
     return reports, log
 
 
@@ -132,7 +120,7 @@ def sync_backup_run(tmp_path_factory):
         "heartbeat_timeout": 3,
     }
     code, reports, log = _launch(tmp_path, config, num_workers=3, max_restarts=1)
-    assert code == 0, _quiet(log)[-8000:]
+    assert code == 0, without_progress(log)[-8000:]
     return reports, log
 
 
@@ -188,7 +176,9 @@ def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
     sync_no_backup_run,
 ):
     code, reports, log = sync_no_backup_run
-    assert code not in (0, 124), _quiet(log)[-6000:]  # an error, not a timeout
+    assert code not in (0, 124), without_progress(log)[
+        -6000:
+    ]  # an error, not a timeout
     chief = reports["0_start_1"]
     assert chief["failure"].startswith("WorkerLostError: worker 1 was lost"), chief
     assert "replicas_to_aggregate=2" in chief["failure"]
@@ -210,10 +200,12 @@ def test_sync_workers_stop_with_an_error_naming_a_frozen_chief(tmp_path):
         "heartbeat_timeout": 3,
     }
     code, reports, log = _launch(tmp_path, config, num_workers=2)
-    assert code not in (0, 124), _quiet(log)[-6000:]  # an error, not a timeout
+    assert code not in (0, 124), without_progress(log)[
+        -6000:
+    ]  # an error, not a timeout
     failure = reports["1_start_1"]["failure"] or ""
     assert failure.startswith("StalledError: worker 1: the chief (worker 0) is lost"), (
-        _quiet(log)[-6000:]
+        without_progress(log)[-6000:]
     )
     assert "heartbeat_timeout=3" in failure and "BackupAndRestore" in failure
 
@@ -233,7 +225,7 @@ def test_a_killed_ps_stops_every_worker_with_an_error_naming_it(tmp_path, strate
         num_workers=2,
         mode="between-graph",
     )
-    assert code == 1, _quiet(log)[-6000:]
+    assert code == 1, without_progress(log)[-6000:]
     assert "[launch] ps:1 (server) exited with SIGKILL" in log
     # Each worker stopped by itself, within the launcher's grace period, with
     # an error that names the lost task, where it was, and what to do: its
@@ -249,7 +241,7 @@ def test_a_killed_ps_stops_every_worker_with_an_error_naming_it(tmp_path, strate
         else:  # the watch ended it, after printing the error
             printed = f"[worker:{i}] keras_psdist: worker:{i}: lost ps:1 at 127.0.0.1:"
             (error,) = [line for line in log.splitlines() if line.startswith(printed)]
-        assert "BackupAndRestore" in error, (i, _quiet(log)[-6000:])
+        assert "BackupAndRestore" in error, (i, without_progress(log)[-6000:])
 
 
 @pytest.fixture(scope="module")
@@ -269,17 +261,14 @@ def ps_loss_and_resume(tmp_path_factory):
     code, log, reports = ps_loss_job.launch_and_kill_ps(
         first, config, "ps:0", timeout_s=LAUNCH_TIMEOUT_S, **kwargs
     )
-    assert code != 0, _quiet(log)[-6000:]
+    assert code != 0, without_progress(log)[-6000:]
     # The backup the restart resumes from (BackupAndRestore deletes it once
     # a fit completes).
     saved = {p.name: p.read_bytes() for p in backup_dir.iterdir() if p.is_file()}
     config = {**config, "seed": 1}
     del config["lose_ps_after_epoch"]
-    resumed = cluster.launch(
-        [sys.executable, str(PS_LOSS_JOB), str(second), json.dumps(config)],
-        timeout_s=LAUNCH_TIMEOUT_S,
-        out=io.StringIO(),
-        **kwargs,
+    resumed, _ = launching.launch_job(
+        PS_LOSS_JOB, [second, json.dumps(config)], timeout_s=LAUNCH_TIMEOUT_S, **kwargs
     )
     return first, second, reports, log, saved, resumed
 
@@ -289,7 +278,7 @@ def test_in_graph_chief_names_the_killed_ps(ps_loss_and_resume):
     _, _, reports, log, _, _ = ps_loss_and_resume
     failure = reports["chief_0"]["failure"] or ""
     assert failure.startswith("TaskLostError: chief:0: lost ps:0 at 127.0.0.1:"), (
-        _quiet(log)[-6000:]
+        without_progress(log)[-6000:]
     )
     assert "[launch] ps:0 (server) exited with SIGKILL" in log
 
@@ -316,10 +305,8 @@ def test_restarted_cluster_resumes_from_the_backup(ps_loss_and_resume):
 def _state_in_weights_file(content, tmp_path):
     """What a `.weights.h5` file holds, read without keras_psdist: weights
     then optimizer variables, in the order `ps_loss_job.state` lists them."""
-    import tensorflow as tf
-
-    sys.path.insert(0, str(PS_LOSS_JOB.parent))
     import digits_job
+    import tensorflow as tf
 
     path = tmp_path / "copy.weights.h5"
     path.write_bytes(content)
@@ -365,7 +352,6 @@ def test_killed_during_a_checkpoint_write_leaves_the_previous_one(tmp_path):
     assert len(partial) == 1 and partial[0].endswith("ckpt.weights.h5"), partial
     # ...and the checkpoint is the first epoch's, whole: it loads (without
     # the strategy) and holds exactly the weights after that epoch.
-    sys.path.insert(0, str(JOB.parent))
     import digits_job
 
     model = digits_job.build(tf_default_strategy())

@@ -8,7 +8,6 @@ left if it fails.
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -17,6 +16,7 @@ import threading
 import time
 
 import pytest
+from launching import PID_LINE  # tests/cluster_jobs, see conftest.py
 
 from keras_psdist.cluster import config as cluster_config
 from keras_psdist.cluster import launcher as launcher_lib
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.multiprocess
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE_TRAINER = os.path.join(REPO_ROOT, "tests", "scripts", "fake_trainer.py")
 FAKE_SERVER = os.path.join(REPO_ROOT, "tests", "scripts", "fake_server.py")
-PID_LINE = re.compile(r"^\[launch\] (\S+) pid (\d+):")
 
 
 def _env(**extra: str) -> dict[str, str]:

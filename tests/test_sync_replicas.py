@@ -4,13 +4,13 @@ Each fixture runs `tests/cluster_jobs/sync_job.py` on a whole local cluster
 and reads back what every worker wrote.
 """
 
-import io
 import json
-import sys
 from pathlib import Path
 
+import launching  # tests/cluster_jobs, see conftest.py
 import numpy as np
 import pytest
+from launching import without_progress
 
 import keras_psdist as kpd
 from keras_psdist import cluster
@@ -20,31 +20,21 @@ LAUNCH_TIMEOUT_S = 420
 
 
 def _launch(tmp_path, config, num_workers, num_ps=1):
-    out = io.StringIO()
-    code = cluster.launch(
-        [sys.executable, str(JOB), str(tmp_path), json.dumps(config)],
+    code, log = launching.launch_job(
+        JOB,
+        [tmp_path, json.dumps(config)],
         num_ps=num_ps,
         num_workers=num_workers,
         mode="between-graph",
         timeout_s=LAUNCH_TIMEOUT_S,
-        out=out,
     )
-    log = out.getvalue()
-    assert code == 0, f"launch exited {code}:\n{_without_progress(log)[-12000:]}"
+    assert code == 0, f"launch exited {code}:\n{without_progress(log)[-12000:]}"
     reports = {
         int(p.stem.split("_")[1]): json.loads(p.read_text())
         for p in tmp_path.glob("worker_*.json")
     }
     assert sorted(reports) == list(range(num_workers)), log[-6000:]
     return reports, log
-
-
-def _without_progress(log):
-    return "\n".join(
-        line
-        for line in log.splitlines()
-        if "/step" not in line and "Epoch " not in line
-    )
 
 
 # ------------------------------------- all replicas aggregated: exact sync
@@ -63,7 +53,6 @@ def test_all_replicas_aggregated_equals_the_synchronous_run(full_sync_run, cpu_d
     """R == T: the same updates as one synchronous process with 2 replicas
     (itself equal to the in-graph cluster run, see test_cluster_training)."""
     reports, tmp_path, _ = full_sync_run
-    sys.path.insert(0, str(JOB.parent))
     import digits_job
 
     strategy = kpd.PSStrategy(
@@ -130,7 +119,6 @@ def test_sparse_gradients_equal_the_synchronous_run(sparse_sync_run, cpu_devices
     gradients travel and aggregate as sparse, with the same result as one
     synchronous process without partitioning."""
     reports, tmp_path = sparse_sync_run
-    sys.path.insert(0, str(JOB.parent))
     import digits_job
 
     digits_job.EPOCHS = 3

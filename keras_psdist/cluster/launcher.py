@@ -138,10 +138,17 @@ def launch(
     )
     _check_fault_tolerance(mode, num_workers, max_restarts, max_worker_failures)
     run = _Launch(
-        command, num_ps, num_workers, mode, host, timeout_s, startup_timeout_s, out
+        command,
+        num_ps,
+        num_workers,
+        mode,
+        host,
+        timeout_s,
+        startup_timeout_s,
+        out,
+        max_restarts,
+        max_worker_failures,
     )
-    run.max_restarts = max_restarts
-    run.max_worker_failures = max_worker_failures
     return run()
 
 
@@ -306,6 +313,8 @@ class _Launch:
         timeout_s: float | None,
         startup_timeout_s: float,
         out: TextIO | None,
+        max_restarts: int = 0,
+        max_worker_failures: int = 0,
     ):
         self.command = command
         self.num_ps = num_ps
@@ -319,8 +328,8 @@ class _Launch:
         self.signals = _Signals()
         self.deadline: float | None = None  # Set when training starts.
         self.preexec = _parent_death_signal()
-        self.max_restarts = 0
-        self.max_worker_failures = 0
+        self.max_restarts = max_restarts
+        self.max_worker_failures = max_worker_failures
         self.restarts = 0
         self.lost: list[str] = []  # "worker:1 (SIGKILL (exit code 137))"
 

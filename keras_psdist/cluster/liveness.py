@@ -36,7 +36,6 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.cluster import task_loss
-from keras_psdist.cluster.config import ClusterConfig
 from keras_psdist.cluster.shared_variables import SharedVariables
 
 
@@ -65,9 +64,9 @@ class Heartbeats(_Background):
         worker: This process's index among the training processes.
         num_workers: How many processes train.
         timeout: Seconds without a beat after which a worker is lost.
-        config: The cluster, to tell a lost ps from a failed beat (then
-            this process stops beating: see `cluster.task_loss`). Defaults to
-            `None`: beats go on however they fail.
+        server_watch: This process's `cluster.task_loss.ServerWatch`: once
+            it has found a ps lost, this process stops beating (and reading
+            beats). Defaults to `None`: beats go on however they fail.
     """
 
     def __init__(
@@ -77,12 +76,10 @@ class Heartbeats(_Background):
         worker: int,
         num_workers: int,
         timeout: float,
-        config: ClusterConfig | None = None,
+        server_watch: task_loss.ServerWatch | None = None,
     ):
         self.worker = worker
-        self._config = config
-        # The ps tasks found lost (task -> where, why), once a beat failed.
-        self.servers_lost: dict[str, str] = {}
+        self._server_watch = server_watch
         self.num_workers = num_workers
         self.timeout = float(timeout)
         self.period = min(1.0, self.timeout / 5)
@@ -97,28 +94,20 @@ class Heartbeats(_Background):
         self._cached = None
         self._start_thread(self._beat_forever, "keras_psdist-heartbeat")
 
-    def stop(self) -> None:
-        """Stops beating (others will see this process as lost)."""
-        super().stop()
+    @property
+    def servers_lost(self) -> dict[str, str]:
+        """The ps tasks the server watch found lost (task -> where, why)."""
+        return {} if self._server_watch is None else self._server_watch.lost
 
     def _beat_forever(self) -> None:
         while not self._stop.is_set():
+            if self.servers_lost:
+                return  # The watch reports it; a beat would need the lost ps.
             try:
                 self.beat()
-            except Exception as e:  # noqa: BLE001 - a dead ps: others report it
-                if self._find_lost_servers():
-                    logging.error(
-                        "keras_psdist heartbeat: %s lost; this process stops beating.",
-                        ", ".join(f"{n} at {w}" for n, w in self.servers_lost.items()),
-                    )
-                    return
+            except Exception as e:  # noqa: BLE001 - a dead ps: the watch reports it
                 logging.warning("keras_psdist heartbeat failed: %s", e)
             self._stop.wait(self.period)
-
-    def _find_lost_servers(self) -> dict[str, str]:
-        if self._config is not None and not self.servers_lost:
-            self.servers_lost = task_loss.unreachable_tasks(self._config, ("ps",))
-        return self.servers_lost
 
     def beat(self) -> None:
         """One beat of this process."""

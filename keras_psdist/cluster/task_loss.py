@@ -129,7 +129,7 @@ _CONNECTION_ERRORS = (
 )
 
 
-def lost_after(
+def _lost_after(
     error: BaseException, probe: Callable[[], dict[str, str]]
 ) -> dict[str, str]:
     """`probe()` (the lost tasks), looked at again for up to `SETTLE_S` when
@@ -153,7 +153,7 @@ def reporting_lost_tasks(
     try:
         yield
     except tf.errors.OpError as e:
-        lost = lost_after(e, functools.partial(unreachable_tasks, config, tuple(jobs)))
+        lost = _lost_after(e, functools.partial(unreachable_tasks, config, tuple(jobs)))
         if not lost:
             raise
         raise TaskLostError(lost, process) from e
@@ -196,6 +196,11 @@ class ServerWatch:
         )
         self._thread.start()
         atexit.register(self.stop)
+
+    @property
+    def lost(self) -> dict[str, str]:
+        """The tasks found lost (task -> where, why); empty while all answer."""
+        return {} if self.error is None else self.error.tasks
 
     def stop(self) -> None:
         """Stops watching, unless a task is already lost (then the exit

@@ -179,6 +179,8 @@ class SyncReplicas:
         # Which ps tasks refuse connections now (`cluster.task_loss`): no
         # control message goes to a lost ps (a call on it can wait forever).
         self._unreachable_servers = unreachable_servers
+        spec = tf.DeviceSpec.from_string(device)
+        self._task = f"{spec.job}:{spec.task}"  # the ps task of `device`
         self.worker = worker
         self.is_chief = is_chief
         self.device = device
@@ -340,15 +342,13 @@ class SyncReplicas:
         return self._unreachable_servers()
 
     def _send_control(self, queue, components) -> None:
-        spec = tf.DeviceSpec.from_string(self.device)
-        task = f"{spec.job}:{spec.task}"
         lost = self.servers_lost()
-        if task in lost:
+        if self._task in lost:
             logging.warning(
                 "keras_psdist sync-replicas: not sending a control message: "
                 "%s at %s is lost.",
-                task,
-                lost[task],
+                self._task,
+                lost[self._task],
             )
             return
         enqueue(self.device, queue, components)

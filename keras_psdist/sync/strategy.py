@@ -197,7 +197,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             topology.worker_index,
             total_num_replicas,
             heartbeat_timeout,
-            config=topology.config,
+            server_watch=extended.server_watch,
         )
         extended.sync_training = SyncTraining(
             self,

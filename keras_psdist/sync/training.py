@@ -85,6 +85,9 @@ class SyncTraining:
         heartbeats=None,
     ):
         self._strategy = strategy
+        # This process's cluster and task (e.g. "worker:1"), for errors.
+        self._config = strategy.extended.topology.config
+        self._name = self._config.task_name
         self._heartbeats = heartbeats
         self._reported_lost: set[int] = set()
         self.sync = sync
@@ -168,21 +171,16 @@ class SyncTraining:
         watchdog.start()
         failed = True
         try:
-            try:
-                yield
-            except tf.errors.InvalidArgumentError as e:
-                if protocol.POISON_MESSAGE not in str(e):
-                    raise
-                raise self._stop_error() from None
-            except tf.errors.OpError as e:
-                # A lost ps: say so. (`_end` sends nothing to a lost ps: a
-                # call on it can wait forever.)
-                servers_lost = task_loss.lost_after(e, self.sync.servers_lost)
-                if not servers_lost:
-                    raise
-                raise task_loss.TaskLostError(
-                    servers_lost, f"worker {self.sync.worker}"
-                ) from e
+            # A lost ps is named (also in a custom loop, which no `fit`
+            # wrapper sees); `_end` then sends it nothing: a call on it can
+            # wait forever.
+            with task_loss.reporting_lost_tasks(self._config, ("ps",), self._name):
+                try:
+                    yield
+                except tf.errors.InvalidArgumentError as e:
+                    if protocol.POISON_MESSAGE not in str(e):
+                        raise
+                    raise self._stop_error() from None
             failed = False
         finally:
             stop.set()
@@ -255,7 +253,7 @@ class SyncTraining:
     def _stop_error(self) -> Exception:
         servers_lost = self.sync.servers_lost()
         if servers_lost:
-            return task_loss.TaskLostError(servers_lost, f"worker {self.sync.worker}")
+            return task_loss.TaskLostError(servers_lost, self._name)
         if self._stall is not None:
             return StalledError(self._stall)
         service = self._service

@@ -29,7 +29,6 @@ import faulthandler
 import io
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -43,9 +42,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import digits_job  # noqa: E402
+import launching  # noqa: E402
 
 PS_GONE_TIMEOUT_S = 120
-PID_LINE = re.compile(r"^\[launch\] (\S+) pid (\d+):")
 
 
 def state(model):
@@ -175,7 +174,7 @@ class _Log(io.StringIO):
     def write(self, text):
         with self._lock:
             for line in text.splitlines():
-                match = PID_LINE.match(line)
+                match = launching.PID_LINE.match(line)
                 if match:
                     self.pids[match.group(1)] = int(match.group(2))
             return super().write(text)
@@ -189,21 +188,12 @@ def launch_and_kill_ps(out_dir, config, ps, **launch_kwargs):
     `"worker_1"`), plus `"killed_at"` (wall clock) when the kill happened.
     Bounded by the launch's `timeout_s`.
     """
-    from keras_psdist import cluster
-
     out = _Log()
     result = {}
 
     def run():
-        result["code"] = cluster.launch(
-            [
-                sys.executable,
-                os.path.abspath(__file__),
-                str(out_dir),
-                json.dumps(config),
-            ],
-            out=out,
-            **launch_kwargs,
+        result["code"], _ = launching.launch_job(
+            __file__, [out_dir, json.dumps(config)], out=out, **launch_kwargs
         )
 
     thread = threading.Thread(target=run, daemon=True)
