@@ -23,6 +23,7 @@ from tensorflow.python.distribute import (
     values,
 )
 from tensorflow.python.distribute.v1 import input_lib as input_lib_v1
+from tensorflow.python.eager import context
 from tensorflow.python.framework import (
     composite_tensor,
     composite_tensor_gradient,
@@ -33,7 +34,7 @@ from tensorflow.python.ops import (
     handle_data_util,
     resource_variable_ops,
 )
-from tensorflow.python.util import dispatch
+from tensorflow.python.util import dispatch, nest
 
 SUPPORTED_TF = ((2, 21), (2, 22))
 
@@ -55,6 +56,7 @@ _check_tf_version()
 __all__ = [
     "composite_tensor",
     "composite_tensor_gradient",
+    "context",
     "cross_device_ops_lib",
     "data_distribute",
     "device_util",
@@ -67,6 +69,7 @@ __all__ = [
     "input_lib_v1",
     "input_util",
     "mirrored_run",
+    "nest",
     "numpy_dataset",
     "ps_values",
     "reduce_util",

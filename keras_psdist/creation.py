@@ -34,8 +34,12 @@ from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.partitioned import PartitionedVariable
 from keras_psdist.shard_layout import ShardLayout
-from keras_psdist.variables import PSVariable
+from keras_psdist.variables import PSVariable, ReplicaLocalVariable
 
+_REPLICA_LOCAL_CLASSES = {
+    **distribute_utils.VARIABLE_CLASS_MAPPING,
+    tf.VariableSynchronization.ON_READ: ReplicaLocalVariable,
+}
 _AGGREGATIONS = (
     tf.VariableAggregation.NONE,
     tf.VariableAggregation.SUM,
@@ -241,7 +245,7 @@ class VariableCreator:
         return distribute_utils.create_mirrored_variable(
             self._strategy_fn(),
             create_components,
-            distribute_utils.VARIABLE_CLASS_MAPPING,
+            _REPLICA_LOCAL_CLASSES,
             distribute_utils.VARIABLE_POLICY_MAPPING,
             **kwargs,
         )

@@ -41,6 +41,7 @@ from keras_psdist.creation import VariableCreator
 from keras_psdist.input import InputPipelines
 from keras_psdist.partitioned import PartitionedVariable, update_shards
 from keras_psdist.reduction import GradientReduction
+from keras_psdist.replica_batches import ReplicaBatches
 from keras_psdist.staged_merge import StagedMerge, in_replica_control_flow
 from keras_psdist.variables import effective_aggregation
 
@@ -102,7 +103,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         )
         self._staged = StagedMerge(self._reduction_device)
         # Each replica's share of the global batch in the step being traced
-        # (see `_batch_shares`); None outside a step or when unknown.
+        # (see `replica_batches.py`); None outside a step or when unknown.
         self._shares = None
         # Lets a partial last batch leave some replicas without data.
         self.experimental_enable_get_next_as_optional = True
@@ -197,15 +198,20 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     # ------------------------------------------------------------- replicas
 
     def _call_for_each_replica(self, fn, args, kwargs):
+        # Shares are read before stand-ins fill empty batches (see
+        # `replica_batches.py`): a replica without data weighs 0.
+        batches = ReplicaBatches(args, kwargs, self._num_replicas_in_sync)
+        args, kwargs = batches.with_stand_ins(args, kwargs or {})
         previous = self._shares
-        self._shares = _batch_shares(args, kwargs, self._num_replicas_in_sync)
+        self._shares = batches.shares
         fn = self._with_data_attack(fn)
         try:
-            return mirrored_run.call_for_each_replica(
+            outputs = mirrored_run.call_for_each_replica(
                 self._container_strategy(), fn, args, kwargs
             )
         finally:
             self._shares = previous
+        return batches.trim_outputs(outputs)
 
     def _with_data_attack(self, fn):
         """Wraps a Keras train step so attacked replicas see corrupted batches.
@@ -268,7 +274,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             else:
                 dense.append((i, per_replica))
         columns = [vs for _, vs in dense] + [vs for _, vs in sparse]
-        reduced = self._reduction(reduce_op, columns, self._float_shares(dense))
+        reduced = self._reduction(reduce_op, columns, self._float_shares(columns))
         for (i, _), r in zip(dense + sparse, reduced, strict=True):
             results[i] = r
         return [
@@ -276,12 +282,21 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             for r, (_, dest) in zip(results, pairs, strict=True)
         ]
 
-    def _float_shares(self, dense):
-        if self._shares is None or not dense:
+    def _float_shares(self, columns):
+        """The step's shares, for columns of float values only (an integer
+        all-reduce is not a gradient to weigh)."""
+        if self._shares is None or not columns:
             return None
-        if not all(v.dtype.is_floating for _, vs in dense for v in vs):
+        if not all(v.dtype.is_floating for vs in columns for v in vs):
             return None
         return self._shares
+
+    def replica_without_data(self, replica: int) -> tf.Tensor | None:
+        """In the step being traced: whether `replica` got no data and runs
+        on a stand-in (see `replica_batches.py`); None outside a step."""
+        if self._shares is None:
+            return None
+        return tf.equal(self._shares[replica], 0.0)
 
     def combine_for_variable(self, aggregation, value, var):
         """Combines replica-context writes of `var` (see `variables.py`).
@@ -323,7 +338,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         out = self._staged.combine(
             flat,
             lambda per_value: self._reduction(
-                reduce_op, per_value, self._float_shares([(0, flat)])
+                reduce_op, per_value, self._float_shares([flat])
             ),
         )
         if out is None:
@@ -381,7 +396,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         """Combines one variable's per-replica values by `aggregation`.
 
         A float MEAN is weighted by each replica's share of the global batch
-        (`shares`, see `_batch_shares`), so BatchNormalization's moving statistics are
+        (`shares`, see `replica_batches.py`), so BatchNormalization's moving statistics are
         those of the global batch even when a partial batch splits unevenly;
         a replica that got no data (whose statistics are 0/0 = NaN) has
         weight 0 and is left out.
@@ -393,6 +408,13 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             return tf.identity(column[0])
         dtype = column[0].dtype
         if aggregation == tf.VariableAggregation.SUM:
+            if shares is not None and len(shares) == len(column):
+                # Metric totals: a replica without data ran on a stand-in
+                # example, which must not count.
+                column = [
+                    tf.where(share > 0, c, tf.zeros_like(c))
+                    for c, share in zip(column, shares, strict=True)
+                ]
             return tf.add_n(column)
         if not dtype.is_floating:
             return column[0]
@@ -559,29 +581,6 @@ def _reduction_device(topology):
     if len(topology.compute_devices) == 1:
         return topology.compute_devices[0]
     return topology.input_workers[0][0]
-
-
-def _batch_shares(args, kwargs, num_replicas):
-    """Each replica's fraction of the step's global batch, or None.
-
-    Read from the leading dimension of the first batched tensor of each
-    replica's inputs. A global batch that does not split evenly (any batch
-    size not a multiple of the replica count, or the last partial batch of an
-    epoch) gives unequal shares, and some replicas may get no data at all.
-    """
-    if num_replicas == 1:
-        return None
-    sizes = []
-    for r in range(num_replicas):
-        flat = tf.nest.flatten(distribute_utils.select_replica(r, (args, kwargs)))
-        first = next(
-            (t for t in flat if isinstance(t, tf.Tensor) and t.shape.rank), None
-        )
-        if first is None:
-            return None
-        sizes.append(tf.cast(tf.shape(first)[0], tf.float32))
-    total = tf.maximum(tf.add_n(sizes), 1.0)
-    return [size / total for size in sizes]
 
 
 def _grouped(result, group):

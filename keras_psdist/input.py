@@ -2,23 +2,32 @@
 
 | topology   | pipelines                                                          |
 |------------|--------------------------------------------------------------------|
-| one host   | one, on the host, split into the replicas' batches (as TF does)    |
+| one host   | one, on the host                                                   |
 | in-graph   | one per worker task, on that worker: each runs the user's pipeline |
 |            | and keeps its replicas' batches, so the data never passes through  |
 |            | the chief and every replica gets the batch it gets on one host     |
 | async      | one, on this worker: with W workers of R replicas, each global     |
 |            | batch is cut into W * R pieces and worker i keeps pieces           |
 |            | [i * R, (i + 1) * R), so an epoch is one pass over the data in     |
-|            | total and Keras's step count per epoch is right on every worker   |
+|            | total and every worker trains on its own examples                  |
 
-On one host, a global batch of B examples is cut into the replicas' batches by
-`tf.data`'s rebatch (sizes differing by at most one, in replica order). An
-in-graph or async worker cuts every global batch the same way and keeps its
-own replicas' pieces, which is what makes an in-graph run equal a one-host run
-with the same replicas, and gives async workers disjoint data. Each in-graph
-worker reads the whole input for that, and the pipeline must be one
-TensorFlow can send to another process (tensors, files): one built on Python
-code (`from_generator`, a `PyDataset`) is refused with the fix.
+Every pipeline cuts each global batch of B examples into the replicas'
+batches itself (`split_batches`): consecutive rows in replica order, sizes
+differing by at most one, so no replica gets an empty batch while B is at
+least the replica count (a partial last batch of 5 on 4 replicas is 2, 1, 1,
+1). Cutting the same way everywhere is what makes an in-graph run equal a
+one-host run with the same replicas, and gives async workers disjoint data.
+Each in-graph worker reads the whole input for that, and the pipeline must be
+one TensorFlow can send to another process (tensors, files): one built on
+Python code (`from_generator`, a `PyDataset`) is refused with the fix.
+
+A batch smaller than the replica count still leaves some replicas without
+data; `keras_psdist.replica_batches` gives those a stand-in example whose
+every contribution weighs 0, so no kernel runs on an empty batch.
+
+The pipelines' elements are read by plain `tf.data` iterators
+(`keras_psdist.input_iterators`), created once per epoch at a single
+device's cost.
 """
 
 from __future__ import annotations
@@ -30,8 +39,10 @@ from keras_psdist._tf import (
     distribute_lib,
     input_lib,
     input_util,
+    nest,
 )
 from keras_psdist.cluster.runtime import Topology
+from keras_psdist.input_iterators import SplitDataset
 
 
 class InputPipelines:
@@ -54,8 +65,9 @@ class InputPipelines:
             pairs = [(host, (host,) * len(devices)) for host, devices in pairs]
         return input_lib.InputWorkers(list(pairs))
 
-    def distribute_dataset(self, dataset: tf.data.Dataset, options):
+    def distribute_dataset(self, dataset: tf.data.Dataset, options) -> SplitDataset:
         """`strategy.experimental_distribute_dataset` (see the module docstring)."""
+        check_batched(dataset)
         topology = self._topology
         n = self._num_replicas
         if topology.mode == "async" and topology.num_training_processes > 1:
@@ -63,23 +75,20 @@ class InputPipelines:
             # the training processes' replicas.
             first = topology.worker_index * n
             total = topology.num_training_processes * n
-            return self._pieces_of_global_batches(
-                [dataset], [(first, first + n)], total, options
+            host = topology.input_workers[0][0]
+            return SplitDataset(
+                [(host, split_batches(dataset, total, first, first + n))],
+                self._strategy,
             )
-        if len(topology.input_workers) > 1:
-            clones = self._clone_to_workers(dataset)
-            ranges, start = [], 0
-            for _, devices in topology.input_workers:
-                ranges.append((start, start + len(devices)))
-                start += len(devices)
-            return self._pieces_of_global_batches(clones, ranges, n, options)
-        return input_util.get_distributed_dataset(
-            dataset,
-            self.input_workers(options),
-            self._strategy,
-            num_replicas_in_sync=n,
-            options=options,
-        )
+        hosts = [host for host, _ in topology.input_workers]
+        clones = self._clone_to_workers(dataset) if len(hosts) > 1 else [dataset]
+        pipelines, start = [], 0
+        for (host, devices), clone in zip(topology.input_workers, clones, strict=True):
+            with tf.device(host):
+                pieces = split_batches(clone, n, start, start + len(devices))
+            pipelines.append((host, pieces))
+            start += len(devices)
+        return SplitDataset(pipelines, self._strategy)
 
     def distribute_datasets_from_function(self, dataset_fn, options):
         """`strategy.distribute_datasets_from_function`: `dataset_fn` runs once
@@ -121,39 +130,98 @@ class InputPipelines:
             ) from None
         return [clones[host] for host in hosts]
 
-    def _pieces_of_global_batches(self, datasets, ranges, total, options):
-        """Pipeline i cuts every global batch of `datasets[i]` into `total`
-        replica batches and keeps those of replicas `ranges[i]`."""
-
-        def dataset_fn(context):
-            index = context.input_pipeline_id - self._first_pipeline_id()
-            low, high = ranges[index]
-            pieces = replica_batches(datasets[index], total)
-            mine = pieces.enumerate().filter(
-                lambda i, _: tf.logical_and(i % total >= low, i % total < high)
-            )
-            return mine.map(lambda _, element: element).prefetch(high - low)
-
-        return self.distribute_datasets_from_function(dataset_fn, options)
-
     def _first_pipeline_id(self):
         topology = self._topology
         return topology.worker_index if topology.mode == "async" else 0
 
 
-def replica_batches(dataset: tf.data.Dataset, num_replicas: int) -> tf.data.Dataset:
-    """Cuts each global batch into `num_replicas` consecutive pieces, as
-    `tf.distribute` does on one host (`tf.data`'s rebatch)."""
-    with tf.device(dataset._variant_tensor.device):  # noqa: SLF001
-        batch_size = data_distribute.compute_batch_size(dataset)
+def split_batches(
+    dataset: tf.data.Dataset, num_pieces: int, low: int, high: int
+) -> tf.data.Dataset:
+    """Cuts every global batch into `num_pieces` and keeps pieces [low, high).
 
-        def rebatch():
-            sizes = data_distribute.batch_sizes_for_worker(
-                batch_size, 1, num_replicas, 0
+    Piece `k` of a batch of `B` examples is rows `piece_bounds(B, num_pieces,
+    k)`: consecutive, in order, of sizes that differ by at most one, so that
+    no piece is empty while `B >= num_pieces` (5 examples on 4 pieces: 2, 1,
+    1, 1). Each element of the result is the tuple of the kept pieces. When
+    `low > 0` and a batch is too small to reach piece `low` (an async
+    worker's share of a tiny last batch), the element is skipped: this
+    pipeline has nothing of it to train on.
+    """
+    spec = dataset.element_spec
+
+    def element_of(args):
+        return tf.nest.pack_sequence_as(spec, tf.nest.flatten(args))
+
+    def split(*args):
+        element = element_of(args)
+        size = batch_size(tf.nest.flatten(element)[0])
+        pieces = []
+        for k in range(low, high):
+            start, stop = piece_bounds(size, num_pieces, k)
+            pieces.append(
+                tf.nest.map_structure(
+                    lambda x, start=start, stop=stop: rows(x, start, stop), element
+                )
             )
-            return dataset.rebatch(sizes)
+        return tuple(pieces)
 
-        def legacy_rebatch():
-            return data_distribute._LegacyRebatchDataset(dataset, num_replicas)  # noqa: SLF001
+    if low > 0:
+        dataset = dataset.filter(
+            lambda *args: batch_size(tf.nest.flatten(element_of(args))[0]) > low
+        )
+    return dataset.map(split).prefetch(1)
 
-        return tf.cond(tf.not_equal(batch_size, -1), rebatch, legacy_rebatch)
+
+def piece_bounds(size: tf.Tensor, num_pieces: int, index: int):
+    """`(start, stop)` of piece `index` of `size` rows cut into `num_pieces`."""
+    base = size // num_pieces
+    extra = size % num_pieces
+    start = index * base + tf.minimum(tf.constant(index, size.dtype), extra)
+    stop = start + base + tf.cast(index < extra, size.dtype)
+    return start, stop
+
+
+def batch_size(x) -> tf.Tensor:
+    """The leading (batch) dimension of a dense, ragged or sparse tensor."""
+    if isinstance(x, tf.SparseTensor):
+        return x.dense_shape[0]
+    if isinstance(x, tf.RaggedTensor):
+        return x.nrows(out_type=tf.int64)
+    return tf.shape(x, out_type=tf.int64)[0]
+
+
+def rows(x, start: tf.Tensor, stop: tf.Tensor):
+    """Rows `[start, stop)` of a dense, ragged or sparse tensor."""
+    if isinstance(x, tf.SparseTensor):
+        zeros = tf.zeros_like(x.dense_shape[1:])
+        return tf.sparse.slice(
+            x,
+            tf.concat([[start], zeros], 0),
+            tf.concat([[stop - start], x.dense_shape[1:]], 0),
+        )
+    return x[start:stop]
+
+
+def check_batched(dataset: tf.data.Dataset) -> None:
+    """Raises `ValueError` unless every component of an element has a batch
+    dimension (the global batch is cut into the replicas' batches along it)."""
+    spec = dataset.element_spec
+    for path, leaf in _paths(spec):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and shape.rank == 0:
+            raise ValueError(
+                "A distributed dataset's elements must be global batches: every "
+                "component needs a leading batch dimension to be split over the "
+                f"replicas. Received: component {path or '(the element)'} of "
+                f"shape () in element_spec={spec}. Batch the dataset first, "
+                "e.g. `dataset.batch(global_batch_size)`."
+            )
+
+
+def _paths(structure):
+    """`(path, leaf)` pairs, e.g. `("0/image", TensorSpec(...))`."""
+    return [
+        ("/".join(str(p) for p in path), leaf)
+        for path, leaf in nest.flatten_with_tuple_paths(structure)
+    ]

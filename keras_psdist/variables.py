@@ -94,3 +94,55 @@ class PSVariable(ps_values.AggregatingVariable):
                 )
 
             return replica_context.merge_call(merge_fn, args=args, kwargs=kwargs)
+
+
+class ReplicaLocalVariable(values.SyncOnReadVariable):
+    """An `ON_READ` variable (a metric's total or count): one copy per
+    replica, summed when read, as TensorFlow's `SyncOnReadVariable`.
+
+    A replica without data runs the step on a stand-in example
+    (`keras_psdist.replica_batches`); its writes here leave its copy as it
+    was, so the stand-in is never counted.
+    """
+
+    def assign(self, value, use_locking=False, name=None, read_value=True):
+        keep = _replica_without_data(self._distribute_strategy)
+        if keep is not None:
+            value = tf.where(keep, self._get_on_device_or_primary().value(), value)
+        return super().assign(value, use_locking, name, read_value)
+
+    def assign_add(self, delta, use_locking=False, name=None, read_value=True):
+        return super().assign_add(
+            _zero_if_without_data(self._distribute_strategy, delta),
+            use_locking,
+            name,
+            read_value,
+        )
+
+    def assign_sub(self, delta, use_locking=False, name=None, read_value=True):
+        return super().assign_sub(
+            _zero_if_without_data(self._distribute_strategy, delta),
+            use_locking,
+            name,
+            read_value,
+        )
+
+
+def _replica_without_data(strategy):
+    """In a replica of a step: whether it got no data (a scalar bool tensor);
+    elsewhere None."""
+    if distribute_lib.in_cross_replica_context():
+        return None
+    context = distribute_lib.get_replica_context()
+    replica = getattr(context, "_replica_id_in_sync_group", None)
+    if not isinstance(replica, int):
+        return None
+    return strategy.extended.replica_without_data(replica)
+
+
+def _zero_if_without_data(strategy, delta):
+    empty = _replica_without_data(strategy)
+    if empty is None:
+        return delta
+    delta = tf.convert_to_tensor(delta)
+    return tf.where(empty, tf.zeros_like(delta), delta)

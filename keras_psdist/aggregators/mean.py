@@ -68,7 +68,7 @@ class Mean(Aggregator):
         dense = []
         for i, vs in enumerate(per_replica):
             if any(isinstance(v, tf.IndexedSlices) for v in vs):
-                values[i] = _concat_sparse(reduce_op, vs)
+                values[i] = _concat_sparse(reduce_op, vs, shares)
             else:
                 dense.append(i)
         columns = [per_replica[i] for i in dense]
@@ -93,13 +93,27 @@ class Mean(Aggregator):
         return self.aggregate(per_replica)
 
 
-def _concat_sparse(reduce_op, column):
-    """Concatenates the replicas' rows: exact under SUM; MEAN divides by n."""
+def _concat_sparse(reduce_op, column, shares=None):
+    """Concatenates the replicas' rows: exact under SUM; MEAN divides by n.
+
+    With `shares`, replica `r`'s rows are weighted by `n * shares[r]` as the
+    dense values are (replicas without data are left out).
+    """
     n = len(column)
     if not all(isinstance(v, tf.IndexedSlices) for v in column):
         dense = [tf.convert_to_tensor(v) for v in column]
-        return Mean().reduce(reduce_op, [dense])[0]
-    values = tf.concat([v.values for v in column], axis=0)
+        return Mean().reduce(reduce_op, [dense], shares)[0]
+    parts = [v.values for v in column]
+    if shares is not None:
+        parts = [
+            tf.where(
+                tf.cast(share, p.dtype) > 0,
+                p * tf.cast(share * n, p.dtype),
+                tf.zeros_like(p),
+            )
+            for p, share in zip(parts, shares, strict=True)
+        ]
+    values = tf.concat(parts, axis=0)
     if reduce_op == tf.distribute.ReduceOp.MEAN:
         values = values / tf.cast(n, values.dtype)
     indices = tf.concat([v.indices for v in column], axis=0)

@@ -1,0 +1,218 @@
+"""The distributed dataset and iterator a PSStrategy hands to Keras.
+
+Each input pipeline (one on one host or per async worker; one per worker task
+in-graph, see `keras_psdist.input`) is a plain `tf.data` pipeline whose every
+element is already the tuple of its replicas' batches. Its iterator is a plain
+`tf.data` iterator on the pipeline's host, and a step's `get_next` is one
+`IteratorGetNext` per pipeline, regrouped into `PerReplica` values.
+
+TensorFlow's own distributed iterator builds a multi-device iterator instead
+(a prefetching buffer and function per compute device), which Keras creates
+and destroys at every epoch: on 4 logical CPU replicas that costs about 100 ms
+to create and 180 ms to tear down, every epoch, against 2 ms for a plain
+iterator. The replicas' batches are copied to their devices by the step that
+reads them (on a GPU, at the start of the step rather than prefetched).
+
+The iterator is a `CompositeTensor`, so Keras's train function takes it as an
+argument without retracing at each epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from keras_psdist._tf import (
+    composite_tensor,
+    context,
+    distribute_utils,
+    input_lib,
+    values,
+)
+
+
+class SplitDataset(input_lib.DistributedDataset):
+    """`strategy.experimental_distribute_dataset(...)` of a PSStrategy.
+
+    A `tf.distribute.DistributedDataset`: iterate it in Python or inside a
+    `tf.function`, pass it to `model.fit`, or take `iter()` of it and call
+    `get_next()` / `get_next_as_optional()`; each element is a structure of
+    `PerReplica` values, one batch per replica.
+
+    Args:
+        pipelines: `(host device, dataset)` per input pipeline, in replica
+            order; each dataset's elements are tuples of its replicas'
+            batches.
+        strategy: The strategy the dataset belongs to.
+    """
+
+    # TensorFlow's class is subclassed only so that Keras recognises the
+    # result as a distributed dataset (it checks the class name); none of its
+    # state or methods is used.
+    def __init__(self, pipelines: Sequence[tuple[str, tf.data.Dataset]], strategy):  # pylint: disable=super-init-not-called
+        self._pipelines = tuple(pipelines)
+        self._strategy = strategy
+        self._element_spec = regroup_specs(
+            [spec for _, dataset in self._pipelines for spec in dataset.element_spec]
+        )
+
+    def __iter__(self) -> SplitIterator:
+        iterators = []
+        for host, dataset in self._pipelines:
+            with tf.device(host):
+                iterators.append(iter(dataset))
+        if len(self._pipelines) > 1 and tf.executing_eagerly():
+            # Eager ops on remote tasks run asynchronously, and a function
+            # that reads an iterator does not wait for the op that
+            # initialises it on another task: wait here.
+            context.async_wait()
+        return SplitIterator(
+            iterators, tuple(host for host, _ in self._pipelines), self._element_spec
+        )
+
+    @property
+    def element_spec(self):
+        """The structure of `PerReplicaSpec`s of one element."""
+        return self._element_spec
+
+    @property
+    def cardinality(self) -> np.int64:
+        """Global batches per pass (-1 infinite, -2 unknown), as TensorFlow's."""
+        return np.int64(self._pipelines[0][1].cardinality().numpy())
+
+    @property
+    def _type_spec(self):
+        raise TypeError(
+            "A PSStrategy distributed dataset cannot be passed into a "
+            "`tf.function` as an argument. Pass `iter(dataset)` instead, or "
+            "iterate over the dataset inside the function from a closure."
+        )
+
+    def build(self, dataset_to_replace=None):
+        """Nothing to build: the pipelines are built with the dataset."""
+
+    def auto_shard(self, num_shards, shard_ix):
+        raise NotImplementedError(
+            "A PSStrategy distributed dataset is not sharded across clients: "
+            "every replica's batch is cut from the global batch (see "
+            "keras_psdist.input)."
+        )
+
+    def __repr__(self) -> str:
+        hosts = [host for host, _ in self._pipelines]
+        return f"SplitDataset(pipelines on {hosts}, element_spec={self._element_spec})"
+
+
+class SplitIterator(
+    tf.distribute.DistributedIterator, composite_tensor.CompositeTensor
+):
+    """One plain `tf.data` iterator per input pipeline (see `SplitDataset`)."""
+
+    def __init__(
+        self,
+        iterators: Sequence[tf.data.Iterator],
+        hosts: tuple[str, ...],
+        element_spec,
+    ):
+        self._iterators = tuple(iterators)
+        self._hosts = hosts
+        self._element_spec = element_spec
+
+    def __iter__(self) -> SplitIterator:
+        return self
+
+    def __next__(self):
+        try:
+            return self.get_next()
+        except tf.errors.OutOfRangeError:
+            raise StopIteration from None
+
+    def get_next(self, name: str | None = None):
+        """The next global batch as `PerReplica` values; raises
+        `tf.errors.OutOfRangeError` at the end of the data."""
+        del name
+        pieces = []
+        for iterator, host in zip(self._iterators, self._hosts, strict=True):
+            with tf.device(host):
+                pieces.extend(iterator.get_next())
+        return regroup(pieces)
+
+    def get_next_as_optional(self) -> tf.experimental.Optional:
+        """The next global batch as an `Optional`, empty at the end of the data."""
+        optionals = []
+        for iterator, host in zip(self._iterators, self._hosts, strict=True):
+            with tf.device(host):
+                optionals.append(iterator.get_next_as_optional())
+        # The pipelines cut the same global batches, so they end together.
+        has_value = optionals[0].has_value()
+        for optional in optionals[1:]:
+            has_value = tf.logical_and(has_value, optional.has_value())
+
+        def value():
+            pieces = []
+            for optional, host in zip(optionals, self._hosts, strict=True):
+                with tf.device(host):
+                    pieces.extend(optional.get_value())
+            return tf.experimental.Optional.from_value(regroup(pieces))
+
+        def empty():
+            return tf.experimental.Optional.empty(self._element_spec)
+
+        return tf.cond(has_value, value, empty)
+
+    @property
+    def element_spec(self):
+        """The structure of `PerReplicaSpec`s of one element."""
+        return self._element_spec
+
+    @property
+    def _type_spec(self) -> SplitIteratorSpec:
+        return SplitIteratorSpec(
+            tuple(it._type_spec for it in self._iterators),  # noqa: SLF001
+            self._hosts,
+            self._element_spec,
+        )
+
+
+class SplitIteratorSpec(tf.TypeSpec):
+    """The `TypeSpec` of a `SplitIterator`: its pipelines' iterator specs."""
+
+    __slots__ = ["_iterator_specs", "_hosts", "_element_spec"]
+
+    def __init__(self, iterator_specs, hosts, element_spec):
+        self._iterator_specs = tuple(iterator_specs)
+        self._hosts = tuple(hosts)
+        self._element_spec = element_spec
+
+    @property
+    def value_type(self):
+        return SplitIterator
+
+    def _serialize(self):
+        return (self._iterator_specs, self._hosts, self._element_spec)
+
+    @property
+    def _component_specs(self):
+        return self._iterator_specs
+
+    def _to_components(self, value):
+        return value._iterators  # noqa: SLF001
+
+    def _from_components(self, components):
+        return SplitIterator(components, self._hosts, self._element_spec)
+
+
+def regroup(per_replica: list):
+    """Replica-ordered structures -> one structure of `PerReplica` values."""
+    return distribute_utils.regroup(per_replica)
+
+
+def regroup_specs(per_replica_specs: list):
+    """The `element_spec` of what `regroup` makes of values of these specs."""
+    if len(per_replica_specs) == 1:
+        return per_replica_specs[0]
+    return tf.nest.map_structure(
+        lambda *specs: values.PerReplicaSpec(*specs), *per_replica_specs
+    )

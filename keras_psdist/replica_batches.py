@@ -1,0 +1,156 @@
+"""The replicas' batches of one step: their shares, and stand-ins for empty ones.
+
+A global batch smaller than the replica count (the last partial batch of an
+epoch, or a tiny batch) leaves some replicas without data. Running a model on
+an empty batch is not safe: TensorFlow 2.21's oneDNN `MaxPoolGrad` aborts the
+whole process on one (tensorflow/tensorflow#126128), and other kernels may
+too. So no replica does: one without data runs the step on a stand-in, the
+first example of a replica that has data, and everything it contributes
+weighs 0:
+
+- its gradient and its statistics (BatchNormalization) are left out of the
+  weighted mean (`PSExtended._combine_list`, `aggregators.base.weighted_sum`),
+- its metric updates (`SUM` writes: totals and counts) are left out,
+- outputs with a leading dimension of 1 (the stand-in's row) are cut to 0
+  rows, so `predict` returns exactly one row per example.
+
+The shares are read from the batches as they arrive, before any stand-in: each
+replica's fraction of the global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from keras_psdist._tf import distribute_utils, values
+
+
+class ReplicaBatches:
+    """The per-replica batches of one `strategy.run` call.
+
+    Args:
+        args: The positional arguments of `strategy.run`.
+        kwargs: Its keyword arguments.
+        num_replicas: The replica count.
+    """
+
+    def __init__(self, args: tuple, kwargs: dict, num_replicas: int):
+        self._num_replicas = num_replicas
+        self.sizes = _batch_sizes(args, kwargs, num_replicas)
+
+    @property
+    def shares(self) -> list[tf.Tensor] | None:
+        """Each replica's fraction of the global batch (0 for a replica
+        without data), or None when there is one replica or no batch."""
+        if self.sizes is None:
+            return None
+        total = tf.maximum(tf.add_n(self.sizes), 1.0)
+        return [size / total for size in self.sizes]
+
+    def with_stand_ins(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """`(args, kwargs)` where every empty per-replica batch holds one
+        stand-in example instead (see the module docstring)."""
+        if self.sizes is None:
+            return args, kwargs
+        return tf.nest.map_structure(_fill_empty, (args, kwargs))
+
+    def trim_outputs(self, outputs: Any) -> Any:
+        """Cuts stand-in rows out of the replicas' outputs."""
+        if self.sizes is None:
+            return outputs
+        empty = [tf.equal(size, 0.0) for size in self.sizes]
+
+        def trim(value):
+            if not isinstance(value, values.PerReplica):
+                return value
+            trimmed = [
+                _drop_stand_in_row(v, e)
+                for v, e in zip(value.values, empty, strict=True)
+            ]
+            return values.PerReplica(trimmed)
+
+        return tf.nest.map_structure(trim, outputs)
+
+
+def _batch_sizes(args, kwargs, num_replicas):
+    """Examples per replica, read from the first batched per-replica tensor."""
+    if num_replicas == 1:
+        return None
+    sizes = []
+    for r in range(num_replicas):
+        flat = tf.nest.flatten(distribute_utils.select_replica(r, (args, kwargs)))
+        first = next(
+            (t for t in flat if isinstance(t, tf.Tensor) and t.shape.rank), None
+        )
+        if first is None:
+            return None
+        sizes.append(tf.cast(tf.shape(first)[0], tf.float32))
+    return sizes
+
+
+def _fill_empty(value):
+    """A per-replica batch with each empty replica's batch replaced by the
+    first example of the first replica that has one."""
+    if not isinstance(value, values.PerReplica):
+        return value
+    pieces = list(value.values)
+    if not all(_is_batched(p) for p in pieces):
+        return value
+
+    def stand_in():
+        return _concat([_head(p) for p in pieces])
+
+    filled = [
+        p if _static_rows(p) else tf.cond(_rows(p) > 0, lambda p=p: p, stand_in)
+        for p in pieces
+    ]
+    return values.PerReplica(filled)
+
+
+def _drop_stand_in_row(value, replica_was_empty):
+    if not _is_batched(value) or isinstance(value, tf.SparseTensor):
+        return value
+    rows = _rows(value)
+    keep = tf.where(tf.logical_and(replica_was_empty, rows == 1), 0, rows)
+    return value[:keep]
+
+
+def _is_batched(x) -> bool:
+    if isinstance(x, (tf.RaggedTensor, tf.SparseTensor)):
+        return True
+    return isinstance(x, tf.Tensor) and x.shape.rank is not None and x.shape.rank > 0
+
+
+def _static_rows(x) -> bool:
+    """Whether `x` is known, from its static shape, to have rows."""
+    if isinstance(x, tf.SparseTensor):
+        return False
+    dim = x.shape[0]
+    return dim is not None and dim > 0
+
+
+def _rows(x) -> tf.Tensor:
+    if isinstance(x, tf.SparseTensor):
+        return tf.cast(x.dense_shape[0], tf.int32)
+    if isinstance(x, tf.RaggedTensor):
+        return tf.cast(x.nrows(), tf.int32)
+    return tf.shape(x)[0]
+
+
+def _head(x):
+    """The first row of `x` (no rows if it has none)."""
+    if isinstance(x, tf.SparseTensor):
+        rank = tf.shape(x.dense_shape)[0]
+        size = tf.concat([[tf.minimum(x.dense_shape[0], 1)], x.dense_shape[1:]], 0)
+        return tf.sparse.slice(x, tf.zeros([rank], tf.int64), size)
+    return x[:1]
+
+
+def _concat(heads):
+    """The first row among `heads` (the first row of the first non-empty one)."""
+    if isinstance(heads[0], tf.SparseTensor):
+        joined = tf.sparse.concat(0, heads, expand_nonconcat_dims=True)
+        return _head(joined)
+    return tf.concat(heads, 0)[:1]

@@ -1,0 +1,104 @@
+"""No replica runs a kernel on an empty batch: every layer type, partial
+batches of every size 1 ... n - 1 (contract family; the cluster paths are in
+tests/test_cluster_training.py).
+
+TensorFlow 2.21's oneDNN `MaxPoolGrad` aborts the process on an empty batch
+(tensorflow/tensorflow#126128): before stand-ins, this file aborted its pytest
+worker. The results stay a single device's: weights for the deterministic
+layers, metric counts and predictions for all.
+"""
+
+import layer_zoo  # tests/cluster_jobs, see conftest.py
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_psdist as kpd
+
+NUM_REPLICAS = 4
+
+
+def _pair(cpu_devices, stochastic, num_replicas=NUM_REPLICAS):
+    reference = layer_zoo.build(stochastic=stochastic)
+    strategy = kpd.PSStrategy(devices=cpu_devices[:num_replicas])
+    with strategy.scope():
+        model = layer_zoo.build(stochastic=stochastic)
+    model.set_weights(reference.get_weights())
+    return reference, model, strategy
+
+
+@pytest.mark.parametrize("num_replicas", [2, 3, NUM_REPLICAS])
+def test_split_sizes_never_leave_a_replica_empty(cpu_devices, num_replicas):
+    strategy = kpd.PSStrategy(devices=cpu_devices[:num_replicas])
+    dataset = layer_zoo.partial_batches(num_replicas)
+    for batch, (_, global_labels) in zip(
+        strategy.experimental_distribute_dataset(dataset), dataset, strict=True
+    ):
+        labels = strategy.experimental_local_results(batch[1])
+        counts = [int(t.shape[0]) for t in labels]
+        # Consecutive rows, in replica order: each example exactly once.
+        np.testing.assert_array_equal(np.concatenate(labels), global_labels)
+        assert max(counts) - min(counts) <= 1, counts
+        assert counts == sorted(counts, reverse=True), counts
+
+
+def test_every_layer_type_trains_on_partial_batches(cpu_devices):
+    reference, model, _ = _pair(cpu_devices, stochastic=True)
+    dataset = layer_zoo.partial_batches(NUM_REPLICAS)
+    history = model.fit(dataset, epochs=2, verbose=0)
+    for weight in model.weights:
+        assert np.isfinite(weight.numpy()).all(), weight.path
+    # Every example counted once per epoch: stand-ins never count.
+    total = sum(layer_zoo.batch_sizes(NUM_REPLICAS))
+    assert history.history["examples"] == [total, total]
+
+    # Evaluate and predict with the trained weights equal a single device's.
+    reference.set_weights(model.get_weights())
+    for batches in (dataset, dataset.rebatch(1)):
+        np.testing.assert_allclose(
+            model.evaluate(batches, verbose=0),
+            reference.evaluate(batches, verbose=0),
+            rtol=1e-5,
+        )
+        predicted = model.predict(batches, verbose=0)
+        assert predicted.shape == (total, layer_zoo.CLASSES)
+        np.testing.assert_allclose(
+            predicted, reference.predict(batches, verbose=0), rtol=1e-4, atol=1e-5
+        )
+
+
+def test_partial_batches_give_single_device_weights(cpu_devices):
+    reference, model, _ = _pair(cpu_devices, stochastic=False)
+    dataset = layer_zoo.partial_batches(NUM_REPLICAS)
+    for m in (reference, model):
+        m.fit(dataset, epochs=2, verbose=0)
+    for expected, actual in zip(
+        reference.get_weights(), model.get_weights(), strict=True
+    ):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_one_example_on_every_replica_count(cpu_devices):
+    # A global batch of one: every replica but the first runs on a stand-in.
+    features, labels = layer_zoo.data(1)
+    reference, model, _ = _pair(cpu_devices, stochastic=False)
+    for m in (reference, model):
+        m.fit(features, labels, batch_size=1, epochs=1, verbose=0)
+        assert m.predict(features, verbose=0).shape == (1, layer_zoo.CLASSES)
+    for expected, actual in zip(
+        reference.get_weights(), model.get_weights(), strict=True
+    ):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_custom_loop_outputs_have_one_row_per_example(cpu_devices):
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+    dataset = tf.data.Dataset.from_tensor_slices(tf.range(3.0)[:, None]).batch(3)
+
+    @tf.function
+    def step(x):
+        return strategy.run(lambda x: x * 2.0, args=(x,))
+
+    for x in strategy.experimental_distribute_dataset(dataset):
+        out = strategy.gather(step(x), axis=0)
+        np.testing.assert_array_equal(out.numpy()[:, 0], [0.0, 2.0, 4.0])
