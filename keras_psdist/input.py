@@ -77,7 +77,7 @@ class InputPipelines:
             total = topology.num_training_processes * n
             host = topology.input_workers[0][0]
             return SplitDataset(
-                [(host, split_batches(dataset, total, first, first + n))],
+                [(host, split_batches(dataset, total, first, first + n, True))],
                 self._strategy,
             )
         hosts = [host for host, _ in topology.input_workers]
@@ -136,17 +136,22 @@ class InputPipelines:
 
 
 def split_batches(
-    dataset: tf.data.Dataset, num_pieces: int, low: int, high: int
+    dataset: tf.data.Dataset,
+    num_pieces: int,
+    low: int,
+    high: int,
+    skip_unreached: bool = False,
 ) -> tf.data.Dataset:
     """Cuts every global batch into `num_pieces` and keeps pieces [low, high).
 
     Piece `k` of a batch of `B` examples is rows `piece_bounds(B, num_pieces,
     k)`: consecutive, in order, of sizes that differ by at most one, so that
     no piece is empty while `B >= num_pieces` (5 examples on 4 pieces: 2, 1,
-    1, 1). Each element of the result is the tuple of the kept pieces. When
-    `low > 0` and a batch is too small to reach piece `low` (an async
-    worker's share of a tiny last batch), the element is skipped: this
-    pipeline has nothing of it to train on.
+    1, 1). Each element of the result is the tuple of the kept pieces.
+
+    With `skip_unreached`, a batch too small to reach piece `low` is skipped:
+    an async worker has nothing of it to train on. Otherwise (one host,
+    in-graph, where the pipelines must stay in step) its pieces are empty.
     """
     spec = dataset.element_spec
 
@@ -166,7 +171,7 @@ def split_batches(
             )
         return tuple(pieces)
 
-    if low > 0:
+    if skip_unreached and low > 0:
         dataset = dataset.filter(
             lambda *args: batch_size(tf.nest.flatten(element_of(args))[0]) > low
         )

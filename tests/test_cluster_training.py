@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import launching  # tests/cluster_jobs, see conftest.py
+import layer_zoo
 import numpy as np
 import pytest
 
@@ -112,6 +113,26 @@ def test_in_graph_partitioned_table_equals_the_unpartitioned_run(
     model = job.build_embedding(strategy)
     job.train_embedding(model)
     cluster_weights = np.load(tmp_path / "embedding_weights.npz")
+    assert len(cluster_weights.files) == len(model.weights)
+    for i, w in enumerate(model.weights):
+        np.testing.assert_allclose(
+            cluster_weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5
+        )
+
+
+@pytest.mark.xdist_group("in_graph_cluster")
+def test_in_graph_partial_batches_equal_the_one_process_run(in_graph_run, cpu_devices):
+    """Every layer type on global batches of 1 for 2 worker tasks: worker 1
+    runs on a stand-in (no kernel on an empty batch), and the weights are
+    those of the same replicas in one process."""
+    _, tmp_path, _ = in_graph_run
+    job = _job_module()
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:2], parameter_devices=cpu_devices[2:4]
+    )
+    model = job.build_layer_zoo(strategy)
+    model.fit(layer_zoo.partial_batches(2), epochs=2, verbose=0)
+    cluster_weights = np.load(tmp_path / "zoo_weights.npz")
     assert len(cluster_weights.files) == len(model.weights)
     for i, w in enumerate(model.weights):
         np.testing.assert_allclose(
@@ -295,3 +316,35 @@ def test_worker_without_a_chief_times_out_with_a_clear_message(tmp_path):
             server.wait()
     assert worker.returncode != 0
     assert "Waited 3 s for the chief (worker:0)" in worker.stderr, worker.stderr[-3000:]
+
+
+PARTIAL_BATCHES_JOB = Path(__file__).parent / "cluster_jobs" / "partial_batches_job.py"
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_between_graph_workers_skip_batches_too_small_to_reach_them(tmp_path, kind):
+    """Every layer type on global batches of 4, 1, 4 over 2 worker processes
+    (async PSStrategy, SyncReplicaStrategy): worker 1 gets nothing of the batch
+    of one and skips that step; no process runs a kernel on an empty batch,
+    and each epoch still trains on every example exactly once."""
+    code, log = launching.launch_job(
+        PARTIAL_BATCHES_JOB,
+        [tmp_path, kind],
+        num_ps=1,
+        num_workers=2,
+        mode="between-graph",
+        timeout_s=LAUNCH_TIMEOUT_S,
+    )
+    assert code == 0, (
+        f"launch exited {code}:\n{launching.without_progress(log)[-6000:]}"
+    )
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    assert [r["worker"] for r in reports] == [0, 1]
+    assert all(r["finite"] for r in reports)
+    total = sum(layer_zoo.batch_sizes(2))
+    per_epoch = [
+        sum(epoch) for epoch in zip(*(r["examples"] for r in reports), strict=True)
+    ]
+    assert per_epoch == [total, total], reports
+    # Worker 0 trained on the batch of one, worker 1 did not.
+    assert reports[0]["examples"][0] == reports[1]["examples"][0] + 1

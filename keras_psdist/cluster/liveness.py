@@ -24,6 +24,11 @@ What each mode does with it:
 
 The beat is a plain eager `ResourceScatterAdd` (it never blocks on the ps),
 from a daemon thread stopped at exit.
+
+The chief's `LossReporter` logs what every look at the beats in its process
+finds, whoever looks (its own thread each second, the staleness bound between
+steps): a worker the process treated as lost is logged, even when it came
+back before the reporter's next look.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import atexit
 import threading
 import time
+from collections.abc import Callable
 
 import tensorflow as tf
 from absl import logging
@@ -87,11 +93,16 @@ class Heartbeats(_Background):
         self.beats = shared.create_int64(
             device, "keras_psdist/liveness/beats", [0] * num_workers
         )
-        self._lock = threading.Lock()
+        # Held for a whole look (read included): looks applied out of order
+        # would move a count back and forth, and a silent worker would seem
+        # to beat again. Re-entrant: `on_change` callbacks may ask `silent_for`.
+        self._lock = threading.RLock()
         now = time.monotonic()
         self._last_count = [None] * num_workers
         self._last_change = [now] * num_workers
         self._cached = None
+        self._lost: list[int] = []
+        self._callbacks: list[Callable[[list[int], list[int]], None]] = []
         self._start_thread(self._beat_forever, "keras_psdist-heartbeat")
 
     @property
@@ -118,17 +129,23 @@ class Heartbeats(_Background):
                 updates=tf.constant([1], tf.int64),
             )
 
+    def on_change(self, callback: Callable[[list[int], list[int]], None]) -> None:
+        """Calls `callback(newly_lost, back)` from each look (`lost()`, in
+        whichever thread) that finds a worker newly lost or back, in the
+        order of the looks, before that look returns."""
+        with self._lock:
+            self._callbacks.append(callback)
+
     def lost(self) -> list[int]:
         """Workers (other than this one) that have beaten, but not for
         `timeout` seconds. A worker that has not started yet is not lost:
         `step_timeout` covers one that never comes."""
-        now = time.monotonic()
         with self._lock:
             # Called between steps: a fresh read every half period is enough.
+            now = time.monotonic()
             if self._cached is not None and now - self._cached[0] < self.period / 2:
                 return list(self._cached[1])
-        counts = self.beats.numpy()
-        with self._lock:
+            counts = self.beats.numpy()
             lost = []
             for w, count in enumerate(counts.tolist()):
                 if count != self._last_count[w]:
@@ -141,6 +158,12 @@ class Heartbeats(_Background):
                 ):
                     lost.append(w)
             self._cached = (now, lost)
+            newly_lost = [w for w in lost if w not in self._lost]
+            back = [w for w in self._lost if w not in lost]
+            self._lost = lost
+            if newly_lost or back:
+                for callback in self._callbacks:
+                    callback(newly_lost, back)
             return list(lost)
 
     def silent_for(self, worker: int) -> float:
@@ -152,9 +175,12 @@ class Heartbeats(_Background):
 class LossReporter(_Background):
     """Logs, on the chief of an async run, when a worker is lost or back.
 
+    It logs what any look at `heartbeats` finds (`Heartbeats.on_change`), and
+    looks itself every `every` seconds so that someone does.
+
     Args:
         heartbeats: This process's `Heartbeats`.
-        every: Seconds between looks.
+        every: Seconds between its own looks.
     """
 
     def __init__(self, heartbeats: Heartbeats, every: float = 1.0):
@@ -162,6 +188,7 @@ class LossReporter(_Background):
         self._every = every
         self.lost: set[int] = set()
         self.ever_lost: set[int] = set()
+        heartbeats.on_change(self._report)
         self._start_thread(self._watch, "keras_psdist-liveness")
 
     def _watch(self) -> None:
@@ -174,17 +201,20 @@ class LossReporter(_Background):
                 logging.warning("keras_psdist liveness check failed: %s", e)
 
     def check(self) -> None:
-        now_lost = set(self._heartbeats.lost())
-        for w in sorted(now_lost - self.lost):
+        """One look at the heartbeats (which reports what it finds)."""
+        self._heartbeats.lost()
+
+    def _report(self, newly_lost: list[int], back: list[int]) -> None:
+        for w in newly_lost:
             logging.error(
                 "keras_psdist: worker %d is lost (no heartbeat for %.0f s); "
                 "training goes on without it.",
                 w,
                 self._heartbeats.silent_for(w),
             )
-        for w in sorted(self.lost - now_lost):
+        for w in back:
             logging.warning(
                 "keras_psdist: worker %d is back (its heartbeat resumed).", w
             )
-        self.ever_lost |= now_lost
-        self.lost = now_lost
+        self.ever_lost.update(newly_lost)
+        self.lost = (self.lost | set(newly_lost)) - set(back)

@@ -10,7 +10,8 @@ writes `OUT_DIR/<task>.json` (what the test checks) and, in-graph,
 `OUT_DIR/weights.npz`. In-graph it then trains a second model, with an
 embedding table large enough for the strategy's partitioner to split it
 over the ps tasks (`EMBEDDING_PARTITIONER`), and writes
-`OUT_DIR/embedding_weights.npz`.
+`OUT_DIR/embedding_weights.npz`; and a third, `layer_zoo`'s layer types on
+global batches smaller than the replica count (`OUT_DIR/zoo_weights.npz`).
 """
 
 import json
@@ -21,6 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
+import layer_zoo  # noqa: E402  (this directory: sys.path[0] or conftest.py)
 import numpy as np  # noqa: E402
 
 EPOCHS = 8
@@ -99,6 +101,12 @@ def _fit(model, x, y, seed, callbacks):
     )
 
 
+def build_layer_zoo(strategy):
+    """`layer_zoo.build` without BatchNormalization and Dropout (exact)."""
+    with strategy.scope():
+        return layer_zoo.build(seed=0, stochastic=False)
+
+
 def train_embedding(model, callbacks=()):
     return _fit(model, *embedding_digits(), 0, callbacks)
 
@@ -161,6 +169,12 @@ def main(out_dir, mode, seed=0):
         np.savez(
             os.path.join(out_dir, "embedding_weights.npz"),
             *[w.numpy() for w in embedding.weights],
+        )
+        # Partial batches of 1 on 2 replicas: worker 1 runs on a stand-in.
+        zoo = build_layer_zoo(strategy)
+        zoo.fit(layer_zoo.partial_batches(2), epochs=2, verbose=0)
+        np.savez(
+            os.path.join(out_dir, "zoo_weights.npz"), *[w.numpy() for w in zoo.weights]
         )
         report["shards"] = [
             [p.name, p.device, list(p.shape)]

@@ -10,13 +10,17 @@ CONFIG_JSON:
 - `strategy`: `"async"` (`PSStrategy(mode="async")`) or `"sync"`
   (`SyncReplicaStrategy`, with `replicas_to_aggregate` if given).
 - `kill_worker`, `kill_at_step`: that worker SIGKILLs itself right after that
-  step of its first start (a real kill: no cleanup, no goodbye).
+  step of its first start (a real kill: no cleanup, no goodbye), once its
+  heartbeat is on the ps (a worker never seen beating is never lost).
 - `freeze_worker`, `freeze_at_step`: that worker SIGSTOPs itself right after
-  that step: a hung process, which no launcher sees exit.
+  that step (once its heartbeat is on the ps): a hung process, which no
+  launcher sees exit.
 - `wait_for_rejoin_at_step`: the chief, at that step, waits until the killed
   worker has been found lost (its heartbeat stopped) and has been started
   again (`max_restarts`) and has read the shared variables, so that both
-  happen while the chief still trains.
+  happen while the chief still trains. The restarted worker starts beating
+  only once the chief has found it lost: a restart quicker than
+  `heartbeat_timeout` would never be lost.
 - `epochs`, `heartbeat_timeout`.
 
 Every start of worker i writes `OUT_DIR/worker_<i>_start_<n>.json`: its
@@ -66,6 +70,7 @@ class Faults(keras.callbacks.Callback):
         if self.worker == kill and self.start == 1:
             if self.steps == self.config["kill_at_step"]:
                 _write(self.out_dir, self.worker, self.start, {"steps": self.steps})
+                self._wait_until_beat_counted()
                 os.kill(os.getpid(), signal.SIGKILL)
         if (
             self.worker == self.config.get("freeze_worker")
@@ -74,16 +79,27 @@ class Faults(keras.callbacks.Callback):
             # Frozen, not dead: its process is still there (as when a machine
             # hangs or is cut off), only its heartbeat stops.
             _write(self.out_dir, self.worker, self.start, {"steps": self.steps})
+            self._wait_until_beat_counted()
             os.kill(os.getpid(), signal.SIGSTOP)
         if self.worker == 0 and self.steps == self.config.get(
             "wait_for_rejoin_at_step"
         ):
             self._wait_for_rejoin(kill)
 
+    def _wait_until_beat_counted(self):
+        """Until this worker's heartbeat thread has beaten on the ps: the
+        others take only a worker that has beaten for lost."""
+        beats = self.strategy.extended.heartbeats.beats
+        _wait_until(
+            lambda: beats.numpy()[self.worker] > 0,
+            f"worker {self.worker}'s first heartbeat on the ps",
+        )
+
     def _wait_for_rejoin(self, worker):
         """Until `worker` has been lost and is back: in async mode, its
         heartbeat; in sync mode, the chief's published lost mask (cleared
-        when its gradients come again)."""
+        when its gradients come again). Once it is lost, tells its restart
+        to start (see `_wait_until_found_lost`)."""
         sync = getattr(self.strategy.extended.sync_training, "sync", None)
         heartbeats = self.strategy.extended.heartbeats
 
@@ -96,13 +112,36 @@ class Faults(keras.callbacks.Callback):
         seen_lost = False
         rejoined = os.path.join(self.out_dir, f"rejoined_{worker}")
         while not (seen_lost and os.path.exists(rejoined) and not lost()):
-            seen_lost = seen_lost or lost()
+            if not seen_lost and lost():
+                seen_lost = True
+                open(_found_lost_path(self.out_dir, worker), "w").close()
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"worker {worker}: lost seen {seen_lost}, rejoined "
                     f"{os.path.exists(rejoined)} after {BARRIER_TIMEOUT_S} s"
                 )
             time.sleep(0.2)
+
+
+def _found_lost_path(out_dir, worker):
+    return os.path.join(out_dir, f"found_lost_{worker}")
+
+
+def _wait_until_found_lost(out_dir, worker):
+    """A restarted worker, before it builds its strategy (and beats): until
+    the chief has found its previous start lost."""
+    path = _found_lost_path(out_dir, worker)
+    _wait_until(
+        lambda: os.path.exists(path), f"{path} (the chief found worker {worker} lost)"
+    )
+
+
+def _wait_until(done, what):
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} after {BARRIER_TIMEOUT_S} s")
+        time.sleep(0.1)
 
 
 def _write(out_dir, worker, start, report):
@@ -117,6 +156,11 @@ def main(out_dir, config):
 
     import keras_psdist as kpd
 
+    # The launcher's task for this process: worker:i, the chief is worker:0.
+    worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    start = 1 + len(glob.glob(os.path.join(out_dir, f"worker_{worker}_start_*")))
+    if start > 1 and "wait_for_rejoin_at_step" in config:
+        _wait_until_found_lost(out_dir, worker)
     timeout = config.get("heartbeat_timeout", 30.0)
     if config["strategy"] == "async":
         strategy = kpd.PSStrategy(mode="async", heartbeat_timeout=timeout)
@@ -126,9 +170,7 @@ def main(out_dir, config):
             heartbeat_timeout=timeout,
             step_timeout=120,
         )
-    topology = strategy.extended.topology
-    worker = topology.worker_index
-    start = 1 + len(glob.glob(os.path.join(out_dir, f"worker_{worker}_start_*")))
+    assert strategy.extended.topology.worker_index == worker
     model = digits_job.build(strategy)
     with strategy.scope():
         counter = keras.Variable(0, dtype="int64", trainable=False, name="steps")
