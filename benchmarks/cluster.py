@@ -98,12 +98,15 @@ RESULTS = REPO_ROOT / "benchmarks" / "results"
 DEFAULT_JSON = RESULTS / "cluster.json"
 QUICK_JSON = RESULTS / "cluster_quick.json"
 
-ROLES = ("local", "in-graph", "async")
+ROLES = ("local", "in-graph", "async", "tf_keras")
 # The cluster shapes compared.
 IN_GRAPH_WORKERS = 2
 IN_GRAPH_PS = 2
 ASYNC_PS = 1
 ASYNC_WORKERS = (1, 2)
+# Against tf_keras's ParameterServerStrategy: 1 ps, 2 workers for everyone.
+VS_PS = 1
+VS_WORKERS = 2
 
 # Limits that turn a hang into a failure (seconds).
 RUN_TIMEOUT_S = 300.0
@@ -115,6 +118,8 @@ BARRIER_TIMEOUT_S = 120.0
 
 def _child_main(args: argparse.Namespace) -> int:
     """What a child process does: build, warm up, time, write its JSON."""
+    if args.role == "tf_keras":
+        return _tf_keras_child_main(args)
     import keras
     import strategies  # benchmarks/strategies.py: same model and data
     import tensorflow as tf
@@ -137,7 +142,14 @@ def _child_main(args: argparse.Namespace) -> int:
     index = topology.worker_index
 
     model = strategies.build_model(strategy, args.seed)
-    dataset = strategies.make_dataset(args.batch, args.seed)
+    if args.finite:
+        # Exactly `steps` global batches: every epoch builds its own iterator,
+        # as a user's `fit(x, y)` does.
+        x, y = _numpy_data(args.steps * args.batch, args.seed)
+        data = {"x": x, "y": y, "batch_size": args.batch}
+    else:
+        dataset = strategies.make_dataset(args.batch, args.seed)
+        data = {"x": dataset, "steps_per_epoch": args.steps}
 
     barrier = None
     if args.role == "async":
@@ -145,9 +157,8 @@ def _child_main(args: argparse.Namespace) -> int:
     clock = _make_epoch_clock()(barrier)
     fit_start = time.perf_counter()
     model.fit(
-        dataset,
+        **data,
         epochs=1 + args.epochs,
-        steps_per_epoch=args.steps,
         verbose=0,
         shuffle=False,
         callbacks=[clock, keras.callbacks.TerminateOnNaN()],
@@ -180,6 +191,87 @@ def _child_main(args: argparse.Namespace) -> int:
     name = report["task"] or "local"
     path = Path(args.out_dir) / f"{name.replace(':', '_')}.json"
     path.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _numpy_data(n: int, seed: int):
+    """`n` examples of the benchmark's synthetic rule (as `strategies.py`)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    y = (x @ w + 0.5 * rng.standard_normal(n) > 0).astype(np.int32)
+    return x, y
+
+
+def _tf_keras_child_main(args: argparse.Namespace) -> int:
+    """The baseline: tf_keras `model.fit` under TF's `ParameterServerStrategy`
+    with its `ClusterCoordinator`, this process the coordinator (chief).
+
+    Each step is one worker's batch of `batch / workers` examples, as a step
+    of an async PSStrategy worker. tf_keras needs `steps_per_epoch` and a
+    repeated dataset here; its coordinator waits for every scheduled step at
+    each epoch end.
+    """
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tensorflow as tf
+    import tf_keras
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    workers = len(resolver.cluster_spec().as_dict()["worker"])
+    per_step = args.batch // workers
+    tf_keras.utils.set_random_seed(args.seed)
+    with strategy.scope():
+        model = tf_keras.Sequential(
+            [
+                tf_keras.Input((64,)),
+                tf_keras.layers.Dense(512, activation="relu"),
+                tf_keras.layers.Dense(512, activation="relu"),
+                tf_keras.layers.Dense(2),
+            ]
+        )
+        model.compile(
+            tf_keras.optimizers.Adam(1e-3),
+            tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    x, y = _numpy_data(8192, args.seed)
+
+    def dataset_fn(context):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        return dataset.batch(per_step, drop_remainder=True).prefetch(2)
+
+    class Clock(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epochs = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._begin = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append((self._begin, time.perf_counter()))
+
+    clock = Clock()
+    model.fit(
+        tf_keras.utils.experimental.DatasetCreator(dataset_fn),
+        epochs=1 + args.epochs,
+        steps_per_epoch=args.steps,
+        verbose=0,
+        callbacks=[clock],
+    )
+    timed = clock.epochs[1:]
+    report = {
+        "role": "tf_keras",
+        "workers": workers,
+        "steps_per_epoch": args.steps,
+        "examples_per_step": per_step,
+        "epoch_s": [end - begin for begin, end in timed],
+        "examples": per_step * args.steps * len(timed),
+    }
+    report["examples_per_s"] = report["examples"] / sum(report["epoch_s"])
+    (Path(args.out_dir) / "chief_0.json").write_text(json.dumps(report, indent=1))
     return 0
 
 
@@ -261,6 +353,7 @@ def _child_command(role: str, out_dir: Path, args: argparse.Namespace) -> list[s
         str(args.batch),
         "--seed",
         str(args.seed),
+        *(["--finite"] if args.finite else []),
     ]
 
 
@@ -280,7 +373,7 @@ def run_cluster(
     """One `launch` of a local cluster; returns the training processes' reports."""
     from keras_psdist.cluster import launch
 
-    mode = "in-graph" if role == "in-graph" else "between-graph"
+    mode = "between-graph" if role == "async" else "in-graph"
     out_dir, log = run_dir(work, f"{role}_{num_workers}w_")
     start = time.perf_counter()
     with open(log, "w") as f:
@@ -292,7 +385,7 @@ def run_cluster(
             timeout_s=RUN_TIMEOUT_S,
             out=f,
         )
-    expected = 1 if role == "in-graph" else num_workers
+    expected = num_workers if role == "async" else 1
     reports = read_reports(out_dir, expected, log, code)
     for report in reports:
         report["launch_wall_s"] = time.perf_counter() - start
@@ -363,6 +456,80 @@ def measure_async(work: Path, args, rounds: list[dict]) -> None:
                 entry["workers_2"]["examples_per_s"]
                 / entry["workers_1"]["examples_per_s"]
             )
+
+
+def measure_vs_tf_keras(work: Path, args, rounds: list[dict]) -> None:
+    """examples/s of tf_keras + ParameterServerStrategy + ClusterCoordinator,
+    async PSStrategy and in-graph PSStrategy on the same cluster shape, at
+    each epoch length; ours on finite data (an iterator per epoch)."""
+    for steps in args.vs_lengths:
+        for r in range(args.rounds):
+            entry = {"round": r, "steps": steps}
+            rounds.append(entry)
+            run_args = argparse.Namespace(**{**vars(args), "steps": steps})
+            for key in ("tf_keras", "async", "in-graph"):
+                run_args.finite = key != "tf_keras"
+                _log(f"vs tf_keras, {steps}-step epochs, round {r + 1}: {key} ...")
+                try:
+                    reports = run_cluster(work, key, VS_PS, VS_WORKERS, run_args)
+                except RunFailed as e:
+                    entry[key] = {"error": str(e)}
+                    _log(f"  failed: {e}")
+                    continue
+                if key == "tf_keras":
+                    entry[key] = reports[0]
+                elif key == "async":
+                    entry[key] = {"workers": reports, **_throughput(reports)}
+                else:
+                    (report,) = reports
+                    report["examples_per_s"] = report["examples"] / sum(
+                        report["epoch_s"]
+                    )
+                    entry[key] = report
+                _log(f"  {entry[key]['examples_per_s']:.0f} examples/s")
+            for key in ("async", "in-graph"):
+                if _ok(entry, key) and _ok(entry, "tf_keras"):
+                    entry[f"{key}_ratio"] = (
+                        entry[key]["examples_per_s"]
+                        / entry["tf_keras"]["examples_per_s"]
+                    )
+
+
+def summarize_vs_tf_keras(rounds: list[dict], lengths: list[int]) -> dict:
+    out = {}
+    for steps in lengths:
+        entries = [e for e in rounds if e["steps"] == steps]
+        row = {}
+        for key in ("tf_keras", "async", "in-graph"):
+            rates = [e[key]["examples_per_s"] for e in entries if _ok(e, key)]
+            row[key] = {"examples_per_s": rates, "median": _median_or_none(rates)}
+        for key in ("async", "in-graph"):
+            ratios = [e[f"{key}_ratio"] for e in entries if f"{key}_ratio" in e]
+            row[f"{key}_ratio"] = {"values": ratios, "median": _median_or_none(ratios)}
+        out[steps] = row
+    return out
+
+
+def format_vs_tf_keras(summary: dict, args) -> str:
+    lines = [
+        "",
+        f"Against tf_keras ParameterServerStrategy + ClusterCoordinator "
+        f"({VS_WORKERS} workers + {VS_PS} ps), examples/s, median of "
+        f"{args.rounds} rounds:",
+        f"  {'steps/epoch':>11} {'tf_keras PSS':>13} {'async':>9} {'in-graph':>9}"
+        f" {'async/PSS':>10} {'in-graph/PSS':>13}",
+    ]
+    for steps, row in summary.items():
+        cells = " ".join(
+            f"{_fmt(row[k]['median'], '.0f'):>{w}}"
+            for k, w in (("tf_keras", 13), ("async", 9), ("in-graph", 9))
+        )
+        lines.append(
+            f"  {steps:>11} {cells} "
+            f"{_fmt(row['async_ratio']['median'], '.2f', 'x'):>10} "
+            f"{_fmt(row['in-graph_ratio']['median'], '.2f', 'x'):>13}"
+        )
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ report
@@ -516,9 +683,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
         "--only",
-        choices=("in-graph", "async"),
-        help="run only one of the two measurements",
+        choices=("in-graph", "async", "vs-tf-keras"),
+        help="run only one of the three measurements",
     )
+    parser.add_argument(
+        "--vs-lengths",
+        type=lambda t: [_positive(v) for v in t.split(",") if v.strip()],
+        default=[40, 400],
+        help="epoch lengths (steps) of the tf_keras comparison (default 40,400)",
+    )
+    parser.add_argument("--finite", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -535,6 +709,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.epochs, args.rounds = 5, 2, 1
+        args.vs_lengths = [5]
     if args.json is None:
         args.json = str(QUICK_JSON if args.quick else DEFAULT_JSON)
     if args.batch % 4:
@@ -556,25 +731,35 @@ def main(argv: list[str] | None = None) -> int:
     load_start = _loadavg()
     in_graph: list[dict] = []
     async_rounds: list[dict] = []
+    vs_rounds: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="kpd_cluster_bench_") as tmp:
         work = Path(tmp)
         if args.only in (None, "in-graph"):
             measure_in_graph(work, args, in_graph)
         if args.only in (None, "async"):
             measure_async(work, args, async_rounds)
+        if args.only in (None, "vs-tf-keras"):
+            measure_vs_tf_keras(work, args, vs_rounds)
     wall_s = time.perf_counter() - start
     summary = summarize(in_graph, async_rounds)
+    summary["vs_tf_keras"] = summarize_vs_tf_keras(vs_rounds, args.vs_lengths)
     print(format_rounds(in_graph, async_rounds))
     print()
     sections = ("in-graph", "async") if args.only is None else (args.only,)
     print(format_table(summary, args, sections))
+    if vs_rounds:
+        print(format_vs_tf_keras(summary["vs_tf_keras"], args))
     return finish(
         args,
-        ("steps", "epochs", "rounds", "batch", "seed", "quick"),
+        ("steps", "epochs", "rounds", "batch", "seed", "quick", "vs_lengths"),
         load_start,
         wall_s,
         summary,
-        {"in_graph_rounds": in_graph, "async_rounds": async_rounds},
+        {
+            "in_graph_rounds": in_graph,
+            "async_rounds": async_rounds,
+            "vs_tf_keras_rounds": vs_rounds,
+        },
     )
 
 

@@ -41,6 +41,15 @@ compute: the numbers show each strategy's *overhead* relative to one device,
 and are meant to be read as ratios measured side by side in one run, not as
 absolute throughput (absolute values drift between runs and machines).
 
+Then, whole epochs (``--epoch-lengths``, default 5, 40 and 400 steps):
+``fit(x, y, epochs=--epochs)`` on NumPy data of exactly that many global
+batches, with no ``steps_per_epoch``, so every epoch builds and tears down its
+own iterator as in a user's ``fit``. Per strategy and length: the median
+epoch wall time after the first epoch (``epoch ms``), its ratio to the single
+device and PSStrategy's to MirroredStrategy's; and the fixed cost per epoch,
+``epoch ms`` at the shortest length minus that many steps at the longest
+length's per-step time. Strategies are interleaved round-robin here too.
+
 A strategy that raises (at build, warm-up or timing) is reported as
 ``failed: <error>`` and the others still run.
 
@@ -358,6 +367,118 @@ def run_benchmark(args) -> tuple[list[Case], dict]:
     return cases, info
 
 
+class _EpochClock(keras.callbacks.Callback):
+    """Wall time of each epoch, from `on_epoch_begin` to `on_epoch_end`."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds: list[float] = []
+        self._start = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+EPOCH_STRATEGIES = ("default", "mirrored", "ps")
+
+
+def run_epochs(cases: list[Case], args) -> dict:
+    """`{name: {length: [epoch ms after the first, over repeats]}}`."""
+    cases = [c for c in cases if c.name in EPOCH_STRATEGIES and c.error is None]
+    rng = np.random.default_rng(args.seed)
+    times = {c.name: {} for c in cases}
+    for length in args.epoch_lengths:
+        n = length * args.batch
+        x = rng.standard_normal((n, INPUT_DIM)).astype(np.float32)
+        y = rng.integers(0, NUM_CLASSES, n).astype(np.int32)
+        for r in range(args.repeats):
+            k = r % max(len(cases), 1)
+            for case in cases[k:] + cases[:k]:
+                clock = _EpochClock()
+                try:
+                    case.model.fit(
+                        x,
+                        y,
+                        batch_size=args.batch,
+                        epochs=args.epochs,
+                        shuffle=False,
+                        verbose=0,
+                        callbacks=[clock],
+                    )
+                except Exception as e:  # noqa: BLE001
+                    case.fail(f"epochs of {length} steps", e)
+                    continue
+                times[case.name].setdefault(length, []).extend(
+                    1e3 * t for t in clock.seconds[1:]
+                )
+        summary = " ".join(
+            f"{name}={statistics.median(t[length]):.0f}ms"
+            for name, t in times.items()
+            if t.get(length)
+        )
+        _log(f"epochs of {length} steps (median epoch time): {summary}")
+    return times
+
+
+def epoch_summary(times: dict, args) -> dict:
+    """Medians, ratios and the fixed cost per epoch, from `run_epochs`."""
+    lengths = sorted(args.epoch_lengths)
+    short, long_ = lengths[0], lengths[-1]
+    median = {
+        name: {length: statistics.median(v) for length, v in per.items() if v}
+        for name, per in times.items()
+    }
+    out = {"median_epoch_ms": median, "ratios": {}, "fixed_ms_per_epoch": {}}
+    for name, per in median.items():
+        if short in per and long_ in per and long_ != short:
+            step_ms = per[long_] / long_
+            out["fixed_ms_per_epoch"][name] = per[short] - short * step_ms
+    ps, single, mirrored = (median.get(k, {}) for k in EPOCH_STRATEGIES[::-1])
+    for length in lengths:
+        out["ratios"][length] = {
+            "ps_vs_single": _ratio(ps.get(length), single.get(length)),
+            "ps_vs_mirrored": _ratio(ps.get(length), mirrored.get(length)),
+            "mirrored_vs_single": _ratio(mirrored.get(length), single.get(length)),
+        }
+    return out
+
+
+def format_epoch_table(summary: dict, args) -> str:
+    median = summary["median_epoch_ms"]
+    names = [n for n in EPOCH_STRATEGIES if n in median]
+    header = (
+        f"{'steps/epoch':>11} "
+        + " ".join(f"{LABELS[n].split(' (')[0]:>18}" for n in names)
+        + f" {'PS/single':>10} {'PS/Mirrored':>12}"
+    )
+    lines = [
+        f"whole-fit epoch time (ms, median after the 1st epoch), {args.epochs} "
+        f"epochs x {args.repeats} repeats, NumPy input",
+        header,
+        "-" * len(header),
+    ]
+    for length in sorted(args.epoch_lengths):
+        ratios = summary["ratios"][length]
+        cells = " ".join(
+            f"{median[n][length]:>18.1f}" if length in median[n] else f"{'n/a':>18}"
+            for n in names
+        )
+        lines.append(
+            f"{length:>11} {cells} {_x(ratios['ps_vs_single']):>10} "
+            f"{_x(ratios['ps_vs_mirrored']):>12}"
+        )
+    fixed = summary["fixed_ms_per_epoch"]
+    if fixed:
+        lines.append(
+            "fixed cost per epoch (ms): "
+            + ", ".join(f"{LABELS[n]} {fixed[n]:.1f}" for n in names if n in fixed)
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -481,6 +602,7 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
         "loadavg_start": info["loadavg_start"],
         "loadavg_end": info["loadavg_end"],
         "wall_s": wall_s,
+        "epochs": info.get("epochs"),
         "results": {
             c.name: {
                 "label": c.label,
@@ -621,6 +743,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)",
     )
     parser.add_argument(
+        "--epoch-lengths",
+        type=lambda t: [_positive(v) for v in t.split(",") if v.strip()],
+        default=[5, 40, 400],
+        help="steps per epoch of the whole-epoch timings (default 5,40,400; "
+        "empty to skip them)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=_positive,
+        default=4,
+        help="epochs per whole-epoch fit; the first is not counted (default 4)",
+    )
+    parser.add_argument(
         "--json", metavar="PATH", help="write raw numbers + environment"
     )
     parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart")
@@ -637,8 +772,15 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable()  # a native abort at least leaves a Python traceback
     start = time.perf_counter()
     cases, info = run_benchmark(args)
+    epochs = None
+    if args.epoch_lengths:
+        epochs = epoch_summary(run_epochs(cases, args), args)
+        info["epochs"] = epochs
     wall_s = time.perf_counter() - start
     print(format_table(cases, args))
+    if epochs is not None:
+        print()
+        print(format_epoch_table(epochs, args))
     print(
         f"wall time: {wall_s:.1f}s; load average (1/5/15 min) at start "
         f"{info['loadavg_start']}, at end {info['loadavg_end']} "
