@@ -102,3 +102,22 @@ def test_custom_loop_outputs_have_one_row_per_example(cpu_devices):
     for x in strategy.experimental_distribute_dataset(dataset):
         out = strategy.gather(step(x), axis=0)
         np.testing.assert_array_equal(out.numpy()[:, 0], [0.0, 2.0, 4.0])
+
+
+def test_datasets_from_function_fill_replicas_left_without_data(cpu_devices):
+    # 5 per-replica batches of 2 on 4 replicas: the second step has data for
+    # one replica only, and TensorFlow's iterator hands the others empty ones.
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+    features, labels = layer_zoo.data(10)
+    with strategy.scope():
+        model = layer_zoo.build(stochastic=True)
+
+    def dataset_fn(context):
+        return tf.data.Dataset.from_tensor_slices((features, labels)).batch(2)
+
+    history = model.fit(
+        strategy.distribute_datasets_from_function(dataset_fn), epochs=1, verbose=0
+    )
+    assert history.history["examples"] == [10]
+    for weight in model.weights:
+        assert np.isfinite(weight.numpy()).all(), weight.path
