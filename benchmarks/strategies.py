@@ -436,7 +436,7 @@ def epoch_summary(times: dict, args) -> dict:
         if short in per and long_ in per and long_ != short:
             step_ms = per[long_] / long_
             out["fixed_ms_per_epoch"][name] = per[short] - short * step_ms
-    ps, single, mirrored = (median.get(k, {}) for k in EPOCH_STRATEGIES[::-1])
+    single, mirrored, ps = (median.get(k, {}) for k in ("default", "mirrored", "ps"))
     for length in lengths:
         out["ratios"][length] = {
             "ps_vs_single": _ratio(ps.get(length), single.get(length)),
@@ -639,14 +639,19 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
     save_json(path, payload)
 
 
-def write_plot(path: str, cases: list[Case], args) -> None:
-    """Grouped bars per strategy: fit ms/step and in-loop ms/step (median, min..max)."""
+def write_plot(path: str, cases: list[Case], args, epochs: dict | None = None) -> None:
+    """Grouped bars per strategy: fit ms/step and in-loop ms/step (median,
+    min..max); with `epochs`, a second panel of whole-epoch times."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if epochs is None:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+    else:
+        fig, (ax, epoch_ax) = plt.subplots(1, 2, figsize=(14, 4.5))
+        _plot_epochs(epoch_ax, epochs, args)
     xs = np.arange(len(cases))
     width = 0.38
     series = (
@@ -697,6 +702,30 @@ def write_plot(path: str, cases: list[Case], args) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+
+
+def _plot_epochs(ax, epochs: dict, args) -> None:
+    """Median whole-epoch time per epoch length and strategy (log scale)."""
+    median = epochs["median_epoch_ms"]
+    names = [n for n in EPOCH_STRATEGIES if n in median]
+    lengths = sorted(args.epoch_lengths)
+    xs = np.arange(len(lengths))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        values = [median[name].get(length, 0.0) for length in lengths]
+        offset = (i - (len(names) - 1) / 2) * width
+        ax.bar(xs + offset, values, width, label=LABELS[name])
+        for x, v in zip(xs + offset, values, strict=True):
+            ax.text(x, v, f"{v:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [f"{length} steps" for length in lengths])
+    ax.set_ylabel("ms per epoch (median after the 1st; log scale)")
+    ax.set_title(
+        f"whole-fit epoch time, batch {args.batch}, {args.replicas} logical "
+        "CPU devices",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
 
 
 # ------------------------------------------------------------------- CLI
@@ -790,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, cases, info, args, wall_s)
         print(f"wrote {args.json}")
     if args.plot:
-        write_plot(args.plot, cases, args)
+        write_plot(args.plot, cases, args, epochs)
         print(f"wrote {args.plot}")
     return 0
 

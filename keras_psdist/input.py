@@ -12,7 +12,7 @@
 |            | total and every worker trains on its own examples                  |
 
 Every pipeline cuts each global batch of B examples into the replicas'
-batches itself (`split_batches`): consecutive rows in replica order, sizes
+batches itself (`batch_pieces.py`): consecutive rows in replica order, sizes
 differing by at most one, so no replica gets an empty batch while B is at
 least the replica count (a partial last batch of 5 on 4 replicas is 2, 1, 1,
 1). Cutting the same way everywhere is what makes an in-graph run equal a
@@ -41,6 +41,7 @@ from keras_psdist._tf import (
     input_util,
     nest,
 )
+from keras_psdist.batch_pieces import Pieces
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.input_iterators import SplitDataset
 
@@ -72,21 +73,21 @@ class InputPipelines:
         n = self._num_replicas
         if topology.mode == "async" and topology.num_training_processes > 1:
             # This worker's replicas are replicas [first, first + n) of all
-            # the training processes' replicas.
+            # the training processes' replicas. A batch too small to reach
+            # them has nothing for this worker: it skips it.
             first = topology.worker_index * n
-            total = topology.num_training_processes * n
+            pieces = Pieces(topology.num_training_processes * n, first, first + n)
+            if first > 0:
+                dataset = dataset.filter(
+                    lambda *args: pieces.reaches(_element(dataset, args))
+                )
             host = topology.input_workers[0][0]
-            return SplitDataset(
-                [(host, split_batches(dataset, total, first, first + n, True))],
-                self._strategy,
-            )
+            return SplitDataset([(host, dataset, pieces)], self._strategy)
         hosts = [host for host, _ in topology.input_workers]
         clones = self._clone_to_workers(dataset) if len(hosts) > 1 else [dataset]
         pipelines, start = [], 0
         for (host, devices), clone in zip(topology.input_workers, clones, strict=True):
-            with tf.device(host):
-                pieces = split_batches(clone, n, start, start + len(devices))
-            pipelines.append((host, pieces))
+            pipelines.append((host, clone, Pieces(n, start, start + len(devices))))
             start += len(devices)
         return SplitDataset(pipelines, self._strategy)
 
@@ -135,77 +136,9 @@ class InputPipelines:
         return topology.worker_index if topology.mode == "async" else 0
 
 
-def split_batches(
-    dataset: tf.data.Dataset,
-    num_pieces: int,
-    low: int,
-    high: int,
-    skip_unreached: bool = False,
-) -> tf.data.Dataset:
-    """Cuts every global batch into `num_pieces` and keeps pieces [low, high).
-
-    Piece `k` of a batch of `B` examples is rows `piece_bounds(B, num_pieces,
-    k)`: consecutive, in order, of sizes that differ by at most one, so that
-    no piece is empty while `B >= num_pieces` (5 examples on 4 pieces: 2, 1,
-    1, 1). Each element of the result is the tuple of the kept pieces.
-
-    With `skip_unreached`, a batch too small to reach piece `low` is skipped:
-    an async worker has nothing of it to train on. Otherwise (one host,
-    in-graph, where the pipelines must stay in step) its pieces are empty.
-    """
-    spec = dataset.element_spec
-
-    def element_of(args):
-        return tf.nest.pack_sequence_as(spec, tf.nest.flatten(args))
-
-    def split(*args):
-        element = element_of(args)
-        size = batch_size(tf.nest.flatten(element)[0])
-        pieces = []
-        for k in range(low, high):
-            start, stop = piece_bounds(size, num_pieces, k)
-            pieces.append(
-                tf.nest.map_structure(
-                    lambda x, start=start, stop=stop: rows(x, start, stop), element
-                )
-            )
-        return tuple(pieces)
-
-    if skip_unreached and low > 0:
-        dataset = dataset.filter(
-            lambda *args: batch_size(tf.nest.flatten(element_of(args))[0]) > low
-        )
-    return dataset.map(split).prefetch(1)
-
-
-def piece_bounds(size: tf.Tensor, num_pieces: int, index: int):
-    """`(start, stop)` of piece `index` of `size` rows cut into `num_pieces`."""
-    base = size // num_pieces
-    extra = size % num_pieces
-    start = index * base + tf.minimum(tf.constant(index, size.dtype), extra)
-    stop = start + base + tf.cast(index < extra, size.dtype)
-    return start, stop
-
-
-def batch_size(x) -> tf.Tensor:
-    """The leading (batch) dimension of a dense, ragged or sparse tensor."""
-    if isinstance(x, tf.SparseTensor):
-        return x.dense_shape[0]
-    if isinstance(x, tf.RaggedTensor):
-        return x.nrows(out_type=tf.int64)
-    return tf.shape(x, out_type=tf.int64)[0]
-
-
-def rows(x, start: tf.Tensor, stop: tf.Tensor):
-    """Rows `[start, stop)` of a dense, ragged or sparse tensor."""
-    if isinstance(x, tf.SparseTensor):
-        zeros = tf.zeros_like(x.dense_shape[1:])
-        return tf.sparse.slice(
-            x,
-            tf.concat([[start], zeros], 0),
-            tf.concat([[stop - start], x.dense_shape[1:]], 0),
-        )
-    return x[start:stop]
+def _element(dataset: tf.data.Dataset, args: tuple):
+    """A dataset element from the arguments `map`/`filter` functions get."""
+    return tf.nest.pack_sequence_as(dataset.element_spec, tf.nest.flatten(args))
 
 
 def check_batched(dataset: tf.data.Dataset) -> None:

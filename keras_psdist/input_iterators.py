@@ -1,17 +1,20 @@
 """The distributed dataset and iterator a PSStrategy hands to Keras.
 
 Each input pipeline (one on one host or per async worker; one per worker task
-in-graph, see `keras_psdist.input`) is a plain `tf.data` pipeline whose every
-element is already the tuple of its replicas' batches. Its iterator is a plain
-`tf.data` iterator on the pipeline's host, and a step's `get_next` is one
-`IteratorGetNext` per pipeline, regrouped into `PerReplica` values.
+in-graph, see `keras_psdist.input`) is the user's `tf.data` pipeline as it is,
+read by a plain `tf.data` iterator on the pipeline's host. A step's `get_next`
+is one `IteratorGetNext` per pipeline; the global batch it returns is cut
+into the pipeline's replicas' pieces right there, inside the step's compiled
+function (`batch_pieces.Pieces.cut`: a few slices per component), and the
+pieces are regrouped into `PerReplica` values.
 
-TensorFlow's own distributed iterator builds a multi-device iterator instead
-(a prefetching buffer and function per compute device), which Keras creates
-and destroys at every epoch: on 4 logical CPU replicas that costs about 100 ms
-to create and 180 ms to tear down, every epoch, against 2 ms for a plain
-iterator. The replicas' batches are copied to their devices by the step that
-reads them (on a GPU, at the start of the step rather than prefetched).
+So a new epoch's iterator costs what a single device's does. TensorFlow's own
+distributed iterator builds a multi-device iterator instead (a prefetching
+buffer and function per compute device), which Keras creates (twice) and
+destroys at every epoch: on 4 logical CPU replicas about 100 ms to create and
+180 ms to tear down, every epoch, against 2 ms for a plain iterator. The
+pieces are copied to their replicas' devices by the step that reads them (on
+a GPU, at the start of the step rather than prefetched).
 
 The iterator is a `CompositeTensor`, so Keras's train function takes it as an
 argument without retracing at each epoch.
@@ -31,6 +34,9 @@ from keras_psdist._tf import (
     input_lib,
     values,
 )
+from keras_psdist.batch_pieces import Pieces
+
+Pipeline = tuple[str, tf.data.Dataset, Pieces]
 
 
 class SplitDataset(input_lib.DistributedDataset):
@@ -42,25 +48,24 @@ class SplitDataset(input_lib.DistributedDataset):
     `PerReplica` values, one batch per replica.
 
     Args:
-        pipelines: `(host device, dataset)` per input pipeline, in replica
-            order; each dataset's elements are tuples of its replicas'
-            batches.
+        pipelines: `(host device, dataset of global batches, the pieces it
+            keeps)` per input pipeline, in replica order.
         strategy: The strategy the dataset belongs to.
     """
 
     # TensorFlow's class is subclassed only so that Keras recognises the
     # result as a distributed dataset (it checks the class name); none of its
     # state or methods is used.
-    def __init__(self, pipelines: Sequence[tuple[str, tf.data.Dataset]], strategy):  # pylint: disable=super-init-not-called
+    def __init__(self, pipelines: Sequence[Pipeline], strategy):  # noqa: D107
         self._pipelines = tuple(pipelines)
         self._strategy = strategy
         self._element_spec = regroup_specs(
-            [spec for _, dataset in self._pipelines for spec in dataset.element_spec]
+            [spec for _, d, cut in self._pipelines for spec in piece_specs(d, cut)]
         )
 
     def __iter__(self) -> SplitIterator:
         iterators = []
-        for host, dataset in self._pipelines:
+        for host, dataset, _ in self._pipelines:
             with tf.device(host):
                 iterators.append(iter(dataset))
         if len(self._pipelines) > 1 and tf.executing_eagerly():
@@ -69,7 +74,10 @@ class SplitDataset(input_lib.DistributedDataset):
             # initialises it on another task: wait here.
             context.async_wait()
         return SplitIterator(
-            iterators, tuple(host for host, _ in self._pipelines), self._element_spec
+            iterators,
+            tuple(host for host, _, _ in self._pipelines),
+            tuple(cut for _, _, cut in self._pipelines),
+            self._element_spec,
         )
 
     @property
@@ -101,7 +109,7 @@ class SplitDataset(input_lib.DistributedDataset):
         )
 
     def __repr__(self) -> str:
-        hosts = [host for host, _ in self._pipelines]
+        hosts = [host for host, _, _ in self._pipelines]
         return f"SplitDataset(pipelines on {hosts}, element_spec={self._element_spec})"
 
 
@@ -114,10 +122,12 @@ class SplitIterator(
         self,
         iterators: Sequence[tf.data.Iterator],
         hosts: tuple[str, ...],
+        pieces: tuple[Pieces, ...],
         element_spec,
     ):
         self._iterators = tuple(iterators)
         self._hosts = hosts
+        self._pieces = pieces
         self._element_spec = element_spec
 
     def __iter__(self) -> SplitIterator:
@@ -133,11 +143,11 @@ class SplitIterator(
         """The next global batch as `PerReplica` values; raises
         `tf.errors.OutOfRangeError` at the end of the data."""
         del name
-        pieces = []
+        batches = []
         for iterator, host in zip(self._iterators, self._hosts, strict=True):
             with tf.device(host):
-                pieces.extend(iterator.get_next())
-        return regroup(pieces)
+                batches.append(iterator.get_next())
+        return self._replica_pieces(batches)
 
     def get_next_as_optional(self) -> tf.experimental.Optional:
         """The next global batch as an `Optional`, empty at the end of the data."""
@@ -145,22 +155,28 @@ class SplitIterator(
         for iterator, host in zip(self._iterators, self._hosts, strict=True):
             with tf.device(host):
                 optionals.append(iterator.get_next_as_optional())
-        # The pipelines cut the same global batches, so they end together.
+        # The pipelines read the same global batches, so they end together.
         has_value = optionals[0].has_value()
         for optional in optionals[1:]:
             has_value = tf.logical_and(has_value, optional.has_value())
 
         def value():
-            pieces = []
-            for optional, host in zip(optionals, self._hosts, strict=True):
-                with tf.device(host):
-                    pieces.extend(optional.get_value())
-            return tf.experimental.Optional.from_value(regroup(pieces))
+            batches = [optional.get_value() for optional in optionals]
+            return tf.experimental.Optional.from_value(self._replica_pieces(batches))
 
         def empty():
             return tf.experimental.Optional.empty(self._element_spec)
 
         return tf.cond(has_value, value, empty)
+
+    def _replica_pieces(self, batches):
+        """Each pipeline's global batch, cut into its replicas' pieces, as one
+        structure of `PerReplica` values."""
+        pieces = []
+        for batch, host, cut in zip(batches, self._hosts, self._pieces, strict=True):
+            with tf.device(host):
+                pieces.extend(cut.cut(batch))
+        return regroup(pieces)
 
     @property
     def element_spec(self):
@@ -172,18 +188,22 @@ class SplitIterator(
         return SplitIteratorSpec(
             tuple(it._type_spec for it in self._iterators),  # noqa: SLF001
             self._hosts,
+            self._pieces,
             self._element_spec,
         )
 
 
 class SplitIteratorSpec(tf.TypeSpec):
-    """The `TypeSpec` of a `SplitIterator`: its pipelines' iterator specs."""
+    """The `TypeSpec` of a `SplitIterator`: its pipelines' iterator specs,
+    hosts and pieces."""
 
-    __slots__ = ["_iterator_specs", "_hosts", "_element_spec"]
+    __slots__ = ["_iterator_specs", "_hosts", "_pieces", "_element_spec"]
 
-    def __init__(self, iterator_specs, hosts, element_spec):
+    def __init__(self, iterator_specs, hosts, pieces, element_spec):
         self._iterator_specs = tuple(iterator_specs)
         self._hosts = tuple(hosts)
+        # `Pieces`, or the plain tuples `_serialize` gives them as.
+        self._pieces = tuple(p if isinstance(p, Pieces) else Pieces(*p) for p in pieces)
         self._element_spec = element_spec
 
     @property
@@ -191,7 +211,8 @@ class SplitIteratorSpec(tf.TypeSpec):
         return SplitIterator
 
     def _serialize(self):
-        return (self._iterator_specs, self._hosts, self._element_spec)
+        cuts = tuple((p.num_pieces, p.low, p.high) for p in self._pieces)
+        return (self._iterator_specs, self._hosts, cuts, self._element_spec)
 
     @property
     def _component_specs(self):
@@ -201,7 +222,17 @@ class SplitIteratorSpec(tf.TypeSpec):
         return value._iterators  # noqa: SLF001
 
     def _from_components(self, components):
-        return SplitIterator(components, self._hosts, self._element_spec)
+        return SplitIterator(components, self._hosts, self._pieces, self._element_spec)
+
+
+def piece_specs(dataset: tf.data.Dataset, pieces: Pieces) -> tuple:
+    """The specs of the pieces `pieces.cut` makes of `dataset`'s elements
+    (traced once, in a graph that never runs)."""
+    spec = dataset.element_spec
+    graph = tf.function(pieces.cut).get_concrete_function(spec)
+    return tf.nest.map_structure(
+        tf.type_spec_from_value, graph.structured_outputs, expand_composites=False
+    )
 
 
 def regroup(per_replica: list):
