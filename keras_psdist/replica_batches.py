@@ -25,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist._tf import distribute_utils, values
+from keras_psdist.batch_pieces import batch_size, rows
 
 
 class ReplicaBatches:
@@ -132,20 +133,13 @@ def _static_rows(x) -> bool:
 
 
 def _rows(x) -> tf.Tensor:
-    if isinstance(x, tf.SparseTensor):
-        return tf.cast(x.dense_shape[0], tf.int32)
-    if isinstance(x, tf.RaggedTensor):
-        return tf.cast(x.nrows(), tf.int32)
-    return tf.shape(x)[0]
+    return tf.cast(batch_size(x), tf.int32)
 
 
 def _head(x):
     """The first row of `x` (no rows if it has none)."""
-    if isinstance(x, tf.SparseTensor):
-        rank = tf.shape(x.dense_shape)[0]
-        size = tf.concat([[tf.minimum(x.dense_shape[0], 1)], x.dense_shape[1:]], 0)
-        return tf.sparse.slice(x, tf.zeros([rank], tf.int64), size)
-    return x[:1]
+    size = batch_size(x)
+    return rows(x, tf.zeros_like(size), tf.minimum(size, 1))
 
 
 def _concat(heads):

@@ -1,0 +1,67 @@
+"""Cutting global batches into the replicas' pieces (`keras_psdist.batch_pieces`)
+and the distributed dataset built on it."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import keras_psdist as kpd
+from keras_psdist.batch_pieces import Pieces, piece_bounds
+
+
+def _sizes_reference(batch, n):
+    """numpy: sizes differing by at most one, the larger ones first."""
+    return [len(part) for part in np.array_split(np.arange(batch), n)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(0, 300), n=st.integers(1, 16))
+def test_pieces_are_consecutive_balanced_and_cover_the_batch(batch, n):
+    bounds = [piece_bounds(tf.constant(batch, tf.int64), n, k) for k in range(n)]
+    bounds = [(int(a), int(b)) for a, b in bounds]
+    assert bounds[0][0] == 0 and bounds[-1][1] == batch
+    assert all(bounds[k][1] == bounds[k + 1][0] for k in range(n - 1))
+    assert [b - a for a, b in bounds] == _sizes_reference(batch, n)
+
+
+def test_a_pipeline_keeps_its_pieces_of_dense_ragged_and_sparse_components():
+    element = {
+        "dense": tf.reshape(tf.range(10), [5, 2]),
+        "ragged": tf.ragged.constant([[1], [2, 2], [], [4], [5, 5, 5]]),
+        "sparse": tf.sparse.from_dense(tf.reshape(tf.range(5), [5, 1])),
+    }
+    kept = Pieces(num_pieces=4, low=1, high=3).cut(element)
+    assert len(kept) == 2
+    # 5 rows in 4 pieces: 2, 1, 1, 1; pieces 1 and 2 are rows 2 and 3.
+    for piece, row in zip(kept, (2, 3), strict=True):
+        np.testing.assert_array_equal(piece["dense"], [[2 * row, 2 * row + 1]])
+        assert piece["ragged"].to_list() == element["ragged"][row : row + 1].to_list()
+        np.testing.assert_array_equal(tf.sparse.to_dense(piece["sparse"]), [[row]])
+
+
+def test_an_unbatched_dataset_is_refused_with_the_fix(cpu_devices):
+    strategy = kpd.PSStrategy(devices=cpu_devices[:2])
+    dataset = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3)), np.zeros(4)))
+    with pytest.raises(
+        ValueError, match=r"shape \(\).*dataset.batch\(global_batch_size\)"
+    ):
+        strategy.experimental_distribute_dataset(dataset)
+
+
+def test_distributed_iterator_in_a_function_does_not_retrace(cpu_devices):
+    strategy = kpd.PSStrategy(devices=cpu_devices[:4])
+    dataset = tf.data.Dataset.range(12).batch(4)
+    distributed = strategy.experimental_distribute_dataset(dataset)
+    traces = []
+
+    @tf.function
+    def first(iterator):
+        traces.append(1)
+        return strategy.experimental_local_results(iterator.get_next())
+
+    for _ in range(3):  # a new iterator per epoch, as Keras makes
+        firsts = first(iter(distributed))
+        assert [int(t[0]) for t in firsts] == [0, 1, 2, 3]
+    assert len(traces) == 1
