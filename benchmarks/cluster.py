@@ -18,6 +18,18 @@ Two things, in one run, on the MLP of ``benchmarks/strategies.py``
    (``launch(mode="between-graph")``). The batch size is global: with W
    workers each worker step trains on ``batch / W`` examples.
 
+3. **Against tf_keras's ParameterServerStrategy** (``--only vs-tf-keras``).
+   tf_keras ``model.fit`` under ``tf.distribute.ParameterServerStrategy`` with
+   its ``ClusterCoordinator`` (this script as the chief of 2 worker and 1 ps
+   servers, each step one worker's batch of ``batch / 2``, ``steps_per_epoch``
+   on a repeated dataset, as it requires), async ``PSStrategy`` on 2 workers
+   and in-graph ``PSStrategy`` on the same cluster shape, at epochs of
+   ``--vs-lengths`` steps (40 and 400). Ours train on finite NumPy data of
+   exactly that many global batches, without ``steps_per_epoch``, so every
+   epoch builds its iterators as a user's ``fit`` does. examples/s; the three
+   alternate per round. tf_keras is in the ``bench`` extra, never a
+   dependency of the library.
+
 Method: every measurement runs in fresh processes (this script re-invoked
 with ``--role``), which build the model, run one warm-up epoch of ``--steps``
 steps (tracing and the first iterator fills excluded), then ``--epochs`` more
