@@ -157,7 +157,7 @@ def _child_main(args: argparse.Namespace) -> int:
     if args.finite:
         # Exactly `steps` global batches: every epoch builds its own iterator,
         # as a user's `fit(x, y)` does.
-        x, y = _numpy_data(args.steps * args.batch, args.seed)
+        x, y = strategies.make_arrays(args.steps * args.batch, args.seed)
         data = {"x": x, "y": y, "batch_size": args.batch}
     else:
         dataset = strategies.make_dataset(args.batch, args.seed)
@@ -206,17 +206,6 @@ def _child_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _numpy_data(n: int, seed: int):
-    """`n` examples of the benchmark's synthetic rule (as `strategies.py`)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, 64)).astype(np.float32)
-    w = rng.standard_normal(64).astype(np.float32)
-    y = (x @ w + 0.5 * rng.standard_normal(n) > 0).astype(np.int32)
-    return x, y
-
-
 def _tf_keras_child_main(args: argparse.Namespace) -> int:
     """The baseline: tf_keras `model.fit` under TF's `ParameterServerStrategy`
     with its `ClusterCoordinator`, this process the coordinator (chief).
@@ -227,6 +216,7 @@ def _tf_keras_child_main(args: argparse.Namespace) -> int:
     each epoch end.
     """
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import strategies  # benchmarks/strategies.py: same model and data
     import tensorflow as tf
     import tf_keras
 
@@ -234,21 +224,8 @@ def _tf_keras_child_main(args: argparse.Namespace) -> int:
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     workers = len(resolver.cluster_spec().as_dict()["worker"])
     per_step = args.batch // workers
-    tf_keras.utils.set_random_seed(args.seed)
-    with strategy.scope():
-        model = tf_keras.Sequential(
-            [
-                tf_keras.Input((64,)),
-                tf_keras.layers.Dense(512, activation="relu"),
-                tf_keras.layers.Dense(512, activation="relu"),
-                tf_keras.layers.Dense(2),
-            ]
-        )
-        model.compile(
-            tf_keras.optimizers.Adam(1e-3),
-            tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-    x, y = _numpy_data(8192, args.seed)
+    model = strategies.build_model(strategy, args.seed, library=tf_keras)
+    x, y = strategies.make_arrays(strategies.NUM_SAMPLES, args.seed)
 
     def dataset_fn(context):
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()

@@ -147,35 +147,44 @@ def build_model(
     seed: int,
     hidden: int = HIDDEN,
     num_classes: int = NUM_CLASSES,
+    library=keras,
 ) -> keras.Model:
     """The benchmark MLP, built and compiled under `strategy.scope()`.
 
     The seed is reset first, so every strategy starts from the same weights.
+    `library` is `keras`, or `tf_keras` for TensorFlow's own
+    ParameterServerStrategy (`cluster.py`'s baseline).
     """
-    keras.utils.set_random_seed(seed)
+    library.utils.set_random_seed(seed)
     with strategy.scope():
-        model = keras.Sequential(
+        model = library.Sequential(
             [
-                keras.Input(shape=(INPUT_DIM,)),
-                keras.layers.Dense(hidden, activation="relu"),
-                keras.layers.Dense(hidden, activation="relu"),
-                keras.layers.Dense(num_classes),
+                library.Input(shape=(INPUT_DIM,)),
+                library.layers.Dense(hidden, activation="relu"),
+                library.layers.Dense(hidden, activation="relu"),
+                library.layers.Dense(num_classes),
             ]
         )
         model.compile(
-            optimizer=keras.optimizers.Adam(learning_rate=1e-3),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            optimizer=library.optimizers.Adam(learning_rate=1e-3),
+            loss=library.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
     return model
 
 
-def make_dataset(batch: int, seed: int) -> tf.data.Dataset:
-    """Endless batches of synthetic data (a noisy linear rule, NumPy-made)."""
+def make_arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`n` examples of synthetic data: a noisy linear rule, NumPy-made."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((NUM_SAMPLES, INPUT_DIM)).astype(np.float32)
+    x = rng.standard_normal((n, INPUT_DIM)).astype(np.float32)
     w = rng.standard_normal(INPUT_DIM).astype(np.float32)
-    noise = 0.5 * rng.standard_normal(NUM_SAMPLES).astype(np.float32)
+    noise = 0.5 * rng.standard_normal(n).astype(np.float32)
     y = (x @ w + noise > 0).astype(np.int32)
+    return x, y
+
+
+def make_dataset(batch: int, seed: int) -> tf.data.Dataset:
+    """Endless batches of `make_arrays` data."""
+    x, y = make_arrays(NUM_SAMPLES, seed)
     return (
         tf.data.Dataset.from_tensor_slices((x, y))
         .repeat()
@@ -388,12 +397,9 @@ EPOCH_STRATEGIES = ("default", "mirrored", "ps")
 def run_epochs(cases: list[Case], args) -> dict:
     """`{name: {length: [epoch ms after the first, over repeats]}}`."""
     cases = [c for c in cases if c.name in EPOCH_STRATEGIES and c.error is None]
-    rng = np.random.default_rng(args.seed)
     times = {c.name: {} for c in cases}
     for length in args.epoch_lengths:
-        n = length * args.batch
-        x = rng.standard_normal((n, INPUT_DIM)).astype(np.float32)
-        y = rng.integers(0, NUM_CLASSES, n).astype(np.int32)
+        x, y = make_arrays(length * args.batch, args.seed)
         for r in range(args.repeats):
             k = r % max(len(cases), 1)
             for case in cases[k:] + cases[:k]:

@@ -105,7 +105,9 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         # Each replica's share of the global batch in the step being traced
         # (see `replica_batches.py`); None outside a step or when unknown.
         self._shares = None
-        # Lets a partial last batch leave some replicas without data.
+        # TensorFlow's iterator (`distribute_datasets_from_function`) may
+        # then leave replicas without data at the end; `replica_batches.py`
+        # fills them.
         self.experimental_enable_get_next_as_optional = True
         # Set by `SyncReplicaStrategy`: this process's part in sync-replica
         # training (`keras_psdist.sync.SyncTraining`), and the attack this

@@ -1,11 +1,11 @@
 """The distributed dataset and iterator a PSStrategy hands to Keras.
 
 Each input pipeline (one on one host or per async worker; one per worker task
-in-graph, see `keras_psdist.input`) is the user's `tf.data` pipeline as it is,
+in-graph, see `keras_psdist.input.pipelines`) is the user's `tf.data` pipeline as it is,
 read by a plain `tf.data` iterator on the pipeline's host. A step's `get_next`
 is one `IteratorGetNext` per pipeline; the global batch it returns is cut
 into the pipeline's replicas' pieces right there, inside the step's compiled
-function (`batch_pieces.Pieces.cut`: a few slices per component), and the
+function (`pieces.Pieces.cut`: a few slices per component), and the
 pieces are regrouped into `PerReplica` values.
 
 So a new epoch's iterator costs what a single device's does. TensorFlow's own
@@ -34,7 +34,7 @@ from keras_psdist._tf import (
     input_lib,
     values,
 )
-from keras_psdist.batch_pieces import Pieces
+from keras_psdist.input.pieces import Pieces
 
 Pipeline = tuple[str, tf.data.Dataset, Pieces]
 

@@ -12,7 +12,7 @@
 |            | total and every worker trains on its own examples                  |
 
 Every pipeline cuts each global batch of B examples into the replicas'
-batches itself (`batch_pieces.py`): consecutive rows in replica order, sizes
+batches itself (`pieces.py`): consecutive rows in replica order, sizes
 differing by at most one, so no replica gets an empty batch while B is at
 least the replica count (a partial last batch of 5 on 4 replicas is 2, 1, 1,
 1). Cutting the same way everywhere is what makes an in-graph run equal a
@@ -26,7 +26,7 @@ data; `keras_psdist.replica_batches` gives those a stand-in example whose
 every contribution weighs 0, so no kernel runs on an empty batch.
 
 The pipelines' elements are read by plain `tf.data` iterators
-(`keras_psdist.input_iterators`), created once per epoch at a single
+(`keras_psdist.input.iterators`), created once per epoch at a single
 device's cost.
 """
 
@@ -41,9 +41,9 @@ from keras_psdist._tf import (
     input_util,
     nest,
 )
-from keras_psdist.batch_pieces import Pieces
 from keras_psdist.cluster.runtime import Topology
-from keras_psdist.input_iterators import SplitDataset
+from keras_psdist.input.iterators import SplitDataset
+from keras_psdist.input.pieces import Pieces
 
 
 class InputPipelines:
