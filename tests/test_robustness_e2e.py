@@ -3,7 +3,7 @@
 The default run proves that the attacks bite (`mean` breaks under the scaled
 sign flip, a large IPM and NaN) and that robust rules of each kind hold
 against an attack that breaks the mean; the whole rule x attack matrix is `slow` (about
-half an hour on two cores) and is also what `benchmarks/robustness.py` prints
+4 minutes on two cores with `-n 2`) and is also what `benchmarks/robustness.py` prints
 into docs/robustness.md.
 """
 
@@ -22,13 +22,6 @@ from keras_psdist import aggregators, attacks
 REPLICAS, ATTACKERS, F = 8, [6, 7], 2
 EPOCHS, BATCH = 20, 128
 TOLERANCE = 0.04  # accuracy points a robust rule may lose to the clean run
-
-# tf.data's autotuning thread outlives an epoch's iterator: with 8 replicas,
-# destroying it at the end of an epoch often waits out the thread's timer
-# (seconds on an idle machine, minutes under load, also with
-# MirroredStrategy; see docs/user_guide.md). These runs do not need it.
-_NO_AUTOTUNE = tf.data.Options()
-_NO_AUTOTUNE.autotune.enabled = False
 
 ATTACKS = {
     "none": lambda: None,
@@ -91,7 +84,6 @@ def accuracy_of(cpu_devices, digits):
             tf.data.Dataset.from_tensor_slices((x_train, y_train))
             .shuffle(len(x_train), seed=0)
             .batch(BATCH)
-            .with_options(_NO_AUTOTUNE)
         )
         model.fit(data, epochs=EPOCHS, verbose=0)
         if not all(np.isfinite(w).all() for w in model.get_weights()):

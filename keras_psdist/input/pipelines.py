@@ -11,11 +11,13 @@
 |            | [i * R, (i + 1) * R), so an epoch is one pass over the data in     |
 |            | total and every worker trains on its own examples                  |
 
-Every pipeline cuts each global batch of B examples into the replicas'
-batches itself (`pieces.py`): consecutive rows in replica order, sizes
-differing by at most one, so no replica gets an empty batch while B is at
-least the replica count (a partial last batch of 5 on 4 replicas is 2, 1, 1,
-1). Cutting the same way everywhere is what makes an in-graph run equal a
+A pipeline is the user's dataset of global batches as it is; each global
+batch of B examples is cut into the replicas' batches inside the step that
+reads it (`pieces.py`, `iterators.py`): consecutive rows in replica order,
+sizes differing by at most one, so no replica gets an empty batch while B is
+at least the replica count (a partial last batch of 5 on 4 replicas is 2, 1,
+1, 1). An async worker skips a global batch too small to reach its pieces.
+Cutting the same way everywhere is what makes an in-graph run equal a
 one-host run with the same replicas, and gives async workers disjoint data.
 Each in-graph worker reads the whole input for that, and the pipeline must be
 one TensorFlow can send to another process (tensors, files): one built on
@@ -25,9 +27,9 @@ A batch smaller than the replica count still leaves some replicas without
 data; `keras_psdist.replica_batches` gives those a stand-in example whose
 every contribution weighs 0, so no kernel runs on an empty batch.
 
-The pipelines' elements are read by plain `tf.data` iterators
-(`keras_psdist.input.iterators`), created once per epoch at a single
-device's cost.
+The pipelines are read by plain `tf.data` iterators
+(`keras_psdist.input.iterators`), created each epoch at a single device's
+cost.
 """
 
 from __future__ import annotations
