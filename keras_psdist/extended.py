@@ -102,9 +102,9 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             reduce_to_device=self._reduction_device
         )
         self._staged = StagedMerge(self._reduction_device)
-        # Each replica's share of the global batch in the step being traced
-        # (see `replica_batches.py`); None outside a step or when unknown.
-        self._shares = None
+        # The per-replica batches of the step being traced (their shares,
+        # which replicas have none; see `replica_batches.py`), else None.
+        self._batches = None
         # TensorFlow's iterator (`distribute_datasets_from_function`) may
         # then leave replicas without data at the end; `replica_batches.py`
         # fills them.
@@ -204,15 +204,15 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         # `replica_batches.py`): a replica without data weighs 0.
         batches = ReplicaBatches(args, kwargs, self._num_replicas_in_sync)
         args, kwargs = batches.with_stand_ins(args, kwargs or {})
-        previous = self._shares
-        self._shares = batches.shares
+        previous = self._batches
+        self._batches = batches
         fn = self._with_data_attack(fn)
         try:
             outputs = mirrored_run.call_for_each_replica(
                 self._container_strategy(), fn, args, kwargs
             )
         finally:
-            self._shares = previous
+            self._batches = previous
         return batches.trim_outputs(outputs)
 
     def _with_data_attack(self, fn):
@@ -284,6 +284,11 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             for r, (_, dest) in zip(results, pairs, strict=True)
         ]
 
+    @property
+    def _shares(self):
+        """Each replica's share of the step's global batch, or None."""
+        return None if self._batches is None else self._batches.shares
+
     def _float_shares(self, columns):
         """The step's shares, for columns of float values only (an integer
         all-reduce is not a gradient to weigh)."""
@@ -296,9 +301,9 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     def replica_without_data(self, replica: int) -> tf.Tensor | None:
         """In the step being traced: whether `replica` got no data and runs
         on a stand-in (see `replica_batches.py`); None outside a step."""
-        if self._shares is None:
+        if self._batches is None or self._batches.without_data is None:
             return None
-        return tf.equal(self._shares[replica], 0.0)
+        return self._batches.without_data[replica]
 
     def combine_for_variable(self, aggregation, value, var):
         """Combines replica-context writes of `var` (see `variables.py`).

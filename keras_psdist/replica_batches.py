@@ -38,37 +38,35 @@ class ReplicaBatches:
     """
 
     def __init__(self, args: tuple, kwargs: dict, num_replicas: int):
-        self._num_replicas = num_replicas
-        self.sizes = _batch_sizes(args, kwargs, num_replicas)
-
-    @property
-    def shares(self) -> list[tf.Tensor] | None:
-        """Each replica's fraction of the global batch (0 for a replica
-        without data), or None when there is one replica or no batch."""
-        if self.sizes is None:
-            return None
-        total = tf.maximum(tf.add_n(self.sizes), 1.0)
-        return [size / total for size in self.sizes]
+        sizes = _batch_sizes(args, kwargs, num_replicas)
+        #: Each replica's fraction of the global batch (0 for a replica
+        #: without data), or None when there is one replica or no batch.
+        self.shares: list[tf.Tensor] | None = None
+        #: Per replica, whether it got no data (a scalar bool), or None.
+        self.without_data: list[tf.Tensor] | None = None
+        if sizes is not None:
+            total = tf.maximum(tf.add_n(sizes), 1.0)
+            self.shares = [size / total for size in sizes]
+            self.without_data = [tf.equal(size, 0.0) for size in sizes]
 
     def with_stand_ins(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """`(args, kwargs)` where every empty per-replica batch holds one
         stand-in example instead (see the module docstring)."""
-        if self.sizes is None:
+        if self.shares is None:
             return args, kwargs
         return tf.nest.map_structure(_fill_empty, (args, kwargs))
 
     def trim_outputs(self, outputs: Any) -> Any:
         """Cuts stand-in rows out of the replicas' outputs."""
-        if self.sizes is None:
+        if self.shares is None:
             return outputs
-        empty = [tf.equal(size, 0.0) for size in self.sizes]
 
         def trim(value):
             if not isinstance(value, values.PerReplica):
                 return value
             trimmed = [
                 _drop_stand_in_row(v, e)
-                for v, e in zip(value.values, empty, strict=True)
+                for v, e in zip(value.values, self.without_data, strict=True)
             ]
             return values.PerReplica(trimmed)
 

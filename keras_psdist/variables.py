@@ -105,27 +105,25 @@ class ReplicaLocalVariable(values.SyncOnReadVariable):
     was, so the stand-in is never counted.
     """
 
-    def assign(self, value, use_locking=False, name=None, read_value=True):
-        keep = _replica_without_data(self._distribute_strategy)
-        if keep is not None:
-            value = tf.where(keep, self._get_on_device_or_primary().value(), value)
-        return super().assign(value, use_locking, name, read_value)
+    def assign(self, value, *args, **kwargs):
+        empty = _replica_without_data(self._distribute_strategy)
+        if empty is not None:
+            value = tf.where(empty, self._get_on_device_or_primary().value(), value)
+        return super().assign(value, *args, **kwargs)
 
-    def assign_add(self, delta, use_locking=False, name=None, read_value=True):
-        return super().assign_add(
-            _zero_if_without_data(self._distribute_strategy, delta),
-            use_locking,
-            name,
-            read_value,
-        )
+    def assign_add(self, delta, *args, **kwargs):
+        return super().assign_add(self._counted(delta), *args, **kwargs)
 
-    def assign_sub(self, delta, use_locking=False, name=None, read_value=True):
-        return super().assign_sub(
-            _zero_if_without_data(self._distribute_strategy, delta),
-            use_locking,
-            name,
-            read_value,
-        )
+    def assign_sub(self, delta, *args, **kwargs):
+        return super().assign_sub(self._counted(delta), *args, **kwargs)
+
+    def _counted(self, delta):
+        """`delta`, or zeros in a replica without data."""
+        empty = _replica_without_data(self._distribute_strategy)
+        if empty is None:
+            return delta
+        delta = tf.convert_to_tensor(delta)
+        return tf.where(empty, tf.zeros_like(delta), delta)
 
 
 def _replica_without_data(strategy):
@@ -138,11 +136,3 @@ def _replica_without_data(strategy):
     if not isinstance(replica, int):
         return None
     return strategy.extended.replica_without_data(replica)
-
-
-def _zero_if_without_data(strategy, delta):
-    empty = _replica_without_data(strategy)
-    if empty is None:
-        return delta
-    delta = tf.convert_to_tensor(delta)
-    return tf.where(empty, tf.zeros_like(delta), delta)

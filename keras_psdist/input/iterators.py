@@ -56,7 +56,7 @@ class SplitDataset(input_lib.DistributedDataset):
     # TensorFlow's class is subclassed only so that Keras recognises the
     # result as a distributed dataset (it checks the class name); none of its
     # state or methods is used.
-    def __init__(self, pipelines: Sequence[Pipeline], strategy):  # noqa: D107
+    def __init__(self, pipelines: Sequence[Pipeline], strategy):
         self._pipelines = tuple(pipelines)
         self._strategy = strategy
         self._element_spec = regroup_specs(

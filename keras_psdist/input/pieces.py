@@ -34,7 +34,7 @@ class Pieces:
     def cut(self, element):
         """The kept pieces of one global batch, as a tuple of structures like
         `element`."""
-        size = batch_size(tf.nest.flatten(element)[0])
+        size = _global_batch_size(element)
         pieces = []
         for k in range(self.low, self.high):
             start, stop = piece_bounds(size, self.num_pieces, k)
@@ -47,7 +47,11 @@ class Pieces:
 
     def reaches(self, element) -> tf.Tensor:
         """Whether a global batch is large enough to give piece `low` a row."""
-        return batch_size(tf.nest.flatten(element)[0]) > self.low
+        return _global_batch_size(element) > self.low
+
+
+def _global_batch_size(element) -> tf.Tensor:
+    return batch_size(tf.nest.flatten(element)[0])
 
 
 def piece_bounds(size: tf.Tensor, num_pieces: int, index: int):
