@@ -13,7 +13,7 @@ Two things, in one run, on the MLP of ``benchmarks/strategies.py``
    gRPC over localhost), against the same 2 replicas in one process: the host
    CPU split into 4 logical devices, ``PSStrategy(devices=[cpu0, cpu1],
    parameter_devices=[cpu2, cpu3])``.
-2. **Between-graph async throughput.** ``PSStrategy(mode="async")`` on every
+2. **Between-graph async throughput.** ``PSStrategy(mode="between-graph")`` on every
    worker task of a cluster of 1 ps task and 1, then 2, workers
    (``launch(mode="between-graph")``). The batch size is global: with W
    workers each worker step trains on ``batch / W`` examples.
@@ -148,7 +148,7 @@ def _child_main(args: argparse.Namespace) -> int:
     elif args.role == "in-graph":
         strategy = kpd.PSStrategy()
     else:
-        strategy = kpd.PSStrategy(mode="async")
+        strategy = kpd.PSStrategy(mode="between-graph")
     topology = strategy.extended.topology
     workers = topology.num_training_processes
     index = topology.worker_index

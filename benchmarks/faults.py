@@ -12,7 +12,7 @@ stops them, so a process that hangs shows up as a failure here.
 
 For each mode, ``--rounds`` runs (fresh processes each):
 
-* ``async``: ``PSStrategy(mode="async")``, 2 worker processes, 2 ps.
+* ``async``: ``PSStrategy(mode="between-graph")``, 2 worker processes, 2 ps.
 * ``sync``: ``SyncReplicaStrategy()``, 2 worker processes, 2 ps.
 * ``in-graph``: ``PSStrategy()``, the chief driving 2 worker tasks, 2 ps.
 

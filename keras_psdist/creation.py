@@ -16,7 +16,7 @@ parameter-server strategy to a `VariableCreator`, which decides:
 |                                       | device, combined when read               |
 
 Every placed variable and shard is recorded in the placement report. In
-async (between-graph) mode each one is opened by name on its ps task, shared
+between-graph each one is opened by name on its ps task, shared
 by every worker (`cluster.shared_variables`).
 """
 
@@ -56,7 +56,7 @@ class VariableCreator:
         topology: Where the replicas and parameter devices are.
         policy: The placement function `(name, shape, dtype) -> device`.
         partitioner: A `keras_psdist.partitioners.Partitioner`, or None.
-        shared: In async mode, the `SharedVariables` that open variables on
+        shared: Between-graph, the `SharedVariables` that open variables on
             the ps tasks; else None.
     """
 
@@ -142,7 +142,7 @@ class VariableCreator:
         return canonical
 
     def _create_on(self, device, next_creator, kwargs, shape, dtype, name):
-        """One resource variable on `device` (shared by name in async mode)."""
+        """One resource variable on `device` (shared by name between-graph)."""
         if self._shared is not None:
             # Named as a local variable would be: with its name scope, which
             # is Keras's path ("sequential/dense/kernel").

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist import checkpointing, routing
+from keras_psdist import checkpointing, compile_checks, routing
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import (
@@ -67,6 +67,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         super().__init__(container_strategy)
         routing.install()
         checkpointing.install_atomic_saves()
+        compile_checks.install()
         if topology.config is not None:
             task_loss.install()
         self._topology = topology
@@ -76,7 +77,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         self._input_host_device = numpy_dataset.SingleDevice(self._host_device)
         self._inputs = InputPipelines(container_strategy, topology)
         self._shared = None
-        if topology.mode == "async":
+        if topology.between_graph:
             self._shared = SharedVariables(
                 is_chief=topology.is_chief,
                 chief=topology.chief_name,
@@ -95,8 +96,8 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             attack,
             self._reduction_device,
             len(self._compute_devices),
-            # In async mode a worker combines its own replicas' gradients.
-            spread_devices=() if topology.mode == "async" else self._parameter_devices,
+            # Between-graph, a worker combines its own replicas' gradients.
+            spread_devices=() if topology.between_graph else self._parameter_devices,
         )
         self._gather_ops = cross_device_ops_lib.ReductionToOneDevice(
             reduce_to_device=self._reduction_device
@@ -213,7 +214,27 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             )
         finally:
             self._batches = previous
-        return batches.trim_outputs(outputs)
+        return batches.trim_outputs(self._one_value_per_replica(outputs))
+
+    def _one_value_per_replica(self, outputs):
+        """TF's regroup keeps an output every replica returned as the same
+        object as that one object: here, where a variable exists once, that
+        is every read of a variable (`strategy.run(lambda: v.value)`), which
+        MirroredStrategy gives as one component per replica. Such tensors and
+        variables become `Mirrored`, so `.values` and
+        `experimental_local_results` give one per replica, as there."""
+        n = self._num_replicas_in_sync
+        if n == 1:
+            return outputs
+
+        def per_replica(x):
+            if isinstance(x, (tf.Tensor, tf.Variable)) and not isinstance(
+                x, values.DistributedValues
+            ):
+                return values.Mirrored((x,) * n)
+            return x
+
+        return tf.nest.map_structure(per_replica, outputs)
 
     def _with_data_attack(self, fn):
         """Wraps a Keras train step so attacked replicas see corrupted batches.
@@ -551,7 +572,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
 
     @property
     def experimental_between_graph(self):
-        return self._topology.mode == "async"
+        return self._topology.between_graph
 
     @property
     def experimental_should_init(self):
@@ -580,10 +601,10 @@ def _reduction_device(topology):
     """Where a step's gradients are combined.
 
     On one host and in-graph, on the first parameter device, beside the
-    variables. In async mode, each worker combines only its own replicas'
+    variables. Between-graph, each worker combines only its own replicas'
     gradients, so on the worker: its only device, else its host CPU.
     """
-    if topology.mode != "async":
+    if not topology.between_graph:
         return topology.parameter_devices[0]
     if len(topology.compute_devices) == 1:
         return topology.compute_devices[0]

@@ -60,16 +60,23 @@ class PSStrategy(distribute_lib.Strategy):
             and optionally `chief`. Defaults to the cluster in the `TF_CONFIG`
             environment variable, if set; else this process alone. See
             docs/cluster.md.
-        mode: With a cluster, how it trains. `"sync"` (in-graph): this
-            process is the one client (the chief); the replicas are every
-            worker task's GPUs, else its CPU; the variables live on the ps
-            tasks; each step is synchronous, as on one host. `"async"`
-            (between-graph): every worker task runs the same script; the
-            variables live on the ps tasks, shared by all workers; each
-            worker applies its updates as they come, without waiting for the
-            others; the replicas are this worker's GPUs, else its CPU, and
-            the aggregator combines only those. Defaults to `"sync"`.
-        max_staleness: In async mode, bound the staleness (stale synchronous
+        mode: With a cluster, how it trains; the same word as
+            `keras-psdist launch --mode`. `"in-graph"`: this process is the
+            one client (the chief); the replicas are every worker task's
+            GPUs, else its CPU; the variables live on the ps tasks; each step
+            is synchronous, as on one host. `"between-graph"`: every worker
+            task runs the same script; the variables live on the ps tasks,
+            shared by all workers; each worker applies its updates as they
+            come, without waiting for the others (asynchronous training);
+            the replicas are this worker's GPUs, else its CPU, and the
+            aggregator combines only those. For synchronous between-graph
+            training, with backup workers, use `SyncReplicaStrategy`. A
+            process started in a role the mode cannot use (e.g. by a launch
+            of the other mode) raises `ValueError` naming the command that
+            works. The spellings `"sync"` and `"async"` of earlier versions
+            still work, with a `DeprecationWarning`. Defaults to
+            `"in-graph"`.
+        max_staleness: Between-graph, bound the staleness (stale synchronous
             parallel): a worker at most this many steps ahead of the slowest
             waits before its next step, and a gradient computed more than
             this many steps behind the fastest worker is dropped, not
@@ -79,10 +86,10 @@ class PSStrategy(distribute_lib.Strategy):
             slowest before raising `TimeoutError`. Defaults to 300.
         connect_timeout: Seconds to wait for the cluster's tasks to accept
             connections before raising `ConnectionError`. Defaults to 20.
-        init_timeout: In async mode, seconds a worker waits for the chief to
+        init_timeout: Between-graph, seconds a worker waits for the chief to
             initialise each variable before raising `TimeoutError`.
             Defaults to 120.
-        heartbeat_timeout: In async mode, seconds without a heartbeat after
+        heartbeat_timeout: Between-graph, seconds without a heartbeat after
             which a worker process counts as lost
             (`keras_psdist.cluster.liveness`): the chief logs it, and with
             `max_staleness` the others stop waiting for it. On a cluster
@@ -128,7 +135,7 @@ class PSStrategy(distribute_lib.Strategy):
         num_byzantine: int | None = None,
         attack: Any = None,
         cluster_resolver: Any = None,
-        mode: str = "sync",
+        mode: str = "in-graph",
         max_staleness: int | None = None,
         step_timeout: float = 300.0,
         connect_timeout: float = 20.0,
@@ -138,16 +145,14 @@ class PSStrategy(distribute_lib.Strategy):
     ):
         check_placement(placement)
         partitioner = partitioners_lib.get(partitioner)
-        if mode not in runtime.MODES:
-            raise ValueError(
-                f"Unknown mode {mode!r}. Expected one of: {', '.join(runtime.MODES)}."
-            )
+        mode = runtime.resolve_mode(mode)
         if max_staleness is not None:
             check_count("max_staleness", max_staleness, minimum=0)
-            if mode != "async":
+            if mode != "between-graph":
                 raise ValueError(
-                    "max_staleness bounds how far async workers drift apart; "
-                    f"it needs mode='async'. Received: mode={mode!r}, "
+                    "max_staleness bounds how far asynchronous workers drift "
+                    "apart; it needs mode='between-graph'. Received: "
+                    f"mode={mode!r}, "
                     f"max_staleness={max_staleness}. For synchronous training "
                     "with backup workers use SyncReplicaStrategy."
                 )
@@ -162,18 +167,26 @@ class PSStrategy(distribute_lib.Strategy):
         aggregator = aggregators_lib.get(aggregator)
         config = runtime.resolve_config(cluster_resolver)
         if config is None:
-            if mode == "async":
+            if mode == "between-graph":
                 raise ValueError(
-                    "mode='async' trains between processes and needs a cluster: "
-                    "set TF_CONFIG (e.g. run the script with `keras-psdist "
-                    "launch --mode between-graph`) or pass cluster_resolver=."
+                    "PSStrategy(mode='between-graph') trains between processes "
+                    "and needs a cluster, but TF_CONFIG is not set and no "
+                    "cluster_resolver was passed. Run the script with "
+                    "`keras-psdist launch --mode between-graph --num-ps 1 "
+                    "--num-workers 2 -- python train.py` (or pass "
+                    "cluster_resolver=); on one host, leave mode out."
                 )
             topology = runtime.local_topology(devices, parameter_devices)
         else:
             topology = runtime.connect(
-                config, mode, devices, parameter_devices, connect_timeout
+                config,
+                mode,
+                devices,
+                parameter_devices,
+                connect_timeout,
+                owner=f"PSStrategy(mode={mode!r})",
             )
-        if topology.mode == "async":
+        if topology.between_graph:
             checkpointing.install()
         n = len(topology.compute_devices)
         aggregator = aggregator.bind(n, num_byzantine)
@@ -191,7 +204,7 @@ class PSStrategy(distribute_lib.Strategy):
             )
         )
         self.extended.server_watch = task_loss.watch(topology, heartbeat_timeout)
-        if topology.mode == "async":
+        if topology.between_graph:
             self.extended.heartbeats = Heartbeats(
                 self.extended._shared,
                 topology.parameter_devices[0],
@@ -199,6 +212,7 @@ class PSStrategy(distribute_lib.Strategy):
                 topology.num_training_processes,
                 heartbeat_timeout,
                 server_watch=self.extended.server_watch,
+                names=topology.training_task_names,
             )
             if topology.is_chief:
                 self._loss_reporter = LossReporter(self.extended.heartbeats)
@@ -215,6 +229,7 @@ class PSStrategy(distribute_lib.Strategy):
                 local_device=topology.client_device,
                 step_timeout=float(step_timeout),
                 heartbeats=self.extended.heartbeats,
+                names=topology.training_task_names,
             )
 
     @property

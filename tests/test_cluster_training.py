@@ -160,7 +160,7 @@ def test_async_workers_share_the_variables_on_the_ps(async_run):
     reports, _, _ = async_run
     assert set(reports) == {"worker:0", "worker:1"}
     for report in reports.values():
-        assert report["mode"] == "async"
+        assert report["mode"] == "between-graph"
         assert set(report["variable_devices"].values()) == {
             "/job:ps/replica:0/task:0/device:CPU:0"
         }
@@ -241,7 +241,7 @@ def test_own_port_in_use_is_a_clear_error():
             task_id=0,
         )
         with pytest.raises(OSError, match=str(held.getsockname()[1])):
-            kpd.PSStrategy(cluster_resolver=config, mode="async")
+            kpd.PSStrategy(cluster_resolver=config, mode="between-graph")
     finally:
         ps.close()
         held.close()
@@ -251,11 +251,12 @@ def test_wrong_role_for_the_mode_is_a_clear_error():
     ps, worker = _listening_socket(), _listening_socket()
     try:
         jobs = {"ps": [_address(ps)], "worker": [_address(worker)]}
-        with pytest.raises(ValueError, match="only as the chief"):
+        with pytest.raises(ValueError, match="runs once, on the chief"):
             kpd.PSStrategy(cluster_resolver=cluster.ClusterConfig(jobs, "worker", 0))
-        with pytest.raises(ValueError, match="every worker task"):
+        with pytest.raises(ValueError, match="every worker task runs this script"):
             kpd.PSStrategy(
-                cluster_resolver=cluster.ClusterConfig(jobs, "ps", 0), mode="async"
+                cluster_resolver=cluster.ClusterConfig(jobs, "ps", 0),
+                mode="between-graph",
             )
     finally:
         ps.close()
@@ -265,7 +266,7 @@ def test_wrong_role_for_the_mode_is_a_clear_error():
 def test_async_without_a_cluster_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ValueError, match="needs a cluster"):
-        kpd.PSStrategy(mode="async")
+        kpd.PSStrategy(mode="between-graph")
 
 
 def test_worker_without_a_chief_times_out_with_a_clear_message(tmp_path):
@@ -290,7 +291,7 @@ def test_worker_without_a_chief_times_out_with_a_clear_message(tmp_path):
     )
     script = (
         "import keras, keras_psdist as kpd\n"
-        "s = kpd.PSStrategy(mode='async', init_timeout=3)\n"
+        "s = kpd.PSStrategy(mode='between-graph', init_timeout=3)\n"
         "with s.scope():\n"
         "    keras.layers.Dense(2).build((None, 3))\n"
     )

@@ -724,3 +724,97 @@ def test_embedding_sparse_gradients(strategy_factory):
         build, initial, keras.optimizers.SGD(0.5), x, y, batch_size=64, epochs=2
     )
     assert_weights_close(get_weights(model), expected, rtol=1e-5, atol=1e-6)
+
+
+FIT_ARGUMENTS = {
+    "class_weight": lambda x, y: {"class_weight": {c: 1.0 + c / 3 for c in range(10)}},
+    "sample_weight": lambda x, y: {
+        "sample_weight": np.linspace(0.2, 2.0, len(x)).astype(np.float32)
+    },
+    "steps_per_execution": lambda x, y: {},
+    "run_eagerly": lambda x, y: {},
+    "initial_epoch_and_validation_freq": lambda x, y: {
+        "epochs": 3,
+        "initial_epoch": 1,
+        "validation_data": (x[:128], y[:128]),
+        "validation_freq": 2,
+    },
+}
+COMPILE_ARGUMENTS = {
+    "steps_per_execution": {"steps_per_execution": 3},
+    "run_eagerly": {"run_eagerly": True},
+}
+
+
+@pytest.mark.parametrize("argument", sorted(FIT_ARGUMENTS))
+def test_fit_arguments_match_single_device(
+    strategy_factory, request, digits_small, argument
+):
+    """13. Keras's compile/fit arguments train as on one device: the weights,
+    the step counter, the epochs run and the validation logs."""
+    if argument == "steps_per_execution":
+        xfail_if_mirrored(
+            request,
+            strategy_factory,
+            "steps_per_execution with a last, shorter execution feeds no value "
+            "to a placeholder of the multi-step loop",
+        )
+    x, y = digits_small
+    x, y = x[:256], y[:256]
+    fit_kwargs = {"epochs": 1, **FIT_ARGUMENTS[argument](x, y)}
+    compile_kwargs = COMPILE_ARGUMENTS.get(argument, {})
+
+    def build():
+        return mlp(hidden=(16,))
+
+    initial = get_weights(build())
+    with strategy_factory().scope():
+        model = build()
+        model.set_weights(initial)
+        model.compile(keras.optimizers.SGD(0.1), sparse_ce(), **compile_kwargs)
+    history = model.fit(x, y, batch_size=64, shuffle=False, verbose=0, **fit_kwargs)
+
+    reference = build()
+    reference.set_weights(initial)
+    reference.compile(keras.optimizers.SGD(0.1), sparse_ce(), **compile_kwargs)
+    expected = reference.fit(
+        x, y, batch_size=64, shuffle=False, verbose=0, **fit_kwargs
+    )
+    assert history.epoch == expected.epoch
+    assert sorted(history.history) == sorted(expected.history)
+    for key, values in expected.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-4, err_msg=key)
+    assert int(model.optimizer.iterations.numpy()) == int(
+        reference.optimizer.iterations.numpy()
+    )
+    assert_weights_differ(initial, get_weights(reference))
+    assert_weights_close(
+        get_weights(model), get_weights(reference), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_callbacks_read_the_weights_of_each_step(strategy_factory, digits_small):
+    """14. A callback reading the weights (get_weights, a variable's numpy,
+    EarlyStopping's restore_best_weights) sees each step's update."""
+    x, y = digits_small
+    with strategy_factory().scope():
+        model = mlp(hidden=(16,))
+        model.compile(keras.optimizers.SGD(0.1), sparse_ce())
+
+    class ReadWeights(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.sums = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            kernel = self.model.layers[0].kernel.numpy()
+            np.testing.assert_array_equal(kernel, self.model.get_weights()[0])
+            self.sums.append(float(kernel.sum()))
+
+    reader = ReadWeights()
+    stopping = keras.callbacks.EarlyStopping(
+        monitor="loss", patience=1, restore_best_weights=True
+    )
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[reader, stopping])
+    assert len(reader.sums) == 2 * len(x) // 64
+    assert len(set(reader.sums)) == len(reader.sums)  # every step moved them

@@ -296,10 +296,10 @@ def test_sync_replicas_without_a_cluster_is_a_clear_error(monkeypatch):
 
 
 def test_max_staleness_needs_async_mode():
-    with pytest.raises(ValueError, match="needs mode='async'"):
+    with pytest.raises(ValueError, match="needs mode='between-graph'"):
         kpd.PSStrategy(max_staleness=2)
     with pytest.raises(ValueError, match="max_staleness"):
-        kpd.PSStrategy(mode="async", max_staleness=-1)
+        kpd.PSStrategy(mode="between-graph", max_staleness=-1)
 
 
 def _config(num_workers=3):

@@ -24,6 +24,12 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+# Set by `keras-psdist launch` in every process it starts: how it launched
+# them (`in-graph` or `between-graph`), so that a strategy of the other mode
+# fails at once instead of training on a share of the data, or waiting for
+# workers that only serve.
+LAUNCH_MODE_ENV = "KERAS_PSDIST_LAUNCH_MODE"
+
 # Job names in the order they are listed.
 JOB_NAMES = ("chief", "ps", "worker")
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from keras_psdist.cluster.config import (
+    LAUNCH_MODE_ENV,
     ClusterConfig,
     pick_free_ports,
     wait_reachable,
@@ -73,8 +74,9 @@ def launch(
     TF_CONFIG task is `worker:i`).
 
     Every process gets this environment plus `TF_CONFIG` for its task,
-    `PYTHONUNBUFFERED=1` and (unless set) `PYTHONFAULTHANDLER=1`, and no
-    stdin. Its stdout and stderr are merged and
+    `KERAS_PSDIST_LAUNCH_MODE` (`mode`: a strategy of the other mode then
+    fails at once, naming the command that works), `PYTHONUNBUFFERED=1` and
+    (unless set) `PYTHONFAULTHANDLER=1`, and no stdin. Its stdout and stderr are merged and
     written line by line to `out`, prefixed with its task (`[ps:0] ...`,
     `[chief:0] ...`); the launcher's own lines start with `[launch]`.
     Training starts once every server accepts connections.
@@ -558,6 +560,7 @@ class _Launch:
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps(config.to_tf_config())
         env["PYTHONUNBUFFERED"] = "1"
+        env[LAUNCH_MODE_ENV] = self.mode
         # A crash (a segfault in TensorFlow) then prints every thread's stack.
         env.setdefault("PYTHONFAULTHANDLER", "1")
         if is_server:

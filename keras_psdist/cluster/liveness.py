@@ -1,7 +1,7 @@
 """Which worker processes of a between-graph run are alive: heartbeats.
 
 A worker killed with SIGKILL says nothing: the others only see that its
-gradients stop coming. In a between-graph run (`PSStrategy(mode="async")`,
+gradients stop coming. In a between-graph run (`PSStrategy(mode="between-graph")`,
 `SyncReplicaStrategy`) every training process therefore beats: a thread
 adds 1 to its own slot of an int64 vector on the first ps task, every
 `timeout / 5` seconds (at most every second). A process that reads the vector
@@ -36,7 +36,7 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 from absl import logging
@@ -73,6 +73,8 @@ class Heartbeats(_Background):
         server_watch: This process's `cluster.task_loss.ServerWatch`: once
             it has found a ps lost, this process stops beating (and reading
             beats). Defaults to `None`: beats go on however they fail.
+        names: The workers' task names by index (`"chief:0"`, `"worker:0"`,
+            ...), for messages. Defaults to `worker:<index>`.
     """
 
     def __init__(
@@ -83,8 +85,10 @@ class Heartbeats(_Background):
         num_workers: int,
         timeout: float,
         server_watch: task_loss.ServerWatch | None = None,
+        names: Sequence[str] | None = None,
     ):
         self.worker = worker
+        self.names = tuple(names or (f"worker:{w}" for w in range(num_workers)))
         self._server_watch = server_watch
         self.num_workers = num_workers
         self.timeout = float(timeout)
@@ -166,6 +170,16 @@ class Heartbeats(_Background):
                     callback(newly_lost, back)
             return list(lost)
 
+    def never_started(self) -> list[int]:
+        """Workers (other than this one) that have not beaten once, as of the
+        last `lost()`."""
+        with self._lock:
+            return [
+                w
+                for w, count in enumerate(self._last_count)
+                if w != self.worker and not count
+            ]
+
     def silent_for(self, worker: int) -> float:
         """Seconds since `worker`'s count last moved (as of the last `lost()`)."""
         with self._lock:
@@ -188,6 +202,8 @@ class LossReporter(_Background):
         self._every = every
         self.lost: set[int] = set()
         self.ever_lost: set[int] = set()
+        self._started = time.monotonic()
+        self._checked_start = False
         heartbeats.on_change(self._report)
         self._start_thread(self._watch, "keras_psdist-liveness")
 
@@ -201,20 +217,41 @@ class LossReporter(_Background):
                 logging.warning("keras_psdist liveness check failed: %s", e)
 
     def check(self) -> None:
-        """One look at the heartbeats (which reports what it finds)."""
+        """One look at the heartbeats (which reports what it finds); once,
+        `timeout` seconds in, a warning for workers that never started."""
         self._heartbeats.lost()
+        if self._checked_start:
+            return
+        if time.monotonic() - self._started < self._heartbeats.timeout:
+            return
+        self._checked_start = True
+        missing = self._heartbeats.never_started()
+        if missing:
+            names = ", ".join(self._heartbeats.names[w] for w in missing)
+            logging.warning(
+                "keras_psdist: not started training %.0f s after the chief: "
+                "%s. Every worker task of a between-graph run must run "
+                "this script (`keras-psdist launch --mode between-graph`). If "
+                "those tasks run `keras-psdist serve`, the cluster is an "
+                "in-graph one: use PSStrategy() (mode='in-graph') there. "
+                "Until they start, this run sees only its own share of the "
+                "data.",
+                self._heartbeats.timeout,
+                names,
+            )
 
     def _report(self, newly_lost: list[int], back: list[int]) -> None:
         for w in newly_lost:
             logging.error(
-                "keras_psdist: worker %d is lost (no heartbeat for %.0f s); "
+                "keras_psdist: %s is lost (no heartbeat for %.0f s); "
                 "training goes on without it.",
-                w,
+                self._heartbeats.names[w],
                 self._heartbeats.silent_for(w),
             )
         for w in back:
             logging.warning(
-                "keras_psdist: worker %d is back (its heartbeat resumed).", w
+                "keras_psdist: %s is back (its heartbeat resumed).",
+                self._heartbeats.names[w],
             )
         self.ever_lost.update(newly_lost)
         self.lost = (self.lost | set(newly_lost)) - set(back)

@@ -7,7 +7,7 @@ A `Topology` is what `PSExtended` needs to know about the machines:
 | `local`    | this process's GPUs, else CPUs    | host CPU (or GPU) | this process         |
 | `in-graph` | every worker task's GPUs, else    | every ps task's   | one per worker task, |
 |            | its CPU, driven by this client    | CPU               | on that worker       |
-| `async`    | this worker task's GPUs, else CPU | every ps task's   | this worker, on its  |
+| `between-graph` | this worker task's GPUs, else CPU | every ps task's | this worker, on its |
 |            |                                   | CPU, shared       | shard of the data    |
 
 `connect` joins TensorFlow's own gRPC runtime
@@ -20,6 +20,10 @@ seconds, and this task's own port being held by another process.
 from __future__ import annotations
 
 import dataclasses
+import os
+import shlex
+import sys
+import warnings
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -27,6 +31,7 @@ import tensorflow as tf
 from keras_psdist import devices as devices_lib
 from keras_psdist._tf import device_util
 from keras_psdist.cluster.config import (
+    LAUNCH_MODE_ENV,
     ClusterConfig,
     check_port_free,
     from_environment,
@@ -34,7 +39,35 @@ from keras_psdist.cluster.config import (
     wait_reachable,
 )
 
-MODES = ("sync", "async")
+MODES = ("in-graph", "between-graph")
+# The spellings before 0.2, still accepted with a DeprecationWarning.
+DEPRECATED_MODES = {"sync": "in-graph", "async": "between-graph"}
+
+
+def resolve_mode(mode: str, owner: str = "PSStrategy") -> str:
+    """`mode` in the current spelling; the old one with a DeprecationWarning.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if mode in DEPRECATED_MODES:
+        new = DEPRECATED_MODES[mode]
+        warnings.warn(
+            f"{owner}(mode={mode!r}) is now spelled mode={new!r} (the same "
+            "word `keras-psdist launch --mode` uses); the old spelling will be "
+            "removed.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return new
+    if mode not in MODES:
+        raise ValueError(
+            f"Unknown mode {mode!r}. Expected one of: {', '.join(map(repr, MODES))} "
+            "(in-graph: one client, the chief, drives every worker's replicas "
+            "in lockstep; between-graph: every worker task runs the script and "
+            "applies its updates asynchronously)."
+        )
+    return mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +75,7 @@ class Topology:
     """Devices of a run.
 
     Attributes:
-        mode: `"local"`, `"in-graph"` or `"async"`.
+        mode: `"local"`, `"in-graph"` or `"between-graph"`.
         compute_devices: One replica per device, in replica order.
         parameter_devices: Devices that hold variables.
         input_workers: `(host device, its compute devices)` per input
@@ -61,7 +94,12 @@ class Topology:
     @property
     def is_chief(self) -> bool:
         """Whether this process initialises shared state and writes checkpoints."""
-        return self.config is None or self.mode != "async" or self.config.is_chief
+        return self.config is None or not self.between_graph or self.config.is_chief
+
+    @property
+    def between_graph(self) -> bool:
+        """Whether every worker task runs the training script."""
+        return self.mode == "between-graph"
 
     @property
     def chief_name(self) -> str:
@@ -72,8 +110,9 @@ class Topology:
 
     @property
     def worker_index(self) -> int:
-        """This process's index among the processes that train (async), else 0."""
-        if self.mode != "async":
+        """This process's index among the processes that train
+        (between-graph), else 0."""
+        if not self.between_graph:
             return 0
         return _training_tasks(self.config).index(
             (self.config.task_type, self.config.task_id)
@@ -82,14 +121,35 @@ class Topology:
     @property
     def num_training_processes(self) -> int:
         """How many processes run the training script."""
-        if self.mode != "async":
+        if not self.between_graph:
             return 1
         return num_training_tasks(self.config)
+
+    @property
+    def training_task_names(self) -> tuple[str, ...]:
+        """The tasks that run the script, by worker index (`"chief:0"`,
+        `"worker:0"`, ...), for messages."""
+        if not self.between_graph:
+            return ("chief:0",) if self.config is not None else ("this process",)
+        return training_task_names(self.config)
 
 
 def num_training_tasks(config: ClusterConfig) -> int:
     """How many tasks run the training script between-graph (chief and workers)."""
     return len(_training_tasks(config))
+
+
+def training_task_names(config: ClusterConfig) -> tuple[str, ...]:
+    """The between-graph training tasks by worker index: `("chief:0",
+    "worker:0", ...)` with a chief job, else `("worker:0", "worker:1", ...)`."""
+    return tuple(f"{job}:{i}" for job, i in _training_tasks(config))
+
+
+def name_tasks(names: Sequence[str], indices) -> str:
+    """`"worker:0, worker:1"` for worker indices, by their task names."""
+    return ", ".join(
+        names[i] if 0 <= i < len(names) else f"worker index {i}" for i in indices
+    )
 
 
 def local_topology(
@@ -123,13 +183,16 @@ def connect(
     devices: Sequence[str] | None,
     parameter_devices: Sequence[str] | None,
     connect_timeout: float,
+    owner: str = "PSStrategy",
 ) -> Topology:
     """Connects this process to the cluster and returns the run's devices.
 
     Args:
         config: The validated cluster, with this process's task.
-        mode: `"sync"` (in-graph: this process is the one client) or
-            `"async"` (between-graph: every worker runs the script).
+        mode: `"in-graph"` (this process is the one client) or
+            `"between-graph"` (every worker runs the script).
+        owner: The strategy as the user wrote it, for messages, e.g.
+            `"PSStrategy(mode='between-graph')"`.
         devices: Compute devices to use instead of the defaults, as full
             names (`"/job:worker/replica:0/task:1/device:GPU:0"`).
         parameter_devices: Parameter devices instead of every ps task's CPU.
@@ -140,24 +203,92 @@ def connect(
         ConnectionError: if a task does not answer within `connect_timeout`.
         OSError: if this task's port is held by another process.
     """
-    if mode == "async":
+    check_launch_mode(config, mode, owner)
+    if mode == "between-graph":
         return _connect_between_graph(
             config, devices, parameter_devices, connect_timeout
         )
     return _connect_in_graph(config, devices, parameter_devices, connect_timeout)
 
 
-def _connect_in_graph(config, devices, parameter_devices, connect_timeout):
-    if config.task_type not in (None, "chief"):
-        raise ValueError(
-            f"In-graph training (mode='sync' with a cluster) runs the training "
-            f"script in one client, the chief; this process is "
-            f"{config.task_type}:{config.task_id}. Run `keras-psdist serve` on "
-            "ps and worker tasks, and the script only as the chief (TF_CONFIG "
-            'task {"type": "chief", "index": 0}), e.g. with `keras-psdist '
-            "launch`; or pass mode='async' for between-graph training, where "
-            "every worker runs the script."
+def check_launch_mode(config: ClusterConfig, mode: str, owner: str) -> None:
+    """Raises `ValueError` when this process cannot train in `mode`: a task
+    other than the chief under in-graph, a ps task under between-graph, or a
+    `keras-psdist launch` of the other mode (its processes carry
+    `KERAS_PSDIST_LAUNCH_MODE`). The message names what was found and the
+    command that would work, in the launcher's words."""
+    launched = os.environ.get(LAUNCH_MODE_ENV)
+    task = f"{config.task_type}:{config.task_id}"
+    if mode == "between-graph" and (
+        launched == "in-graph" or config.task_type not in ("worker", "chief")
+    ):
+        if launched == "in-graph":
+            found = (
+                f"this process ({task}) was started by `keras-psdist launch` in "
+                "its default in-graph mode, which runs the script once, on the "
+                "chief, while the worker tasks only serve: "
+                + (
+                    "it would train alone on "
+                    f"1/{num_training_tasks(config)} of the data"
+                    if owner.startswith("PSStrategy")
+                    else "it would wait for gradients from workers that never send any"
+                )
+            )
+        else:
+            found = f"this process is {task}, which cannot run the training script"
+        alternative = (
+            ", or keep the in-graph launch and use `PSStrategy()` "
+            "(mode='in-graph', synchronous steps driven by the chief)"
+            if owner.startswith("PSStrategy")
+            else ""
         )
+        raise ValueError(
+            f"{owner} trains between-graph: every worker task runs this script "
+            f"and the ps tasks serve. But {found}. Launch it with "
+            f"`{launch_command(config, 'between-graph')}`{alternative}."
+        )
+    if mode == "in-graph" and (
+        launched == "between-graph" or config.task_type not in (None, "chief")
+    ):
+        found = f"this process is {task}" + (
+            ", started by `keras-psdist launch --mode between-graph`, which "
+            "runs the script on every worker task"
+            if launched == "between-graph"
+            else ", and its TF_CONFIG is a worker's"
+        )
+        raise ValueError(
+            f"{owner} trains in-graph: the script runs once, on the chief, which "
+            f"drives every worker task's replicas; ps and worker tasks only "
+            f"serve (`keras-psdist serve`). But {found}. Launch it with "
+            f"`{launch_command(config, 'in-graph')}`, or keep this launch and use "
+            "`PSStrategy(mode='between-graph')` (asynchronous updates) or "
+            "`SyncReplicaStrategy()` (synchronous updates, backup workers)."
+        )
+
+
+def launch_command(config: ClusterConfig, mode: str) -> str:
+    """The `keras-psdist launch` command that runs this script in `mode` on a
+    cluster the size of `config`'s."""
+    # The same replicas: in-graph, one per worker task (the chief only
+    # drives them); between-graph, one per task that runs the script.
+    num_workers = (
+        num_training_tasks(config) if mode == "in-graph" else config.num_workers
+    )
+    words = ["keras-psdist", "launch"]
+    if mode == "between-graph":
+        words += ["--mode", "between-graph"]
+    words += ["--num-ps", str(max(1, config.num_ps)), "--num-workers", str(num_workers)]
+    return " ".join(words) + " -- " + _script_command()
+
+
+def _script_command() -> str:
+    argv = list(sys.argv)
+    if not argv or argv[0] in ("", "-c", "-"):
+        return "python train.py"
+    return shlex.join(["python", *argv])
+
+
+def _connect_in_graph(config, devices, parameter_devices, connect_timeout):
     wait_reachable(_targets(config, ("ps", "worker")), connect_timeout)
     if config.has_chief:
         check_port_free(config.addresses("chief")[0])
@@ -185,13 +316,6 @@ def _connect_in_graph(config, devices, parameter_devices, connect_timeout):
 
 
 def _connect_between_graph(config, devices, parameter_devices, connect_timeout):
-    if config.task_type not in ("worker", "chief"):
-        raise ValueError(
-            f"Between-graph training (mode='async') runs the training script "
-            f"on every worker task; this process is "
-            f"{config.task_type}:{config.task_id}. Start ps tasks with "
-            "`keras-psdist serve`."
-        )
     wait_reachable(_targets(config, ("ps",)), connect_timeout)
     check_port_free(config.task_address)
     # Only the ps tasks and this task: a client creates a context on every
@@ -208,7 +332,12 @@ def _connect_between_graph(config, devices, parameter_devices, connect_timeout):
     host = config.device(config.task_type, config.task_id)
     compute = tuple(_task_compute_devices(config.task_type, config.task_id))
     return _with_user_devices(
-        "async", config, [(host, compute)], devices, parameter_devices, client=host
+        "between-graph",
+        config,
+        [(host, compute)],
+        devices,
+        parameter_devices,
+        client=host,
     )
 
 

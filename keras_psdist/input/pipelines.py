@@ -1,24 +1,25 @@
 """Input pipelines of a PSStrategy: where each replica's batches come from.
 
-| topology   | pipelines                                                          |
-|------------|--------------------------------------------------------------------|
-| one host   | one, on the host                                                   |
-| in-graph   | one per worker task, on that worker: each runs the user's pipeline |
-|            | and keeps its replicas' batches, so the data never passes through  |
-|            | the chief and every replica gets the batch it gets on one host     |
-| async      | one, on this worker: with W workers of R replicas, each global     |
-|            | batch is cut into W * R pieces and worker i keeps pieces           |
-|            | [i * R, (i + 1) * R), so an epoch is one pass over the data in     |
-|            | total and every worker trains on its own examples                  |
+| topology      | pipelines                                                          |
+|---------------|--------------------------------------------------------------------|
+| one host      | one, on the host                                                   |
+| in-graph      | one per worker task, on that worker: each runs the user's pipeline |
+|               | and keeps its replicas' batches, so the data never passes through  |
+|               | the chief and every replica gets the batch it gets on one host     |
+| between-graph | one, on this worker: with W workers of R replicas, each global     |
+|               | batch is cut into W * R pieces and worker i keeps pieces           |
+|               | [i * R, (i + 1) * R), so an epoch is one pass over the data in     |
+|               | total and every worker trains on its own examples                  |
 
 A pipeline is the user's dataset of global batches as it is; each global
 batch of B examples is cut into the replicas' batches inside the step that
 reads it (`pieces.py`, `iterators.py`): consecutive rows in replica order,
 sizes differing by at most one, so no replica gets an empty batch while B is
 at least the replica count (a partial last batch of 5 on 4 replicas is 2, 1,
-1, 1). An async worker skips a global batch too small to reach its pieces.
+1, 1). A between-graph worker skips a global batch too small to reach its pieces.
 Cutting the same way everywhere is what makes an in-graph run equal a
-one-host run with the same replicas, and gives async workers disjoint data.
+one-host run with the same replicas, and gives between-graph workers
+disjoint data.
 Each in-graph worker reads the whole input for that, and the pipeline must be
 one TensorFlow can send to another process (tensors, files): one built on
 Python code (`from_generator`, a `PyDataset`) is refused with the fix.
@@ -73,7 +74,7 @@ class InputPipelines:
         check_batched(dataset)
         topology = self._topology
         n = self._num_replicas
-        if topology.mode == "async" and topology.num_training_processes > 1:
+        if topology.between_graph and topology.num_training_processes > 1:
             # This worker's replicas are replicas [first, first + n) of all
             # the training processes' replicas. A batch too small to reach
             # them has nothing for this worker: it skips it.
@@ -99,7 +100,7 @@ class InputPipelines:
         a pipeline is a training process."""
         topology = self._topology
         workers = self.input_workers(options)
-        if topology.mode == "async":
+        if topology.between_graph:
             count = topology.num_training_processes
         else:
             count = len(topology.input_workers)
@@ -128,14 +129,14 @@ class InputPipelines:
                 "(`Dataset.from_generator`, a `keras.utils.PyDataset`, "
                 "`py_function`) that exists only in this process. Build it from "
                 "tensors or files (`tf.data.Dataset.from_tensor_slices`, "
-                "`TFRecordDataset`), or use PSStrategy(mode='async'), where every "
+                "`TFRecordDataset`), or use PSStrategy(mode='between-graph'), where every "
                 f"worker runs its own pipeline. TensorFlow said: {e}"
             ) from None
         return [clones[host] for host in hosts]
 
     def _first_pipeline_id(self):
         topology = self._topology
-        return topology.worker_index if topology.mode == "async" else 0
+        return topology.worker_index if topology.between_graph else 0
 
 
 def _element(dataset: tf.data.Dataset, args: tuple):

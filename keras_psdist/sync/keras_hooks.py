@@ -12,7 +12,7 @@ of a `SyncReplicaStrategy` only (everything else is untouched):
 | `Model.fit`       | runs inside `SyncTraining.session(model)`, with a      |
 |                   | callback that marks each finished step                 |
 
-Bounded-staleness async training (`PSStrategy(mode="async",
+Bounded-staleness async training (`PSStrategy(mode="between-graph",
 max_staleness=...)`, see `staleness.py`) plugs into the same two hooks: its
 `worker_apply` applies only fresh gradients, and its callback holds a worker
 that is too far ahead before each step.

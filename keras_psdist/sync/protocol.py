@@ -76,6 +76,19 @@ class SyncConfig:
     replicas_to_aggregate: int
     total_num_replicas: int
     step_timeout: float
+    # The workers' task names by index ("chief:0", "worker:0", ...), for
+    # messages; `worker:<index>` when empty.
+    worker_names: tuple[str, ...] = ()
+
+    def name(self, worker: int) -> str:
+        """The task name of worker `worker`, e.g. `"worker:1"`."""
+        if 0 <= worker < len(self.worker_names):
+            return self.worker_names[worker]
+        return f"worker:{worker}"
+
+    def names(self, workers) -> str:
+        """`"worker:0, worker:1"` for worker indices."""
+        return ", ".join(self.name(int(w)) for w in workers)
 
     @property
     def pushes_per_update(self) -> int:

@@ -185,9 +185,8 @@ class UpdateService:
             self._active.add(worker)
             self._publish_lost()
             logging.warning(
-                "keras_psdist sync-replicas: worker %d is back and sends "
-                "gradients again.",
-                worker,
+                "keras_psdist sync-replicas: %s is back and sends gradients again.",
+                self._sync.config.name(worker),
             )
         if self._at_end:
             self._count(protocol.DROPPED_AT_END, worker)
@@ -202,7 +201,8 @@ class UpdateService:
             return
         if step > self._step:
             raise RuntimeError(
-                f"worker {worker} sent a gradient for step {step}, ahead of the "
+                f"{self._sync.config.name(worker)} sent a gradient for step "
+                f"{step}, ahead of the "
                 f"global step {self._step}. Is another chief running on the same "
                 "parameter servers? Start each run on fresh ps tasks."
             )
@@ -227,17 +227,18 @@ class UpdateService:
         self._publish_lost()
         config = self._sync.config
         logging.error(
-            "keras_psdist sync-replicas: worker %d is lost (no heartbeat); "
-            "updates go on with workers %s.",
-            worker,
-            sorted(self._active),
+            "keras_psdist sync-replicas: %s is lost (no heartbeat); "
+            "updates go on with %s.",
+            config.name(worker),
+            config.names(sorted(self._active)),
         )
         if self._at_end:
             return
         if len(self._active) * config.pushes_per_update < config.replicas_to_aggregate:
             raise WorkerLostError(
-                f"worker {worker} was lost (its heartbeat stopped), and the "
-                f"remaining workers {sorted(self._active)} cannot make an update "
+                f"{config.name(worker)} was lost (its heartbeat stopped), and the "
+                f"remaining workers ({config.names(sorted(self._active))}) cannot "
+                "make an update "
                 f"of replicas_to_aggregate={config.replicas_to_aggregate}. "
                 "Restart it (`keras-psdist launch --max_restarts`), or train with "
                 "backup workers (replicas_to_aggregate < total_num_replicas) to "

@@ -1,4 +1,4 @@
-"""Bounded staleness for async training: `PSStrategy(mode="async", max_staleness=s)`.
+"""Bounded staleness for async training: `PSStrategy(mode="between-graph", max_staleness=s)`.
 
 Stale synchronous parallel (Ho et al., "More Effective Distributed ML via a
 Stale Synchronous Parallel Parameter Server", NeurIPS 2013), on two int64
@@ -52,6 +52,8 @@ class BoundedStaleness:
         step_timeout: Seconds a worker waits for the slowest before raising.
         heartbeats: This process's `cluster.liveness.Heartbeats`: a lost
             worker is not waited for. None: every active worker counts.
+        names: The workers' task names by index, for messages. Defaults to
+            `worker:<index>`.
     """
 
     def __init__(
@@ -65,8 +67,10 @@ class BoundedStaleness:
         local_device: str,
         step_timeout: float,
         heartbeats=None,
+        names=None,
     ):
         self._strategy = strategy
+        self.names = tuple(names or (f"worker:{w}" for w in range(num_workers)))
         self.max_staleness = max_staleness
         self.worker = worker
         self.num_workers = num_workers
@@ -148,11 +152,11 @@ class BoundedStaleness:
             self._set(self.active, 0)
             stats = self.counts()
             logging.info(
-                "keras_psdist max_staleness=%d: worker %d applied %d gradients, "
+                "keras_psdist max_staleness=%d: %s applied %d gradients, "
                 "dropped %d as older than the bound, waited %d times for slower "
                 "workers; largest staleness applied %d.",
                 self.max_staleness,
-                self.worker,
+                self.names[self.worker],
                 stats["applied"],
                 stats["dropped_stale"],
                 stats["waits"],
@@ -202,8 +206,9 @@ class BoundedStaleness:
                     if active[w] and own - clocks[w] > self.max_staleness
                 ]
                 raise TimeoutError(
-                    f"worker {self.worker} (at step {own}) waited "
-                    f"{self._step_timeout:g} s for workers {behind} (at steps "
+                    f"{self.names[self.worker]} (at step {own}) waited "
+                    f"{self._step_timeout:g} s for "
+                    f"{', '.join(self.names[w] for w in behind)} (at steps "
                     f"{[int(clocks[w]) for w in behind]}) to come within "
                     f"max_staleness={self.max_staleness}. Are they running? "
                     "Raise PSStrategy(step_timeout=...) if their steps "

@@ -24,7 +24,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
     backup workers, stale gradients dropped and robust aggregation.
 
     Every worker task runs the same script (between-graph, as
-    `PSStrategy(mode="async")`); the variables live on the ps tasks. Each
+    `PSStrategy(mode="between-graph")`); the variables live on the ps tasks. Each
     step, every worker sends its gradient, tagged with the global step it was
     computed at, to the ps. The chief (worker 0, or the `chief` task) drops
     gradients older than the global step; once `replicas_to_aggregate` fresh
@@ -142,10 +142,13 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         if config is None:
             raise ValueError(
                 "SyncReplicaStrategy trains between worker processes and needs "
-                "a cluster: set TF_CONFIG (e.g. run the script with "
-                "`keras-psdist launch --mode between-graph`) or pass "
-                "cluster_resolver=."
+                "a cluster, but TF_CONFIG is not set and no cluster_resolver "
+                "was passed. Run the script with `keras-psdist launch --mode "
+                "between-graph --num-ps 1 --num-workers 3 -- python train.py` "
+                "(or pass cluster_resolver=). On one host, PSStrategy() trains "
+                "synchronously on this process's devices."
             )
+        runtime.check_launch_mode(config, "between-graph", "SyncReplicaStrategy")
         workers = runtime.num_training_tasks(config)
         if total_num_replicas is None:
             total_num_replicas = workers
@@ -162,7 +165,12 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         self._num_byzantine = aggregator.num_byzantine
         attack = _resolve_worker_attack(attack, total_num_replicas, self._num_byzantine)
         topology = runtime.connect(
-            config, "async", None, parameter_devices, connect_timeout
+            config,
+            "between-graph",
+            None,
+            parameter_devices,
+            connect_timeout,
+            owner="SyncReplicaStrategy",
         )
         checkpointing.install()
         extended = PSExtended(
@@ -176,7 +184,12 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         )
         super().__init__(extended)
         sync = SyncReplicas(
-            SyncConfig(replicas_to_aggregate, total_num_replicas, float(step_timeout)),
+            SyncConfig(
+                replicas_to_aggregate,
+                total_num_replicas,
+                float(step_timeout),
+                worker_names=topology.training_task_names,
+            ),
             worker=topology.worker_index,
             is_chief=topology.is_chief,
             device=topology.parameter_devices[0],
@@ -198,6 +211,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             total_num_replicas,
             heartbeat_timeout,
             server_watch=extended.server_watch,
+            names=topology.training_task_names,
         )
         extended.sync_training = SyncTraining(
             self,

@@ -235,10 +235,10 @@ class SyncTraining:
             sync.finished.assign(self._session)
         if not finished:
             logging.error(
-                "keras_psdist sync-replicas: workers %s did not finish within "
+                "keras_psdist sync-replicas: %s did not finish within "
                 "step_timeout=%g s after the chief's fit ended; the chief stops "
                 "serving them.",
-                service.active_workers,
+                sync.config.names(service.active_workers),
                 sync.config.step_timeout,
             )
             sync.poison(service.active_workers)
@@ -269,14 +269,14 @@ class SyncTraining:
             lost = []
         if lost:
             return WorkerLostError(
-                f"worker {self.sync.worker} was told to stop: workers {lost} were "
-                "lost (their heartbeats stopped) and the others cannot make an "
+                f"{self._name} was told to stop: {self.sync.config.names(lost)} "
+                "was lost (heartbeat stopped) and the others cannot make an "
                 "update without them. Restart them (`keras-psdist launch "
                 "--max_restarts`), or train with backup workers "
                 "(replicas_to_aggregate < total_num_replicas)."
             )
         return RuntimeError(
-            f"worker {self.sync.worker} was told to stop: the chief stopped the "
+            f"{self._name} was told to stop: the chief stopped the "
             "run (its fit or its update service failed, or it timed out "
             "waiting for other workers). See the chief's log for the cause."
         )
@@ -294,10 +294,10 @@ class SyncTraining:
                 # A worker late for a run the chief finished (restarted near
                 # the end): its gradients can no longer be applied.
                 logging.warning(
-                    "keras_psdist sync-replicas: worker %d: the chief finished "
+                    "keras_psdist sync-replicas: %s: the chief finished "
                     "this fit and has left; this worker's remaining steps are "
                     "not trained: its fit stops now.",
-                    self.sync.worker,
+                    self._name,
                 )
                 self._model.stop_training = True
                 self.sync.free(self.sync.worker)
@@ -306,7 +306,8 @@ class SyncTraining:
                 return None
             if 0 in lost:
                 return (
-                    f"worker {self.sync.worker}: the chief (worker 0) is lost: no "
+                    f"{self._name}: the chief ({self.sync.config.name(0)}) is "
+                    "lost: no "
                     f"heartbeat for {self._heartbeats.silent_for(0):.0f} s "
                     f"(heartbeat_timeout={self._heartbeats.timeout:g}). It makes "
                     "every update, so no step can finish. Restart the run; "
@@ -346,14 +347,18 @@ class SyncTraining:
                 continue
             missing = self._service.waiting_for if self._service else None
             self._stall = (
-                f"worker {self.sync.worker}: no step finished for {idle:.0f} s "
+                f"{self._name}: no step finished for {idle:.0f} s "
                 f"(step_timeout={timeout:g}). "
                 + (
-                    f"The chief has no fresh gradient from workers {missing} "
-                    "for the pending update; are they running?"
+                    "The chief has no fresh gradient from "
+                    f"{self.sync.config.names(missing)} for the pending update; "
+                    "are they running this script? (Worker tasks that only run "
+                    "`keras-psdist serve` belong to an in-graph launch: run "
+                    "SyncReplicaStrategy under `keras-psdist launch --mode "
+                    "between-graph`.)"
                     if missing
-                    else "Is the chief (worker 0) running? It applies the "
-                    "updates that release the workers."
+                    else f"Is the chief ({self.sync.config.name(0)}) running? "
+                    "It applies the updates that release the workers."
                 )
                 + " Raise SyncReplicaStrategy(step_timeout=...) if a step "
                 "legitimately takes this long."

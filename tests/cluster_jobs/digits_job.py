@@ -126,13 +126,13 @@ def main(out_dir, mode, seed=0):
     )
     topology = strategy.extended.topology
     task = topology.config.task_name
-    if topology.mode == "async":
+    if topology.mode == "between-graph":
         # A different seed per worker: equal initial weights then show that
         # the workers share the chief's variables.
         seed += topology.worker_index
     model = build(strategy, seed)
     initial = [w.numpy() for w in model.weights]
-    if topology.mode == "async":
+    if topology.mode == "between-graph":
         _wait_until_every_worker_has_read(out_dir, topology)
     callbacks = [
         keras.callbacks.ModelCheckpoint(
@@ -141,7 +141,7 @@ def main(out_dir, mode, seed=0):
         )
     ]
     history, accuracy = train(model, seed, callbacks)
-    if topology.mode == "async":
+    if topology.mode == "between-graph":
         # `evaluate` in async mode sees only this worker's shard of the test
         # set; score the shared model on all of it.
         x, y = digits()

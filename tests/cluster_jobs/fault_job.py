@@ -7,7 +7,7 @@ between-graph`:
 
 CONFIG_JSON:
 
-- `strategy`: `"async"` (`PSStrategy(mode="async")`) or `"sync"`
+- `strategy`: `"async"` (`PSStrategy(mode="between-graph")`) or `"sync"`
   (`SyncReplicaStrategy`, with `replicas_to_aggregate` if given).
 - `kill_worker`, `kill_at_step`: that worker SIGKILLs itself right after that
   step of its first start (a real kill: no cleanup, no goodbye), once its
@@ -163,7 +163,7 @@ def main(out_dir, config):
         _wait_until_found_lost(out_dir, worker)
     timeout = config.get("heartbeat_timeout", 30.0)
     if config["strategy"] == "async":
-        strategy = kpd.PSStrategy(mode="async", heartbeat_timeout=timeout)
+        strategy = kpd.PSStrategy(mode="between-graph", heartbeat_timeout=timeout)
     else:
         strategy = kpd.SyncReplicaStrategy(
             replicas_to_aggregate=config.get("replicas_to_aggregate"),

@@ -33,7 +33,7 @@ def main(out_dir, kind):
     if kind == "sync":
         strategy = kpd.SyncReplicaStrategy(step_timeout=120)
     else:
-        strategy = kpd.PSStrategy(mode="async")
+        strategy = kpd.PSStrategy(mode="between-graph")
     topology = strategy.extended.topology
     with strategy.scope():
         model = layer_zoo.build(stochastic=True)

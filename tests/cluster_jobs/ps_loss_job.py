@@ -6,7 +6,7 @@ Run by `tests/test_faults.py` under `keras-psdist launch`:
 
 CONFIG_JSON:
 
-- `strategy`: `"async"` (`PSStrategy(mode="async")`, between-graph),
+- `strategy`: `"async"` (`PSStrategy(mode="between-graph")`, between-graph),
   `"sync"` (`SyncReplicaStrategy`, between-graph) or `"in-graph"`
   (`PSStrategy()`, the chief drives every worker).
 - `lose_ps_at_step`: the chief writes `OUT_DIR/kill_ps` after that step, and
@@ -125,7 +125,7 @@ def main(out_dir, config):
     import keras_psdist as kpd
 
     if config["strategy"] == "async":
-        strategy = kpd.PSStrategy(mode="async", heartbeat_timeout=3)
+        strategy = kpd.PSStrategy(mode="between-graph", heartbeat_timeout=3)
     elif config["strategy"] == "sync":
         strategy = kpd.SyncReplicaStrategy(heartbeat_timeout=3, step_timeout=120)
     else:

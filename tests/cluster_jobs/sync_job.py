@@ -7,7 +7,7 @@ between-graph`:
 
 CONFIG_JSON holds the strategy's arguments (`replicas_to_aggregate`,
 `aggregator`, `num_byzantine`, `attack`; or `max_staleness`, which trains
-with `PSStrategy(mode="async", max_staleness=...)` instead) and the job's:
+with `PSStrategy(mode="between-graph", max_staleness=...)` instead) and the job's:
 `epochs`, `model` (`"embedding"`: a model with sparse gradients),
 `partitioned` (split its table over the ps tasks, as `digits_job` does), and
 `slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
@@ -69,7 +69,9 @@ def main(out_dir, config):
     bounded = "max_staleness" in config
     if bounded:
         strategy = kpd.PSStrategy(
-            mode="async", max_staleness=config["max_staleness"], step_timeout=120
+            mode="between-graph",
+            max_staleness=config["max_staleness"],
+            step_timeout=120,
         )
     else:
         partitioner = None

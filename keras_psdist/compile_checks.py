@@ -1,0 +1,135 @@
+"""Refuses, at `model.compile`, the set-ups that would train silently wrong.
+
+Keras takes the distribution strategy from whatever scope is active when each
+object is made: the model at creation, the optimizer at creation, metrics at
+`compile`. A piece made outside `strategy.scope()` belongs to the default
+strategy and still trains, but wrongly: an optimizer made outside advances its
+step counter once per replica (so learning-rate schedules run n times too
+fast), a model made outside trains on one device. Under a keras_psdist
+strategy, `compile` checks each piece and raises a `ValueError` that names the
+piece and the fix:
+
+| mistake                                   | what it would do                  |
+|-------------------------------------------|-----------------------------------|
+| model created outside the scope           | `fit` runs on one device          |
+| `compile` called outside the scope        | the optimizer and metrics it      |
+|                                           | makes are not the strategy's      |
+| optimizer created outside the scope       | `iterations` advances once per    |
+|                                           | replica, schedules run n x fast   |
+| `compile(jit_compile=True)`               | XLA compiles a step for one       |
+|                                           | device; fails with an XLA error   |
+
+Models of other strategies (or none) are left alone: the check looks only at
+models and scopes of a keras_psdist strategy.
+
+`install()` wraps Keras's `Trainer.compile` once per process (idempotent).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Wraps `keras.Model.compile` with `check_compiled` (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    from keras.src.trainers.trainer import Trainer
+
+    compile_ = Trainer.compile
+
+    @functools.wraps(compile_)
+    def compile(self, *args, **kwargs):
+        check_scope(self)
+        result = compile_(self, *args, **kwargs)
+        check_compiled(self)
+        return result
+
+    Trainer.compile = compile
+
+
+def _is_ours(strategy) -> bool:
+    from keras_psdist.extended import PSExtended
+
+    return strategy is not None and isinstance(
+        getattr(strategy, "extended", None), PSExtended
+    )
+
+
+def _model_strategy(model):
+    return getattr(model, "_distribute_strategy", None)
+
+
+def check_scope(model) -> None:
+    """Before `compile`: the model and this call are in the same scope."""
+    built_under = _model_strategy(model)
+    current = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    name = type(model).__name__
+    if _is_ours(current) and built_under is not current:
+        raise ValueError(
+            f"This {name} was created outside `strategy.scope()` of "
+            f"{type(current).__name__}, and is compiled inside it: its variables "
+            "are not on the strategy's parameter devices, and `fit` would train "
+            "on one device. Create the model inside the scope too:\n"
+            "    with strategy.scope():\n"
+            "        model = build_model()\n"
+            "        model.compile(...)"
+        )
+    if _is_ours(built_under) and current is not built_under:
+        raise ValueError(
+            f"model.compile() was called outside `strategy.scope()` of the "
+            f"{type(built_under).__name__} this {name} was created under: the "
+            "optimizer and metrics it makes would not belong to the strategy "
+            "(the optimizer's step counter would advance once per replica). "
+            "Call compile inside the same scope:\n"
+            "    with strategy.scope():\n"
+            "        model = build_model()\n"
+            "        model.compile(...)"
+        )
+
+
+def check_compiled(model) -> None:
+    """After `compile`: the optimizer is the strategy's and XLA is off."""
+    strategy = _model_strategy(model)
+    if not _is_ours(strategy):
+        return
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    for opt in {id(o): o for o in (optimizer, inner) if o is not None}.values():
+        owner = getattr(opt, "_distribution_strategy", strategy)
+        if owner is not strategy:
+            kind = type(opt).__name__
+            raise ValueError(
+                f"The optimizer {kind} was created outside `strategy.scope()` "
+                f"(it belongs to {_describe(owner)}), and compiled into a model "
+                f"of {type(strategy).__name__}: its step counter `iterations` "
+                f"would advance once per replica ({strategy.num_replicas_in_sync} "
+                "per step), so learning-rate schedules would run that much "
+                "faster. Create the optimizer inside the scope:\n"
+                "    with strategy.scope():\n"
+                "        model = build_model()\n"
+                f"        model.compile(optimizer=keras.optimizers.{kind}(...), ...)\n"
+                "or pass its name (optimizer='sgd'), which compile creates in "
+                "the scope."
+            )
+    if getattr(model, "jit_compile", False) is True:
+        raise ValueError(
+            f"compile(jit_compile=True) is not supported under "
+            f"{type(strategy).__name__}: XLA compiles a step for one device, "
+            "while this strategy's step runs replicas on several devices and "
+            "reads and updates variables on the parameter devices. Leave "
+            "jit_compile out: Keras's default ('auto') turns XLA off under "
+            "tf.distribute strategies, MirroredStrategy included."
+        )
+
+
+def _describe(strategy) -> str:
+    if type(strategy).__name__ == "_DefaultDistributionStrategy":
+        return "no strategy"
+    return f"another strategy, {type(strategy).__name__}"
