@@ -818,3 +818,56 @@ def test_callbacks_read_the_weights_of_each_step(strategy_factory, digits_small)
     model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[reader, stopping])
     assert len(reader.sums) == 2 * len(x) // 64
     assert len(set(reader.sums)) == len(reader.sums)  # every step moved them
+
+
+def test_custom_loop_apply_gradients_in_run_matches_single_device(
+    strategy_factory, digits_small
+):
+    """15. A custom loop that calls `optimizer.apply_gradients` inside
+    `strategy.run`, with each replica's loss scaled by the global batch size
+    (`tf.nn.compute_average_loss`): the replicas' gradients are summed, so
+    the update equals one device's on the whole batch."""
+    x, y = digits_small
+    x, y = x[:128], y[:128].astype(np.int32)
+    initial = get_weights(mlp(hidden=(16,)))
+    strategy = strategy_factory()
+    with strategy.scope():
+        model = mlp(hidden=(16,))
+        model.set_weights(initial)
+        optimizer = keras.optimizers.SGD(0.1)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=None
+    )
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(64)
+    )
+
+    @tf.function
+    def step(batch):
+        def replica_step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(
+                    loss_fn(yb, model(xb, training=True)), global_batch_size=64
+                )
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+        strategy.run(replica_step, args=batch)
+
+    for batch in dataset:
+        step(batch)
+
+    reference = mlp(hidden=(16,))
+    reference.set_weights(initial)
+    reference_optimizer = keras.optimizers.SGD(0.1)
+    for start in (0, 64):
+        xb, yb = x[start : start + 64], y[start : start + 64]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(yb, reference(xb, training=True)))
+        grads = tape.gradient(loss, reference.trainable_variables)
+        reference_optimizer.apply_gradients(zip(grads, reference.trainable_variables))
+    assert int(optimizer.iterations.numpy()) == 2
+    assert_weights_differ(initial, get_weights(reference))
+    assert_weights_close(
+        get_weights(model), get_weights(reference), rtol=1e-4, atol=1e-5
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from keras_psdist import aggregators as aggregators_lib
@@ -113,7 +114,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         num_byzantine: int | None = None,
         attack: Any = None,
         placement: str | placement_lib.PlacementFn = "greedy",
-        parameter_devices=None,
+        parameter_devices: Sequence[str] | None = None,
         cluster_resolver: Any = None,
         step_timeout: float = 300.0,
         connect_timeout: float = 20.0,
