@@ -9,18 +9,29 @@ Examples:
 True
 """
 
-from keras_psdist import (
-    aggregators,
-    attacks,
-    callbacks,
-    partitioners,
-    placement,
-    routing,
-)
-from keras_psdist.strategy import PSStrategy
-from keras_psdist.sync.strategy import SyncReplicaStrategy
+# The public names load on first use (PEP 562), not here: `import
+# keras_psdist` would otherwise import TensorFlow (seconds), and so would
+# everything under the package, the `keras-psdist` command line included,
+# which must answer `--help` or reject a bad TF_CONFIG at once, and set
+# TensorFlow's environment before TensorFlow loads.
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
+    from keras_psdist import (  # noqa: F401
+        aggregators,
+        attacks,
+        callbacks,
+        cluster,
+        partitioners,
+        placement,
+        routing,
+    )
+    from keras_psdist.strategy import PSStrategy  # noqa: F401
+    from keras_psdist.sync.strategy import SyncReplicaStrategy  # noqa: F401
+
+__version__ = "0.2.0"
 
 __all__ = [
     "PSStrategy",
@@ -33,3 +44,34 @@ __all__ = [
     "placement",
     "routing",
 ]
+
+# Public name -> the module that defines it.
+_ATTRIBUTES = {
+    "PSStrategy": "keras_psdist.strategy",
+    "SyncReplicaStrategy": "keras_psdist.sync.strategy",
+}
+
+_SUBMODULES = (
+    "aggregators",
+    "attacks",
+    "callbacks",
+    "cluster",
+    "partitioners",
+    "placement",
+    "routing",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        # Importing a submodule also sets it as this package's attribute.
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _ATTRIBUTES:
+        value = getattr(importlib.import_module(_ATTRIBUTES[name]), name)
+        globals()[name] = value  # Later look-ups skip this function.
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ATTRIBUTES, *_SUBMODULES})

@@ -1,28 +1,79 @@
-"""Keras callbacks that show what the strategy's aggregator did."""
+"""Keras callbacks that show what the strategy's aggregator did.
+
+Their figures are per replica or per worker, many numbers an epoch. They go
+to the `History` that `fit` returns, to the callback's own attribute and,
+with `log_dir`, to TensorBoard, but not into the epoch `logs`: Keras's
+progress bar prints every key of those, and would print them all on one
+line. The progress bar gets one short summary line per epoch instead.
+"""
 
 from __future__ import annotations
 
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 
-class AggregationReport(keras.callbacks.Callback):
+class _ReportCallback(keras.callbacks.Callback):
+    """Records figures in `fit`'s `History` and says one line per epoch.
+
+    The line waits for the next epoch's start (or the end of training), so
+    that it comes after the progress bar's line for its epoch, not inside it.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._summary: str | None = None
+
+    def _record(self, figures: dict[str, float]) -> None:
+        """Appends `figures` to the `History` of the running `fit`."""
+        history = getattr(self.model, "history", None)
+        if isinstance(history, keras.callbacks.History):
+            for key, value in figures.items():
+                history.history.setdefault(key, []).append(value)
+
+    def _say_later(self, summary: str) -> None:
+        if (self.params or {}).get("verbose", 1):
+            self._summary = summary
+
+    def _say_pending(self) -> None:
+        summary, self._summary = self._summary, None
+        if summary is None:
+            return
+        if keras.config.is_interactive_logging_enabled():
+            print(summary, flush=True)
+        else:
+            logging.info(summary)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._say_pending()
+
+    def on_train_end(self, logs=None):
+        self._say_pending()
+
+
+class AggregationReport(_ReportCallback):
     """Logs the aggregator's per-replica report, so a suspicious replica shows.
 
     After every training batch it reads `strategy.extended.report()` (e.g.
     Krum's `selected`, the trimmed mean's `extreme_fraction`: one number per
-    replica). At the end of each epoch it adds the epoch's average to the
-    epoch logs as `"{name}/replica_{r}"`, so `History`, `CSVLogger` and a
-    `TensorBoard` callback listed *after* this one record it. With `log_dir`,
-    it also writes every `update_freq`-th batch's values as TensorBoard
-    scalars itself.
+    replica). At the end of each epoch it records the epoch's average in
+    `history` and in the `History` that `fit` returns, as
+    `"{name}/replica_{r}"`, and prints one line after the progress bar (not
+    with `verbose=0`) naming the lowest and highest replica, e.g.
+
+        Krum, mean over the epoch's steps: selected lowest 0.00 (replica 7), highest 0.43 (replica 2)
+
+    With `log_dir`, it also writes every `update_freq`-th batch's values
+    (`aggregation/{name}/replica_{r}`) and each epoch's average
+    (`epoch_aggregation/{name}/replica_{r}`) as TensorBoard scalars.
 
     The model must have been built under a `keras_psdist.PSStrategy` scope.
 
     Args:
-        log_dir: Directory for per-batch TensorBoard scalars, or `None`.
-            Defaults to `None`.
+        log_dir: Directory for the TensorBoard scalars, or `None`. Defaults
+            to `None`.
         update_freq: Write per-batch scalars every this many batches.
             Defaults to 1.
 
@@ -37,9 +88,11 @@ class AggregationReport(keras.callbacks.Callback):
     ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     ...     model.compile(optimizer="sgd", loss="mse")
     >>> report = kpd.callbacks.AggregationReport()
-    >>> _ = model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0, callbacks=[report])
+    >>> fit = model.fit(np.ones((8, 4)), np.ones((8, 1)), verbose=0, callbacks=[report])
     >>> sorted(report.history)
     ['extreme_fraction']
+    >>> "extreme_fraction/replica_0" in fit.history
+    True
     """
 
     def __init__(self, log_dir: str | None = None, update_freq: int = 1):
@@ -77,6 +130,7 @@ class AggregationReport(keras.callbacks.Callback):
             self._writer = _summary_writer(self, self.log_dir)
 
     def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
         self._sums, self._batches = {}, 0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -94,25 +148,68 @@ class AggregationReport(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not self._batches:
             return
-        for name, total in self._sums.items():
-            mean = total / self._batches
+        means = {name: total / self._batches for name, total in self._sums.items()}
+        for name, mean in means.items():
             self.history.setdefault(name, []).append(mean)
-            if logs is not None:
-                for r, value in enumerate(mean):
-                    logs[f"{name}/replica_{r}"] = float(value)
+        self._record(
+            {
+                f"{name}/replica_{r}": float(value)
+                for name, mean in means.items()
+                for r, value in enumerate(mean)
+            }
+        )
+        if self._writer is not None:
+            with self._writer.as_default(step=epoch):
+                for name, mean in means.items():
+                    for r, value in enumerate(mean):
+                        tf.summary.scalar(
+                            f"epoch_aggregation/{name}/replica_{r}", value
+                        )
+        if means:
+            rule = type(self._extended().aggregator).__name__
+            self._say_later(
+                f"{rule}, mean over the epoch's steps: "
+                + "; ".join(_extremes(name, mean) for name, mean in means.items())
+            )
 
     def on_train_end(self, logs=None):
+        super().on_train_end(logs)
         if self._writer is not None:
             self._writer.flush()
 
 
-class SyncReplicaReport(keras.callbacks.Callback):
+def _extremes(name: str, values: np.ndarray) -> str:
+    """`"selected lowest 0.00 (replicas 5, 7), highest 0.43 (replica 2)"`."""
+    finite = values[np.isfinite(values)]
+    if finite.size < values.size:
+        return f"{name} not finite for {_replicas_at(values, np.nan)}"
+    low, high = float(np.min(values)), float(np.max(values))
+    if f"{low:.2f}" == f"{high:.2f}":
+        return f"{name} {low:.2f} for every replica"
+    return (
+        f"{name} lowest {low:.2f} ({_replicas_at(values, low)}), "
+        f"highest {high:.2f} ({_replicas_at(values, high)})"
+    )
+
+
+def _replicas_at(values: np.ndarray, value: float, most: int = 4) -> str:
+    """The replicas whose value shows as `value` (2 decimals; NaN: not
+    finite), `most` of them at most."""
+    if np.isnan(value):
+        ids = [int(r) for r in np.flatnonzero(~np.isfinite(values))]
+    else:
+        ids = [int(r) for r in np.flatnonzero(np.abs(values - value) < 0.005)]
+    shown = ", ".join(map(str, ids[:most]))
+    more = f" and {len(ids) - most} more" if len(ids) > most else ""
+    return f"replica{'s' if len(ids) > 1 else ''} {shown}{more}"
+
+
+class SyncReplicaReport(_ReportCallback):
     """Logs, per worker, how many gradients the chief applied and dropped.
 
     For models built under a `keras_psdist.SyncReplicaStrategy`. At the end
-    of each epoch it reads the counts the chief publishes on the ps and adds
-    them to the epoch logs, so `History`, `CSVLogger` and a `TensorBoard`
-    callback listed *after* this one record them:
+    of each epoch it reads the counts the chief publishes on the ps, keeps
+    them in `counts`, and records them in the `History` that `fit` returns:
 
     - `sync/global_step`: updates applied so far;
     - `sync/applied/worker_{i}`: worker i's gradients in an update;
@@ -121,7 +218,11 @@ class SyncReplicaReport(keras.callbacks.Callback):
     - `sync/dropped_at_end/worker_{i}`: gradients sent when too few workers
       were left to make an update.
 
-    With `log_dir`, it also writes them as TensorBoard scalars itself.
+    It prints one line after the progress bar (not with `verbose=0`), e.g.
+
+        sync: 77 updates; gradients applied 154, dropped as stale 19 (most from worker 2: 17), dropped at the end 0
+
+    With `log_dir`, it also writes the counts as TensorBoard scalars.
 
     Args:
         log_dir: Directory for TensorBoard scalars, or `None`. Defaults to
@@ -159,13 +260,33 @@ class SyncReplicaReport(keras.callbacks.Callback):
         for name in ("applied", "dropped_stale", "dropped_at_end"):
             for worker, value in enumerate(self.counts[name]):
                 flat[f"sync/{name}/worker_{worker}"] = float(value)
-        if logs is not None:
-            logs.update(flat)
+        self._record(flat)
         if self._writer is not None:
             with self._writer.as_default(step=epoch):
                 for name, value in flat.items():
                     tf.summary.scalar(name, value)
             self._writer.flush()
+        self._say_later(
+            f"sync: {int(self.counts['global_step'])} updates; gradients "
+            + ", ".join(
+                _total(what, self.counts[name])
+                for name, what in (
+                    ("applied", "applied"),
+                    ("dropped_stale", "dropped as stale"),
+                    ("dropped_at_end", "dropped at the end"),
+                )
+            )
+        )
+
+
+def _total(what: str, per_worker) -> str:
+    """`"dropped as stale 19 (most from worker 2: 17)"`; no "most" for 0."""
+    per_worker = np.asarray(per_worker)
+    total = f"{what} {int(per_worker.sum())}"
+    if what == "applied" or not per_worker.any():
+        return total
+    worker = int(np.argmax(per_worker))
+    return f"{total} (most from worker {worker}: {int(per_worker[worker])})"
 
 
 def _summary_writer(callback: keras.callbacks.Callback, log_dir: str):

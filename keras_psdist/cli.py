@@ -1,23 +1,51 @@
 """Command-line entry point: `keras-psdist COMMAND [--flags]`.
 
-The module is kept import-light on purpose: TensorFlow is imported only
-inside the command that needs it, after the process environment (log level,
-logical CPU devices) has been set up.
+The module is kept import-light on purpose (`tests/test_quiet_output.py`
+checks it): TensorFlow is imported only inside the command that needs it,
+after the flags are checked and the process environment (log level, logical
+CPU devices) has been set up, so `--help` and flag errors answer at once.
 """
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 # Before anything in this process imports TensorFlow or Keras.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags  # noqa: E402
 
+from keras_psdist import banner  # noqa: E402
+
 PROG = "keras-psdist"
 
 FLAGS = flags.FLAGS
+
+# The ids `--aggregator` and `--attack` take: those of the registries in
+# `keras_psdist.aggregators` and `keras_psdist.attacks`, spelled out so that
+# `--help` and a typo need no TensorFlow (tests/test_cli.py keeps them equal).
+AGGREGATOR_IDS = (
+    "mean",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "multi_krum",
+    "bulyan",
+    "geometric_median",
+    "centered_clipping",
+    "nnm",
+    "bucketing",
+)
+ATTACK_IDS = (
+    "sign_flip",
+    "scale",
+    "gaussian_noise",
+    "non_finite",
+    "alie",
+    "ipm",
+    "label_flip",
+)
 
 flags.DEFINE_integer(
     "replicas", 4, "Number of logical CPU replicas (ignored when a GPU is present)."
@@ -25,18 +53,33 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("epochs", 10, "Number of training epochs.")
 flags.DEFINE_integer("batch_size", 128, "Global batch size, split over the replicas.")
 flags.DEFINE_string(
-    "aggregator", "mean", "Gradient aggregation rule used across replicas."
+    "aggregator",
+    "mean",
+    "Gradient aggregation rule used across replicas, one of: "
+    f"{', '.join(AGGREGATOR_IDS)} (see keras_psdist.aggregators).",
 )
 flags.DEFINE_integer(
-    "num_byzantine", 0, "Replicas that may be faulty (f), for robust aggregators."
+    "num_byzantine",
+    0,
+    "Replicas that may be faulty (f), for robust aggregators; with --attack, "
+    "the last this many replicas attack. With --aggregator mean and --attack, "
+    "the mean guards against none of them: the undefended baseline.",
 )
 flags.DEFINE_string(
     "attack",
     "",
-    "Simulated attack on the last --num_byzantine replicas, e.g. sign_flip, "
-    "alie, ipm, non_finite, label_flip (see keras_psdist.attacks).",
+    "Simulated attack on the last --num_byzantine replicas, one of: "
+    f"{', '.join(ATTACK_IDS)} (see keras_psdist.attacks; the demo prints the "
+    "attack it runs, with its strength).",
 )
 flags.DEFINE_integer("seed", 0, "Random seed for Keras, NumPy and Python.")
+flags.DEFINE_bool(
+    "verbose",
+    False,
+    "Show TensorFlow's start-up banner and its INFO/WARNING log (by default "
+    "the known banner lines are left out and TF_CPP_MIN_LOG_LEVEL defaults "
+    "to 2).",
+)
 
 # `serve`
 flags.DEFINE_string(
@@ -105,6 +148,7 @@ _COMMAND_FLAGS = {
         "num_byzantine",
         "attack",
         "seed",
+        "verbose",
     ),
     "serve": ("job", "task"),
     "launch": (
@@ -116,6 +160,7 @@ _COMMAND_FLAGS = {
         "startup_timeout",
         "max_restarts",
         "max_worker_failures",
+        "verbose",
     ),
 }
 
@@ -211,19 +256,32 @@ def demo_command(args: Sequence[str] = ()) -> int:
     """Train a small MLP on the bundled digits dataset with PSStrategy."""
     for name in ("replicas", "epochs", "batch_size", "num_byzantine", "seed"):
         _check_minimum(name)
+    if FLAGS.aggregator not in AGGREGATOR_IDS:
+        raise _CliError(
+            f"Unknown aggregator {FLAGS.aggregator!r}. Expected one of: "
+            f"{', '.join(AGGREGATOR_IDS)}."
+        )
+    if FLAGS.attack and FLAGS.attack not in ATTACK_IDS:
+        raise _CliError(
+            f"Unknown attack {FLAGS.attack!r}. Expected one of: "
+            f"{', '.join(ATTACK_IDS)}."
+        )
     if FLAGS.attack and not FLAGS.num_byzantine:
         raise _CliError(
             "`--attack` needs the attacked replicas: set --num_byzantine to how "
             f"many of the last replicas attack. Received: --attack={FLAGS.attack} "
             "with --num_byzantine=0."
         )
-    if not FLAGS.aggregator.strip():
-        raise _CliError(
-            "`--aggregator` must be a non-empty string. "
-            f"Received: --aggregator={FLAGS.aggregator!r}"
-        )
 
-    _split_host_cpu(FLAGS.replicas)
+    if FLAGS.verbose:
+        hide_banner = contextlib.nullcontext()
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        hide_banner = banner.hidden_on_stderr()
+    with hide_banner:
+        import tensorflow  # noqa: F401  (here, where its banner is caught)
+
+        _split_host_cpu(FLAGS.replicas)
 
     from keras_psdist.demo import run_demo
 
@@ -244,6 +302,8 @@ def demo_command(args: Sequence[str] = ()) -> int:
 
 def serve_command(args: Sequence[str] = ()) -> int:
     """Run this task's TensorFlow gRPC server (TF_CONFIG) until SIGTERM/SIGINT."""
+    # No TensorFlow import until the server starts: a bad TF_CONFIG is
+    # rejected at once.
     from keras_psdist.cluster import config as cluster_config
 
     if FLAGS.task is not None:
@@ -283,6 +343,8 @@ def serve_command(args: Sequence[str] = ()) -> int:
 
     from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, serve
 
+    # Before `serve` imports TensorFlow (`launch --verbose` sets it to 0).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         code = serve(config)
     except cluster_config.PortInUseError as e:
@@ -317,6 +379,7 @@ def launch_command(args: Sequence[str] = ()) -> int:
             startup_timeout_s=FLAGS.startup_timeout,
             max_restarts=FLAGS.max_restarts,
             max_worker_failures=FLAGS.max_worker_failures,
+            verbose=FLAGS.verbose,
         )
     except ValueError as e:
         raise _CliError(str(e)) from e

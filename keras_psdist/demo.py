@@ -8,6 +8,20 @@ import numpy as np
 
 _SPLIT_SEED = 0
 
+# What the demo's attacks send besides the replicas they control: strong
+# enough to wreck the mean (as in benchmarks/robustness.py: with 1 of 4
+# replicas sending -10 g, the mean is (3 - 10) / 4 g, an ascent step). ALIE
+# and IPM keep their own settings, which are aimed at the robust rules.
+ATTACK_SETTINGS: dict[str, dict[str, float | int]] = {
+    "sign_flip": {"scale": 10.0},
+    "scale": {"factor": 100.0},
+    "gaussian_noise": {"stddev": 10.0},
+    "non_finite": {},
+    "alie": {},
+    "ipm": {},
+    "label_flip": {"num_classes": 10},
+}
+
 
 def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Loads the bundled digits dataset and splits it 80/20.
@@ -58,10 +72,14 @@ def run_demo(
             replicas is weighted exactly).
         aggregator: Name of the gradient aggregation rule, e.g. `"mean"`.
         seed: Random seed for weight initialization and shuffling.
-        num_byzantine: Replicas that may be faulty (the rule's f).
+        num_byzantine: Replicas that may be faulty (the rule's f), and with
+            `attack` the replicas that attack. With `"mean"`, which guards
+            against none, the strategy gets 0 and an attack goes through: the
+            undefended baseline.
         attack: A `keras_psdist.attacks` id (e.g. `"sign_flip"`) run by the
-            last `num_byzantine` replicas, or `None`. `label_flip` flips the
-            10 digit classes.
+            last `num_byzantine` replicas with the settings in
+            `ATTACK_SETTINGS`, or `None`. `label_flip` flips the 10 digit
+            classes.
 
     Returns:
         The test-set accuracy, a float in [0, 1].
@@ -80,12 +98,18 @@ def run_demo(
     attack_config = None
     if attack:
         n = len(keras_psdist.PSStrategy().extended.worker_devices)
-        config = {"replicas": list(range(max(n - num_byzantine, 0), n))}
-        if attack == "label_flip":
-            config["num_classes"] = 10
+        config = {
+            "replicas": list(range(max(n - num_byzantine, 0), n)),
+            **ATTACK_SETTINGS.get(attack, {}),
+        }
+        if attack == "gaussian_noise":
+            config["seed"] = seed
         attack_config = {"class_name": attack, "config": config}
+    undefended = aggregator == "mean" and attack_config is not None
     strategy = keras_psdist.PSStrategy(
-        aggregator=aggregator, num_byzantine=num_byzantine, attack=attack_config
+        aggregator=aggregator,
+        num_byzantine=0 if undefended else num_byzantine,
+        attack=attack_config,
     )
     n = strategy.num_replicas_in_sync
     requested = "" if n == replicas else f" (requested {replicas})"
@@ -94,6 +118,11 @@ def run_demo(
     print(f"aggregator: {strategy.extended.aggregator!r}")
     if strategy.extended.attack is not None:
         print(f"attack:     {strategy.extended.attack!r}")
+    if undefended:
+        print(
+            "baseline:   the mean guards against no replica, so the attack goes "
+            "through; try --aggregator median"
+        )
     print(f"train/test: {len(x_train)}/{len(x_test)} samples, batch {batch_size}")
 
     with strategy.scope():

@@ -74,7 +74,7 @@ class PSStrategy(distribute_lib.Strategy):
             process started in a role the mode cannot use (e.g. by a launch
             of the other mode) raises `ValueError` naming the command that
             works. The spellings `"sync"` and `"async"` of earlier versions
-            still work, with a `DeprecationWarning`. Defaults to
+            still work, with a `DeprecationWarning` (renamed in 0.2). Defaults to
             `"in-graph"`.
         max_staleness: Between-graph, bound the staleness (stale synchronous
             parallel): a worker at most this many steps ahead of the slowest

@@ -7,6 +7,9 @@ import sys
 
 import pytest
 
+import keras_psdist as kpd
+from keras_psdist import cli
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -87,11 +90,23 @@ def test_demo_trains_to_high_accuracy():
     assert float(match.group(1)) >= 0.93, result.stdout
 
 
-def test_demo_unknown_aggregator_exits_2_with_the_strategy_error():
-    result = _run_cli("demo", "--epochs", "1", "--aggregator", "krumm", timeout=600)
+def test_demo_unknown_aggregator_exits_2_with_the_registry_error():
+    result = _run_cli("demo", "--epochs", "1", "--aggregator", "krumm")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Unknown aggregator 'krumm'. Expected one of: mean" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_cli_knows_every_registered_id():
+    # `--help` and the flag checks use spelled-out ids, to need no TensorFlow.
+    assert cli.AGGREGATOR_IDS == tuple(kpd.aggregators.names())
+    assert cli.ATTACK_IDS == tuple(kpd.attacks.names())
+    try:
+        kpd.aggregators.get("krumm")
+    except ValueError as e:
+        expected = str(e)
+    result = _run_cli("demo", "--aggregator", "krumm")
+    assert f"keras-psdist: error: {expected}" in result.stderr
 
 
 def test_demo_attack_needs_num_byzantine():
@@ -115,3 +130,24 @@ def test_demo_robust_rule_under_attack_reports_per_replica():
     )
     assert fractions, result.stdout
     assert fractions.group(1).split()[-1] == "1.00"
+    # One short line per epoch after the progress bar, naming the replica.
+    summary = "Median, mean over the epoch's steps: extreme_fraction lowest "
+    lines = [line for line in result.stdout.splitlines() if summary in line]
+    assert len(lines) == 2, result.stdout
+    assert lines[-1].endswith("highest 1.00 (replica 3)"), lines
+    assert "replica_" not in result.stdout
+
+
+def test_demo_shows_the_undefended_mean_collapse():
+    result = _run_cli(
+        "demo",
+        *("--epochs", "2", "--replicas", "4", "--aggregator", "mean"),
+        *("--num_byzantine", "1", "--attack", "sign_flip"),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "attack:     SignFlip(replicas=[3], scale=10.0)" in result.stdout
+    assert "baseline:   the mean guards against no replica" in result.stdout
+    match = re.search(r"test accuracy: ([0-9.]+)", result.stdout)
+    assert match, result.stdout
+    assert float(match.group(1)) < 0.3, result.stdout

@@ -850,7 +850,9 @@ def test_custom_loop_apply_gradients_in_run_matches_single_device(
                     loss_fn(yb, model(xb, training=True)), global_batch_size=64
                 )
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(
+                zip(grads, model.trainable_variables, strict=True)
+            )
 
         strategy.run(replica_step, args=batch)
 
@@ -865,7 +867,9 @@ def test_custom_loop_apply_gradients_in_run_matches_single_device(
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(loss_fn(yb, reference(xb, training=True)))
         grads = tape.gradient(loss, reference.trainable_variables)
-        reference_optimizer.apply_gradients(zip(grads, reference.trainable_variables))
+        reference_optimizer.apply_gradients(
+            zip(grads, reference.trainable_variables, strict=True)
+        )
     assert int(optimizer.iterations.numpy()) == 2
     assert_weights_differ(initial, get_weights(reference))
     assert_weights_close(

@@ -4,6 +4,8 @@ Pure process management (no TensorFlow import): pick free ports, start a
 `keras-psdist serve` process per server task, run the training command with
 TF_CONFIG set for its task, stream every process's output with a `[task]`
 prefix, and tear every process down on success, failure, timeout or signal.
+Unless asked to be verbose, it leaves out TensorFlow's start-up banner
+(`keras_psdist.banner`), the same few lines from every process that imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from keras_psdist.banner import is_tf_banner
 from keras_psdist.cluster.config import (
     LAUNCH_MODE_ENV,
     ClusterConfig,
@@ -62,6 +65,7 @@ def launch(
     out: TextIO | None = None,
     max_restarts: int = 0,
     max_worker_failures: int = 0,
+    verbose: bool = False,
 ) -> int:
     """Runs `command` on a parameter-server cluster of local processes.
 
@@ -75,10 +79,17 @@ def launch(
 
     Every process gets this environment plus `TF_CONFIG` for its task,
     `KERAS_PSDIST_LAUNCH_MODE` (`mode`: a strategy of the other mode then
-    fails at once, naming the command that works), `PYTHONUNBUFFERED=1` and
-    (unless set) `PYTHONFAULTHANDLER=1`, and no stdin. Its stdout and stderr are merged and
+    fails at once, naming the command that works), `PYTHONUNBUFFERED=1`,
+    unless set `PYTHONFAULTHANDLER=1` and `TF_CPP_MIN_LOG_LEVEL=2` (`0`
+    with `verbose`), and no stdin. Its stdout and stderr are merged and
     written line by line to `out`, prefixed with its task (`[ps:0] ...`,
     `[chief:0] ...`); the launcher's own lines start with `[launch]`.
+    Unless `verbose`, the lines of TensorFlow's start-up banner
+    (`keras_psdist.banner.TF_BANNER`:
+    the absl and oneDNN notices, "Could not find cuda drivers", the CPU
+    instruction note, cuInit failing for want of a GPU, the
+    `GeneratorDatasetOp` note) are left out; each pattern matches a whole
+    line exactly, so no other line is hidden.
     Training starts once every server accepts connections.
 
     Every child runs in its own session (process group). However `launch`
@@ -115,6 +126,9 @@ def launch(
             on, for modes that tolerate it (async, or `SyncReplicaStrategy`
             with backup workers). Each loss is logged. Defaults to 0: the
             first failure stops every task.
+        verbose: Show every line of the processes' output, TensorFlow's
+            start-up banner included, and let TensorFlow log at its default
+            level. Defaults to `False`.
 
     Returns:
         The exit code: in-graph, the chief's; between-graph, 0 if every worker
@@ -150,6 +164,7 @@ def launch(
         out,
         max_restarts,
         max_worker_failures,
+        verbose,
     )
     return run()
 
@@ -247,10 +262,14 @@ class _PortTaken(Exception):
 
 
 class _Output:
-    """Writes `[prefix] line` to a stream, whole lines, from several threads."""
+    """Writes `[prefix] line` to a stream, whole lines, from several threads.
 
-    def __init__(self, stream: TextIO):
+    `hide`, if given, picks the children's lines to leave out.
+    """
+
+    def __init__(self, stream: TextIO, hide: Callable[[str], bool] | None = None):
         self._stream = stream
+        self._hide = hide
         self._lock = threading.Lock()
         self._broken = False
 
@@ -270,7 +289,8 @@ class _Output:
         for raw in iter(stream.readline, b""):
             text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             on_line(text)
-            self.line(prefix, text)
+            if self._hide is None or not self._hide(text):
+                self.line(prefix, text)
 
 
 class _Signals:
@@ -317,6 +337,7 @@ class _Launch:
         out: TextIO | None,
         max_restarts: int = 0,
         max_worker_failures: int = 0,
+        verbose: bool = False,
     ):
         self.command = command
         self.num_ps = num_ps
@@ -325,7 +346,10 @@ class _Launch:
         self.host = host
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
-        self.output = _Output(sys.stdout if out is None else out)
+        self.verbose = verbose
+        self.output = _Output(
+            sys.stdout if out is None else out, hide=None if verbose else is_tf_banner
+        )
         self.children: list[_Child] = []
         self.signals = _Signals()
         self.deadline: float | None = None  # Set when training starts.
@@ -563,8 +587,12 @@ class _Launch:
         env[LAUNCH_MODE_ENV] = self.mode
         # A crash (a segfault in TensorFlow) then prints every thread's stack.
         env.setdefault("PYTHONFAULTHANDLER", "1")
-        if is_server:
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # TensorFlow's log: everything with `verbose`; else the servers' only
+        # from errors up, the training processes' from warnings up (a user's
+        # setting wins).
+        env.setdefault(
+            "TF_CPP_MIN_LOG_LEVEL", "0" if self.verbose else "2" if is_server else "1"
+        )
         name = config.task_name
         try:
             proc = subprocess.Popen(
