@@ -378,26 +378,50 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
     save_json(path, payload)
 
 
-def write_plot(path: str, cases: list[Case]) -> None:
-    """In-loop ms/step per rule (median; whiskers min..max over rounds)."""
+def write_plot(path: str, cases: list[Case], args) -> None:
+    """Each rule's in-loop step time relative to `mean` in the same round:
+    the median over rounds, whiskers the middle half of the rounds. The
+    figure carries the command that made it and the machine."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [c for c in cases if c.ok]
-    meds = [c.median("loop_ms") for c in ok]
-    lows = [
-        m - min(r["loop_ms"] for r in c.runs) for c, m in zip(ok, meds, strict=True)
-    ]
-    highs = [
-        max(r["loop_ms"] for r in c.runs) - m for c, m in zip(ok, meds, strict=True)
-    ]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar([f"{c.rule}\n(f={c.f})" for c in ok], meds, yerr=[lows, highs], capsize=3)
-    ax.set_ylabel("in-loop ms / step (median; whiskers min..max)")
-    ax.set_title("model.fit step time under PSStrategy, by aggregator", fontsize=9)
-    fig.tight_layout()
+    by_rule = {c.rule: c for c in cases if c.ok}
+    mean = by_rule.get("mean")
+    rules = [c for c in cases if c.ok and c.rule != "mean"]
+    if mean is None or not rules:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    labels, medians, lows, highs = [], [], [], []
+    for case in rules:
+        q1, med, q3 = np.percentile(paired_ratios(case, mean), [25, 50, 75])
+        labels.append(f"{case.rule}\n(f={case.f})")
+        medians.append(med)
+        lows.append(med - q1)
+        highs.append(q3 - med)
+    ax.bar(labels, medians, yerr=[lows, highs], capsize=3)
+    for x, v in enumerate(medians):
+        ax.text(x, v / 2, f"{v:.2f}x", ha="center", color="white", fontsize=9)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("step time / mean's (median; whiskers: middle half)")
+    ax.set_title(
+        f"model.fit step time by aggregator, relative to mean "
+        f"({mean.median('loop_ms'):.1f} ms/step): MLP, batch {args.batch}, "
+        f"{args.replicas} logical CPU replicas",
+        fontsize=8,
+    )
+    env = environment()
+    fig.text(
+        0.01,
+        0.01,
+        f"python benchmarks/step_time_rules.py {' '.join(sys.argv[1:])}\n"
+        f"{env['date'][:10]}, {env['cpu_count']} CPUs ({env['processor'] or 'x86_64'}"
+        f", {env['platform']}), TF {env['tensorflow']}, Keras {env['keras']}",
+        fontsize=6,
+        color="dimgray",
+    )
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -500,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, cases, info, args, wall_s)
     print(f"wrote {args.json}")
     if args.plot:
-        write_plot(args.plot, cases)
+        write_plot(args.plot, cases, args)
         print(f"wrote {args.plot}")
     return 0
 
