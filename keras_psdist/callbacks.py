@@ -9,6 +9,8 @@ line. The progress bar gets one short summary line per epoch instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -212,15 +214,16 @@ class SyncReplicaReport(_ReportCallback):
     them in `counts`, and records them in the `History` that `fit` returns:
 
     - `sync/global_step`: updates applied so far;
-    - `sync/applied/worker_{i}`: worker i's gradients in an update;
-    - `sync/dropped_stale/worker_{i}`: worker i's gradients that arrived
-      after the update of their step (a backup worker's late gradients);
+    - `sync/applied/worker_{i}`: the gradients of task `worker:i` in an
+      update (`chief_0` for `chief:0`, in a cluster with a chief job);
+    - `sync/dropped_stale/worker_{i}`: its gradients that arrived after the
+      update of their step (a backup worker's late gradients);
     - `sync/dropped_at_end/worker_{i}`: gradients sent when too few workers
       were left to make an update.
 
     It prints one line after the progress bar (not with `verbose=0`), e.g.
 
-        sync: 77 updates; gradients applied 154, dropped as stale 19 (most from worker 2: 17), dropped at the end 0
+        sync: 77 updates; gradients applied 154, dropped as stale 19 (most from worker:2: 17), dropped at the end 0
 
     With `log_dir`, it also writes the counts as TensorBoard scalars.
 
@@ -255,11 +258,14 @@ class SyncReplicaReport(_ReportCallback):
             self._writer = _summary_writer(self, self.log_dir)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.counts = self._training().counts()
+        training = self._training()
+        self.counts = training.counts()
+        task = training.sync.config.name  # worker index -> "worker:1"
         flat = {"sync/global_step": float(self.counts["global_step"])}
         for name in ("applied", "dropped_stale", "dropped_at_end"):
             for worker, value in enumerate(self.counts[name]):
-                flat[f"sync/{name}/worker_{worker}"] = float(value)
+                key = task(worker).replace(":", "_")
+                flat[f"sync/{name}/{key}"] = float(value)
         self._record(flat)
         if self._writer is not None:
             with self._writer.as_default(step=epoch):
@@ -269,7 +275,7 @@ class SyncReplicaReport(_ReportCallback):
         self._say_later(
             f"sync: {int(self.counts['global_step'])} updates; gradients "
             + ", ".join(
-                _total(what, self.counts[name])
+                _total(what, self.counts[name], task)
                 for name, what in (
                     ("applied", "applied"),
                     ("dropped_stale", "dropped as stale"),
@@ -279,14 +285,14 @@ class SyncReplicaReport(_ReportCallback):
         )
 
 
-def _total(what: str, per_worker) -> str:
-    """`"dropped as stale 19 (most from worker 2: 17)"`; no "most" for 0."""
+def _total(what: str, per_worker, task: Callable[[int], str]) -> str:
+    """`"dropped as stale 19 (most from worker:2: 17)"`; no "most" for 0."""
     per_worker = np.asarray(per_worker)
     total = f"{what} {int(per_worker.sum())}"
     if what == "applied" or not per_worker.any():
         return total
     worker = int(np.argmax(per_worker))
-    return f"{total} (most from worker {worker}: {int(per_worker[worker])})"
+    return f"{total} (most from {task(worker)}: {int(per_worker[worker])})"
 
 
 def _summary_writer(callback: keras.callbacks.Callback, log_dir: str):

@@ -16,7 +16,7 @@ import pytest
 from launching import launch_job
 
 import keras_psdist as kpd
-from keras_psdist import cluster
+from keras_psdist import callbacks, cluster
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.config import LAUNCH_MODE_ENV
 from keras_psdist.cluster.liveness import LossReporter
@@ -120,6 +120,11 @@ def test_workers_are_named_by_their_tasks():
     assert config.names([1, 2]) == "worker:0, worker:1"
     # Without names (a between-graph launch has no chief): index i is worker:i.
     assert SyncConfig(2, 3, 1.0).names([1, 2]) == "worker:1, worker:2"
+    # SyncReplicaReport's summary line says the same.
+    assert (
+        callbacks._total("dropped as stale", [0, 17, 2], config.name)
+        == "dropped as stale 19 (most from worker:0: 17)"
+    )
 
 
 class _SilentWorkers:
@@ -158,6 +163,7 @@ WRONG_MODE_SCRIPT = textwrap.dedent(
     """
     import sys
     import keras_psdist as kpd
+from keras_psdist import callbacks
 
     if sys.argv[1] == "between-graph":
         kpd.PSStrategy(mode="between-graph")

@@ -20,6 +20,7 @@ import pytest
 import keras_psdist as kpd
 from keras_psdist import banner
 from keras_psdist.cluster import launcher
+from keras_psdist.sync.protocol import SyncConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -257,6 +258,11 @@ def test_aggregation_report_keeps_the_progress_bar_short(cpu_devices, capsys):
 
 
 class _FakeSyncTraining:
+    # Workers named by task, as in a cluster with a chief job.
+    sync = types.SimpleNamespace(
+        config=SyncConfig(2, 2, 1.0, worker_names=("chief:0", "worker:0"))
+    )
+
     def counts(self) -> dict:
         return {
             "global_step": 7,
@@ -284,8 +290,10 @@ def test_sync_replica_report_keeps_the_epoch_logs_short(capsys):
     report.on_train_end()
     assert capsys.readouterr().out == (
         "sync: 7 updates; gradients applied 12, dropped as stale 2 (most from "
-        "worker 1: 2), dropped at the end 0\n"
+        "worker:0: 2), dropped at the end 0\n"
     )
     assert model.history.history["sync/global_step"] == [7.0]
-    assert model.history.history["sync/dropped_stale/worker_1"] == [2.0]
+    # Keys by task name: index 1 is worker:0 when the cluster has a chief.
+    assert model.history.history["sync/dropped_stale/worker_0"] == [2.0]
+    assert model.history.history["sync/dropped_stale/chief_0"] == [0.0]
     assert report.counts["applied"].tolist() == [7, 5]
