@@ -121,7 +121,8 @@ flags.DEFINE_integer(
     "max_worker_failures",
     0,
     "between-graph: go on when up to this many workers (not the chief) are "
-    "lost for good, for modes that tolerate it (async, backup workers).",
+    "lost for good, for modes that tolerate it (between-graph PSStrategy, "
+    "SyncReplicaStrategy with backup workers).",
 )
 
 # Flags each command reads, with the smallest value each accepts.
@@ -187,7 +188,7 @@ def _usage(command: str | None = None) -> str:
         )
     width = max(len(name) for name in COMMANDS)
     lines = [
-        f"usage: {PROG} COMMAND [--flags]",
+        f"usage: {PROG} COMMAND [--flags]    ({PROG} --version: the version)",
         "",
         "Commands:",
         *(
@@ -412,6 +413,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
         split = argv.index("--")
         own, rest = argv[:split], argv[split + 1 :]
     own = [own[0], *(_normalise_flag(arg) for arg in own[1:])]
+    if own[1:2] in (["--version"], ["version"]):
+        from keras_psdist import __version__
+
+        print(f"{PROG} {__version__}")
+        sys.exit(0)
     if any(arg in _HELP_ARGS for arg in own[1:]):
         command = next((a for a in own[1:] if a in COMMANDS), None)
         print(_usage(command))

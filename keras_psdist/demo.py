@@ -5,6 +5,7 @@ devices before TensorFlow starts, so several replicas train on one machine.
 """
 
 import numpy as np
+from absl import logging as absl_logging
 
 _SPLIT_SEED = 0
 
@@ -106,21 +107,36 @@ def run_demo(
             config["seed"] = seed
         attack_config = {"class_name": attack, "config": config}
     undefended = aggregator == "mean" and attack_config is not None
-    strategy = keras_psdist.PSStrategy(
-        aggregator=aggregator,
-        num_byzantine=0 if undefended else num_byzantine,
-        attack=attack_config,
-    )
+    verbosity = absl_logging.get_verbosity()
+    if undefended:  # The `baseline:` line below says it, for this run.
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        strategy = keras_psdist.PSStrategy(
+            aggregator=aggregator,
+            num_byzantine=0 if undefended else num_byzantine,
+            attack=attack_config,
+        )
+    finally:
+        absl_logging.set_verbosity(verbosity)
     n = strategy.num_replicas_in_sync
     requested = "" if n == replicas else f" (requested {replicas})"
     print(f"replicas:   {n}{requested}")
     print(f"devices:    {_replica_devices(strategy)}")
-    print(f"aggregator: {strategy.extended.aggregator!r}")
+    print(
+        "aggregator: "
+        + (
+            "mean, undefended (it guards against no replica)"
+            if undefended
+            else repr(strategy.extended.aggregator)
+        )
+    )
     if strategy.extended.attack is not None:
         print(f"attack:     {strategy.extended.attack!r}")
     if undefended:
+        attackers = ", ".join(map(str, strategy.extended.attack.replicas))
         print(
-            "baseline:   the mean guards against no replica, so the attack goes "
+            f"baseline:   --num_byzantine {num_byzantine}: replica{'s' if num_byzantine > 1 else ''} "
+            f"{attackers} attack{'' if num_byzantine > 1 else 's'} and the mean lets it "
             "through; try --aggregator median"
         )
     print(f"train/test: {len(x_train)}/{len(x_test)} samples, batch {batch_size}")

@@ -4,17 +4,10 @@ Two Keras internals decide what crosses the network each step, and
 `install()` adjusts both, for variables of a keras_psdist strategy only
 (every other call is passed through untouched):
 
-| Keras does                          | keras_psdist does                       |
-|-------------------------------------|-----------------------------------------|
-| `ops.take(table, ids, axis=0)`      | gathers the rows where they live: on   |
-| (`Embedding.call`): the TF backend  | the parameter device, or on each shard |
-| first reads the *whole* table, then | that owns some of them; only the       |
-| gathers                             | touched rows travel to the replica     |
-| `optimizer.update_step(g, v, lr)`   | once per shard of a partitioned `v`,   |
-| inside `extended.update`            | on the shard's device, with the shard's|
-|                                     | rows of `g` and of every slot, when the|
-|                                     | optimizer's update is row-separable;   |
-|                                     | else once, on the whole variable       |
+| Keras does | keras_psdist does |
+|---|---|
+| `ops.take(table, ids, axis=0)` (`Embedding.call`): the TF backend first reads the *whole* table, then gathers | gathers the rows where they live: on the parameter device, or on each shard that owns some of them; only the touched rows travel to the replica |
+| `optimizer.update_step(g, v, lr)` inside `extended.update` | once per shard of a partitioned `v`, on the shard's device, with the shard's rows of `g` and of every slot, when the optimizer's update is row-separable; else once, on the whole variable |
 
 An update is row-separable when each row of the new variable and slots
 depends only on that row of the old ones and of the gradient (plus scalars):

@@ -173,7 +173,7 @@ class PSStrategy(distribute_lib.Strategy):
                     "and needs a cluster, but TF_CONFIG is not set and no "
                     "cluster_resolver was passed. Run the script with "
                     "`keras-psdist launch --mode between-graph --num-ps 1 "
-                    "--num-workers 2 -- python train.py` (or pass "
+                    f"--num-workers 2 -- {runtime.script_command()}` (or pass "
                     "cluster_resolver=); on one host, leave mode out."
                 )
             topology = runtime.local_topology(devices, parameter_devices)
@@ -288,11 +288,14 @@ def resolve_attack(attack, num_replicas, num_byzantine):
     attack = attacks_lib.get(attack)
     attack.check(num_replicas)
     if len(attack.replicas) > num_byzantine:
+        count = len(attack.replicas)
         logging.warning(
-            "The attack controls %d replicas %s but num_byzantine=%d: the rule "
+            "The attack controls %d replica%s %s but num_byzantine=%d: the rule "
             "is not guaranteed to withstand it. This is intended only when "
-            "probing a rule beyond its tolerance.",
-            len(attack.replicas),
+            "probing a rule beyond its tolerance (or showing the undefended "
+            "mean).",
+            count,
+            "" if count == 1 else "s",
             list(attack.replicas),
             num_byzantine,
         )

@@ -147,7 +147,10 @@ def test_demo_shows_the_undefended_mean_collapse():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "attack:     SignFlip(replicas=[3], scale=10.0)" in result.stdout
-    assert "baseline:   the mean guards against no replica" in result.stdout
+    assert "aggregator: mean, undefended" in result.stdout
+    assert "baseline:   --num_byzantine 1: replica 3 attacks" in result.stdout
+    # The baseline line says it; the library's warning is not repeated.
+    assert "not guaranteed to withstand" not in result.stderr
     match = re.search(r"test accuracy: ([0-9.]+)", result.stdout)
     assert match, result.stdout
     assert float(match.group(1)) < 0.3, result.stdout

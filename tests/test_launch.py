@@ -18,6 +18,7 @@ import time
 import pytest
 from launching import PID_LINE  # tests/cluster_jobs, see conftest.py
 
+import keras_psdist as kpd
 from keras_psdist.cluster import config as cluster_config
 from keras_psdist.cluster import launcher as launcher_lib
 from keras_psdist.cluster.launcher import launch
@@ -664,6 +665,10 @@ def test_cli_help_per_command(cli, capsys):
     usage = capsys.readouterr().out
     for flag in ("--replicas", "--num_ps", "--job", "--task", "--timeout"):
         assert flag in usage
+    with pytest.raises(SystemExit) as info:
+        cli._parse_flags(["keras-psdist", "--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"keras-psdist {kpd.__version__}\n"
     # `--help` after `--` belongs to the command.
     assert cli._parse_flags(["keras-psdist", "launch", "--", "x", "--help"])[-1] == (
         "--help"

@@ -163,7 +163,6 @@ WRONG_MODE_SCRIPT = textwrap.dedent(
     """
     import sys
     import keras_psdist as kpd
-from keras_psdist import callbacks
 
     if sys.argv[1] == "between-graph":
         kpd.PSStrategy(mode="between-graph")

@@ -278,10 +278,11 @@ def launch_command(config: ClusterConfig, mode: str) -> str:
     if mode == "between-graph":
         words += ["--mode", "between-graph"]
     words += ["--num-ps", str(max(1, config.num_ps)), "--num-workers", str(num_workers)]
-    return " ".join(words) + " -- " + _script_command()
+    return " ".join(words) + " -- " + script_command()
 
 
-def _script_command() -> str:
+def script_command() -> str:
+    """This process's command line, as `python script.py args` for messages."""
     argv = list(sys.argv)
     if not argv or argv[0] in ("", "-c", "-"):
         return "python train.py"

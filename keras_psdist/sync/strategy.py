@@ -145,7 +145,8 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
                 "SyncReplicaStrategy trains between worker processes and needs "
                 "a cluster, but TF_CONFIG is not set and no cluster_resolver "
                 "was passed. Run the script with `keras-psdist launch --mode "
-                "between-graph --num-ps 1 --num-workers 3 -- python train.py` "
+                "between-graph --num-ps 1 --num-workers 3 -- "
+                f"{runtime.script_command()}` "
                 "(or pass cluster_resolver=). On one host, PSStrategy() trains "
                 "synchronously on this process's devices."
             )
