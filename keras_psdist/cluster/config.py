@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import socket
 import time
 import types
@@ -423,6 +424,15 @@ def connect_error(address: str, timeout_s: float) -> str | None:
 def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """`n` distinct TCP ports that are free on `host` right now.
 
+    They are drawn at random below the kernel's ephemeral port range
+    (`/proc/sys/net/ipv4/ip_local_port_range`, from port 20000 up), not
+    handed out by it: every outgoing connection (a gRPC client of another
+    run on this machine, say) takes its local port from that range, and one
+    could take a picked port in the seconds before the task binds it (a
+    between-graph worker binds its own only once its script has imported
+    TensorFlow). Where that range leaves too little room below it, the
+    kernel picks.
+
     The sockets are held together while picking (so the ports differ) and
     closed before returning, so another process may still take a port before
     it is used; callers should be ready to retry.
@@ -436,16 +446,46 @@ def pick_free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     if n < 0:
         raise ValueError(f"`n` must be >= 0. Received: n={n}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    first_ephemeral = _first_ephemeral_port()
+    below = first_ephemeral - _LOWEST_PICKED_PORT
+    rng = random.SystemRandom()
     sockets = []
     try:
-        for _ in range(n):
+        attempts = 0
+        while len(sockets) < n:
+            attempts += 1
+            port = 0
+            if below >= _MIN_PICK_ROOM and attempts <= _MAX_PICK_ATTEMPTS:
+                port = rng.randrange(_LOWEST_PICKED_PORT, first_ephemeral)
             sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.bind((host.strip("[]"), port))
+            except OSError:
+                sock.close()
+                if port == 0:
+                    raise
+                continue
             sockets.append(sock)
-            sock.bind((host.strip("[]"), 0))
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+# Ports `pick_free_ports` draws from: [20000, first ephemeral port).
+_LOWEST_PICKED_PORT = 20000
+_MIN_PICK_ROOM = 1000
+_MAX_PICK_ATTEMPTS = 200
+
+
+def _first_ephemeral_port() -> int:
+    """The lowest port the kernel gives outgoing connections (Linux), else
+    49152 (IANA's dynamic range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def check_port_free(address: str) -> None:
