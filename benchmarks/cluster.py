@@ -134,16 +134,13 @@ def _child_main(args: argparse.Namespace) -> int:
         return _tf_keras_child_main(args)
     import keras
     import strategies  # benchmarks/strategies.py: same model and data
-    import tensorflow as tf
 
     import keras_psdist as kpd
 
     if args.role == "local":
-        cpus = tf.config.list_physical_devices("CPU")
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration()] * 4
-        )
-        names = [d.name for d in tf.config.list_logical_devices("CPU")]
+        from keras_psdist.devices import split_host_cpu
+
+        names = split_host_cpu(4)
         strategy = kpd.PSStrategy(devices=names[:2], parameter_devices=names[2:])
     elif args.role == "in-graph":
         strategy = kpd.PSStrategy()

@@ -275,11 +275,9 @@ def _child_main(args) -> int:
         strategy = kpd.PSStrategy(partitioner=partitioner)
         paths = PATHS
     else:
-        tf.config.set_logical_device_configuration(
-            tf.config.list_physical_devices("CPU")[0],
-            [tf.config.LogicalDeviceConfiguration()] * 4,
-        )
-        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+        from keras_psdist.devices import split_host_cpu
+
+        cpus = split_host_cpu(4)
         partitioner = SwitchPartitioner()
         strategies = {
             "mirrored": tf.distribute.MirroredStrategy(cpus[:2]),

@@ -86,6 +86,7 @@ try:
 except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(REPO_ROOT))
     import keras_psdist as kpd  # noqa: E402
+from keras_psdist.devices import split_host_cpu  # noqa: E402
 
 A = kpd.attacks
 NUM_CLASSES = 10
@@ -142,18 +143,6 @@ DEFAULT_DIAGNOSE = (
 
 
 # ------------------------------------------------------------------ setup
-
-
-def split_host_cpu(replicas: int) -> list[str]:
-    """Splits the host CPU into `replicas` logical devices; returns their names.
-
-    Must run before the TensorFlow runtime initializes.
-    """
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration()] * replicas
-    )
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
 def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -95,6 +95,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+try:
+    from keras_psdist.devices import split_host_cpu
+except ImportError:  # running from a checkout without installing
+    sys.path.insert(0, str(REPO_ROOT))
+    from keras_psdist.devices import split_host_cpu
 
 STRATEGIES = ("default", "mirrored", "central_storage", "ps")
 LABELS = {
@@ -110,18 +115,6 @@ NUM_SAMPLES = 8192
 
 
 # ------------------------------------------------------------------ setup
-
-
-def split_host_cpu(replicas: int) -> list[str]:
-    """Splits the host CPU into `replicas` logical devices; returns their names.
-
-    Must run before the TensorFlow runtime initializes.
-    """
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration()] * replicas
-    )
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
 def make_strategy(name: str, devices: list[str]) -> tf.distribute.Strategy:

@@ -4,7 +4,8 @@ Every worker of a between-graph run executes the same script, so each has the
 same `ModelCheckpoint` and `BackupAndRestore` callbacks writing the same
 files, of the same shared variables. TensorFlow's strategies tell Keras who
 should write through `strategy.extended.should_checkpoint`, but Keras 3's
-callbacks do not ask. `install()` makes them ask, for models trained under a
+callbacks do not ask. The wrappers here make them ask (installed by
+`keras_psdist.keras_integration`), for models trained under a
 `PSStrategy` only (every other model is untouched):
 
 | callback           | on the chief | on the other workers                        |
@@ -18,7 +19,7 @@ callbacks do not ask. `install()` makes them ask, for models trained under a
 Code that saves by hand should do the same:
 `if strategy.extended.should_checkpoint: model.save(path)`.
 
-Separately, in every mode, `install_atomic_saves()` makes `model.save` and
+Separately, in every mode, `atomic` makes `model.save` and
 `model.save_weights` (and so `ModelCheckpoint` and `BackupAndRestore`) of a
 keras_psdist model write a temporary file beside the target, flush it to
 disk, and rename it over the target: a process killed during the write
@@ -32,24 +33,6 @@ import functools
 import os
 import uuid
 
-import keras
-
-_installed = False
-
-
-def install() -> None:
-    """Makes Keras's checkpoint callbacks write on the chief only (idempotent)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    checkpoint = keras.callbacks.ModelCheckpoint
-    backup = keras.callbacks.BackupAndRestore
-    checkpoint._save_model = _on_chief_only(checkpoint._save_model)
-    backup._save_model = _on_chief_only(backup._save_model)
-    backup.on_train_end = _on_chief_only(backup.on_train_end)
-    backup._load_model = _weights_from_chief_only(backup._load_model)
-
 
 def is_writer(model) -> bool:
     """False only for a non-chief worker of an async PSStrategy run."""
@@ -60,7 +43,9 @@ def is_writer(model) -> bool:
     return not isinstance(extended, PSExtended) or extended.should_checkpoint
 
 
-def _on_chief_only(method):
+def on_chief_only(method):
+    """Wraps a checkpoint callback's method to run on the chief only."""
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         if is_writer(self.model):
@@ -70,7 +55,10 @@ def _on_chief_only(method):
     return wrapper
 
 
-def _weights_from_chief_only(load_model):
+def weights_from_chief_only(load_model):
+    """Wraps `BackupAndRestore._load_model`: other workers resume at the
+    chief's epoch without loading weights."""
+
     @functools.wraps(load_model)
     def wrapper(self):
         if is_writer(self.model):
@@ -87,19 +75,6 @@ def _weights_from_chief_only(load_model):
     return wrapper
 
 
-_atomic_installed = False
-
-
-def install_atomic_saves() -> None:
-    """Makes saves of keras_psdist models atomic (idempotent); see module doc."""
-    global _atomic_installed
-    if _atomic_installed:
-        return
-    _atomic_installed = True
-    keras.Model.save = _atomic(keras.Model.save)
-    keras.Model.save_weights = _atomic(keras.Model.save_weights)
-
-
 def _uses_keras_psdist(model) -> bool:
     from keras_psdist.extended import PSExtended
 
@@ -107,7 +82,9 @@ def _uses_keras_psdist(model) -> bool:
     return isinstance(getattr(strategy, "extended", None), PSExtended)
 
 
-def _atomic(save):
+def atomic(save):
+    """Wraps `Model.save` / `save_weights` to write beside and rename."""
+
     @functools.wraps(save)
     def wrapper(self, filepath, *args, **kwargs):
         path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None

@@ -237,20 +237,12 @@ def _split_host_cpu(replicas: int) -> None:
             file=sys.stderr,
         )
         return
-    cpus = tf.config.list_physical_devices("CPU")
+    from keras_psdist.devices import split_host_cpu
+
     try:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration()] * replicas
-        )
+        split_host_cpu(replicas)
     except RuntimeError as e:
-        # The runtime was already initialized; fine if it already matches.
-        existing = tf.config.list_logical_devices("CPU")
-        if len(existing) != replicas:
-            raise _CliError(
-                f"Cannot split the CPU into {replicas} logical devices: the "
-                f"TensorFlow runtime is already initialized with {len(existing)}. "
-                f"({e})"
-            ) from e
+        raise _CliError(str(e)) from e
 
 
 def demo_command(args: Sequence[str] = ()) -> int:

@@ -22,7 +22,8 @@ piece and the fix:
 Models of other strategies (or none) are left alone: the check looks only at
 models and scopes of a keras_psdist strategy.
 
-`install()` wraps Keras's `Trainer.compile` once per process (idempotent).
+`checked_compile` wraps Keras's `Trainer.compile`
+(`keras_psdist.keras_integration`).
 """
 
 from __future__ import annotations
@@ -31,18 +32,9 @@ import functools
 
 import tensorflow as tf
 
-_INSTALLED = False
 
-
-def install() -> None:
-    """Wraps `keras.Model.compile` with `check_compiled` (idempotent)."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
-    _INSTALLED = True
-    from keras.src.trainers.trainer import Trainer
-
-    compile_ = Trainer.compile
+def checked_compile(compile_):
+    """Wraps `Trainer.compile` with `check_scope` and `check_compiled`."""
 
     @functools.wraps(compile_)
     def compile(self, *args, **kwargs):
@@ -51,7 +43,7 @@ def install() -> None:
         check_compiled(self)
         return result
 
-    Trainer.compile = compile
+    return compile
 
 
 def _is_ours(strategy) -> bool:

@@ -9,6 +9,47 @@ import tensorflow as tf
 from keras_psdist._tf import device_util
 
 
+def split_host_cpu(count: int) -> list[str]:
+    """Splits this process's CPU into `count` logical devices; returns the
+    logical CPUs' names.
+
+    Without a GPU, that is how one machine gets several replicas
+    (`PSStrategy()` then uses every logical CPU). TensorFlow fixes its devices
+    when it initialises (at the first op, or the first strategy), so call this
+    first; called again with the same count, it only returns the names.
+
+    Args:
+        count: Logical CPU devices, >= 1.
+
+    Raises:
+        ValueError: if `count` is not an int >= 1.
+        RuntimeError: if TensorFlow has already initialised with another
+            number of logical CPUs (both are named, with the fix).
+
+    Examples:
+
+    >>> names = split_host_cpu(len(tf.config.list_logical_devices("CPU")))
+    >>> names[0]
+    '/device:CPU:0'
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"`count` must be an int >= 1. Received: count={count!r}")
+    try:
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0],
+            [tf.config.LogicalDeviceConfiguration()] * count,
+        )
+    except RuntimeError as e:
+        existing = tf.config.list_logical_devices("CPU")
+        if len(existing) != count:
+            raise RuntimeError(
+                f"Cannot split the CPU into {count} logical devices: TensorFlow "
+                f"has already initialised with {len(existing)}. Split it at the "
+                "top of the script, before any TensorFlow op or strategy."
+            ) from e
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
 def local_devices() -> list[str]:
     """Canonical names of every logical device of this process."""
     return [device_util.canonicalize(d.name) for d in tf.config.list_logical_devices()]

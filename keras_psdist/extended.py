@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist import checkpointing, compile_checks, routing
+from keras_psdist import keras_integration
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import (
@@ -65,11 +65,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         partitioner: Any = None,
     ):
         super().__init__(container_strategy)
-        routing.install()
-        checkpointing.install_atomic_saves()
-        compile_checks.install()
-        if topology.config is not None:
-            task_loss.install()
+        keras_integration.install()
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices

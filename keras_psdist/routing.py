@@ -1,7 +1,8 @@
 """How Keras's row lookups and optimizer updates reach parameter devices.
 
 Two Keras internals decide what crosses the network each step, and
-`install()` adjusts both, for variables of a keras_psdist strategy only
+`keras_integration` wraps both with this module's `routed_take` and
+`with_optimizer`, for variables of a keras_psdist strategy only
 (every other call is passed through untouched):
 
 | Keras does | keras_psdist does |
@@ -36,7 +37,6 @@ import threading
 import tensorflow as tf
 from absl import logging
 
-_installed = False
 _state = threading.local()
 _row_separable_updates: set = set()
 _warned: set = set()
@@ -149,22 +149,10 @@ def _updating(optimizer):
         _state.optimizer = previous
 
 
-def install() -> None:
-    """Routes Keras's row lookups and optimizer updates (idempotent)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    from keras.src.backend.tensorflow import numpy as tf_numpy
-    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+def with_optimizer(update_step):
+    """Wraps `TFOptimizer._distributed_tf_update_step`: `extended.update`
+    learns which optimizer updates (see `_updating`)."""
 
-    tf_numpy.take = _routed_take(tf_numpy.take)
-    TFOptimizer._distributed_tf_update_step = _with_optimizer(
-        TFOptimizer._distributed_tf_update_step
-    )
-
-
-def _with_optimizer(update_step):
     # `_distributed_tf_update_step` runs in cross-replica context (or, inside
     # a replica's `cond`, in the replica's thread) and calls
     # `extended.update` for each variable in the same thread.
@@ -176,7 +164,10 @@ def _with_optimizer(update_step):
     return wrapper
 
 
-def _routed_take(take):
+def routed_take(take):
+    """Wraps the TF backend's `take`: rows of a keras_psdist variable are
+    gathered where they live."""
+
     @functools.wraps(take)
     def routed(x, indices, axis=None):
         variable = placed_variable_of(x)

@@ -8,7 +8,6 @@ from typing import Any
 from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
-from keras_psdist import checkpointing
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
@@ -186,8 +185,6 @@ class PSStrategy(distribute_lib.Strategy):
                 connect_timeout,
                 owner=f"PSStrategy(mode={mode!r})",
             )
-        if topology.between_graph:
-            checkpointing.install()
         n = len(topology.compute_devices)
         aggregator = aggregator.bind(n, num_byzantine)
         self._num_byzantine = aggregator.num_byzantine

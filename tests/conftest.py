@@ -20,13 +20,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from keras_psdist.devices import split_host_cpu  # noqa: E402
+
 NUM_LOGICAL_CPUS = 8
 
 if not tf.config.list_physical_devices("GPU"):
-    tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices("CPU")[0],
-        [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS,
-    )
+    split_host_cpu(NUM_LOGICAL_CPUS)
 
 
 @pytest.fixture(scope="session")

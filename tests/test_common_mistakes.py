@@ -125,3 +125,14 @@ def test_run_inside_a_function_gives_one_value_per_replica(strategy):
         )
 
     assert [float(v) for v in step()] == [3.0] * NUM_REPLICAS
+
+
+def test_splitting_the_cpu_after_tensorflow_initialised_names_both_counts():
+    from keras_psdist.devices import split_host_cpu
+
+    count = len(tf.config.list_logical_devices("CPU"))
+    assert len(split_host_cpu(count)) == count  # The same split: names only.
+    with pytest.raises(RuntimeError, match=rf"into {count + 1} .* with {count}\."):
+        split_host_cpu(count + 1)
+    with pytest.raises(ValueError, match="count=0"):
+        split_host_cpu(0)

@@ -65,9 +65,10 @@ _NAMED = {
         "keras_psdist.callbacks.SyncReplicaReport",
     ],
     "api/errors": [
-        "keras_psdist.cluster.task_loss.TaskLostError",
-        "keras_psdist.sync.service.WorkerLostError",
-        "keras_psdist.sync.training.StalledError",
+        "keras_psdist.errors.TaskLostError",
+        "keras_psdist.errors.WorkerLostError",
+        "keras_psdist.errors.StalledError",
+        "keras_psdist.errors.PortInUseError",
     ],
 }
 # Packages whose every `__all__` name has an entry on the page.

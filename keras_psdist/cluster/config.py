@@ -25,6 +25,8 @@ import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from keras_psdist.errors import PortInUseError  # noqa: F401 (re-exported)
+
 # Set by `keras-psdist launch` in every process it starts: how it launched
 # them (`in-graph` or `between-graph`), so that a strategy of the other mode
 # fails at once instead of training on a share of the data, or waiting for
@@ -35,17 +37,6 @@ LAUNCH_MODE_ENV = "KERAS_PSDIST_LAUNCH_MODE"
 JOB_NAMES = ("chief", "ps", "worker")
 
 _DEFAULT_SOURCE = "ClusterConfig"
-
-
-class PortInUseError(OSError):
-    """A task's port is already bound by another process."""
-
-    def __init__(self, message: str, port: int):
-        super().__init__(message)
-        self.port = port
-
-    def __str__(self) -> str:
-        return self.args[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,37 +54,11 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.cluster.config import ClusterConfig, connect_error
+from keras_psdist.errors import TaskLostError  # noqa: F401 (re-exported)
 
 # Seconds one connection attempt may take: a dead process refuses at once,
 # a live server accepts within milliseconds; a host that is down times out.
 PROBE_TIMEOUT_S = 2.0
-
-
-class TaskLostError(RuntimeError):
-    """A server task of the cluster (a ps, or an in-graph worker) is gone.
-
-    Attributes:
-        tasks: Task name (e.g. `"ps:0"`) -> `"address (why)"`.
-    """
-
-    def __init__(self, tasks: dict[str, str], process: str):
-        self.tasks = dict(tasks)
-        names = ", ".join(f"{name} at {where}" for name, where in self.tasks.items())
-        lost_ps = any(name.startswith("ps:") for name in self.tasks)
-        super().__init__(
-            f"{process}: lost {names}: its process died or its host is unreachable. "
-            + (
-                "The variables a ps task held died with it (TensorFlow has no ps "
-                "failover), so this run cannot go on. "
-                if lost_ps
-                else "The replicas placed on it cannot run, so this run cannot go on. "
-            )
-            + "Stop every task, restart the whole cluster (`keras-psdist launch` "
-            "starts and stops it as one command), and resume from the last "
-            "checkpoint: with keras.callbacks.BackupAndRestore in `fit`, "
-            "training resumes from the last saved epoch, with its weights and "
-            "optimizer state."
-        )
 
 
 def server_jobs(mode: str) -> tuple[str, ...]:
@@ -235,22 +209,11 @@ def watch(topology, grace_s: float) -> ServerWatch | None:
     return ServerWatch(topology.config, server_jobs(topology.mode), grace_s)
 
 
-_WRAPPED = ("fit", "evaluate", "predict")
+def reporting(method):
+    """Wraps Keras's `fit` / `evaluate` / `predict`: for a model under a
+    keras_psdist strategy on a cluster, errors from a lost task become
+    `TaskLostError`."""
 
-
-def install() -> None:
-    """Wraps Keras's `fit`, `evaluate` and `predict` (idempotent): for a model
-    under a keras_psdist strategy on a cluster, errors from a lost task
-    become `TaskLostError`."""
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    for name in _WRAPPED:
-        method = getattr(TensorFlowTrainer, name)
-        if not getattr(method, "_keras_psdist_task_loss", False):
-            setattr(TensorFlowTrainer, name, _reporting(method))
-
-
-def _reporting(method):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         topology = getattr(
@@ -264,5 +227,4 @@ def _reporting(method):
         with reporting_lost_tasks(config, server_jobs(topology.mode), config.task_name):
             return method(self, *args, **kwargs)
 
-    wrapper._keras_psdist_task_loss = True
     return wrapper

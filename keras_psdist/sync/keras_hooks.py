@@ -2,7 +2,8 @@
 
 In a sync-replica run a worker must not apply its own gradient: it sends it
 to the chief and waits. Keras's optimizer applies gradients itself inside the
-train step, so `install()` wraps two Keras methods, for models and optimizers
+train step, so `keras_integration` wraps two Keras methods with this module's
+`sync_apply` and `sync_fit`, for models and optimizers
 of a `SyncReplicaStrategy` only (everything else is untouched):
 
 | method            | in a sync-replica run                                  |
@@ -28,21 +29,7 @@ import threading
 import keras
 import tensorflow as tf
 
-_installed = False
 _state = threading.local()
-
-
-def install() -> None:
-    """Wraps `Optimizer.apply` and `Model.fit` (idempotent)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
-
-    BaseOptimizer.apply = _sync_apply(BaseOptimizer.apply)
-    TensorFlowTrainer.fit = _sync_fit(TensorFlowTrainer.fit)
 
 
 @contextlib.contextmanager
@@ -95,7 +82,10 @@ def _sum_over_replicas(strategy, per_replica, variables):
     return [None if g is None else next(reduced) for g in per_replica]
 
 
-def _sync_apply(apply):
+def sync_apply(apply):
+    """Wraps `Optimizer.apply`: a sync-replica (or bounded-staleness) worker
+    hands its gradients to `worker_apply`."""
+
     @functools.wraps(apply)
     def wrapper(self, grads, trainable_variables=None):
         training = sync_training_of(getattr(self, "_distribution_strategy", None))
@@ -114,7 +104,8 @@ def _sync_apply(apply):
     return wrapper
 
 
-def _sync_fit(fit):
+def sync_fit(fit):
+    """Wraps `Model.fit`: a sync-replica run trains inside its session."""
     signature = inspect.signature(fit)
 
     @functools.wraps(fit)

@@ -37,15 +37,12 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist.errors import WorkerLostError  # noqa: F401 (re-exported)
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncReplicas
 
 # How often the service logs its counts, in seconds.
 LOG_EVERY_S = 30.0
-
-
-class WorkerLostError(RuntimeError):
-    """A worker died and the others cannot make an update without it."""
 
 
 class UpdateService:

@@ -86,7 +86,6 @@ class BoundedStaleness:
             # applied, dropped, waits, largest staleness applied
             self._stats = local_variable(tf.zeros([4], tf.int64), "staleness_stats")
         self._in_session = False
-        keras_hooks.install()
 
     # ----------------------------------------------------- inside the step
 

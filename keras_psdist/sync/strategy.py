@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_psdist import aggregators as aggregators_lib
-from keras_psdist import checkpointing
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
@@ -174,7 +173,6 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             connect_timeout,
             owner="SyncReplicaStrategy",
         )
-        checkpointing.install()
         extended = PSExtended(
             self,
             topology,

@@ -47,6 +47,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.cluster import task_loss
+from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
 from keras_psdist.reduction import GradientReduction
 from keras_psdist.staged_merge import in_replica_control_flow
 from keras_psdist.sync import keras_hooks, protocol
@@ -55,10 +56,6 @@ from keras_psdist.sync.service import UpdateService, WorkerLostError
 
 # How often the watchdog looks, in seconds.
 _WATCH_EVERY_S = 1.0
-
-
-class StalledError(TimeoutError):
-    """No update released this worker within `step_timeout` seconds."""
 
 
 class SyncTraining:
@@ -104,7 +101,6 @@ class SyncTraining:
         self._let_go = False
         self._last_progress = time.monotonic()
         self._stall: str | None = None
-        keras_hooks.install()
 
     # ------------------------------------------------------- worker's step
 

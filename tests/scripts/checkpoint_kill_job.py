@@ -21,7 +21,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from keras.src.saving import saving_lib  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -63,11 +62,10 @@ def slow_second_write(out_dir):
 
 
 def main(out_dir):
-    tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices("CPU")[0],
-        [tf.config.LogicalDeviceConfiguration()] * 2,
-    )
     import keras_psdist as kpd
+    from keras_psdist.devices import split_host_cpu
+
+    split_host_cpu(2)
 
     strategy = kpd.PSStrategy()
     model = digits_job.build(strategy)

@@ -1,0 +1,191 @@
+"""Every Keras method keras_psdist replaces, in one list, installed together.
+
+A custom `tf.distribute.Strategy` reaches most of Keras through the strategy
+API (variable creators, `reduce_to`, `update`, distributed datasets). Eleven
+behaviours Keras 3 has no extension point for are added by wrapping a Keras
+method; each wrapper acts only for models, optimizers and variables of a
+keras_psdist strategy and passes every other call through unchanged (the
+contract tests run MirroredStrategy and the default strategy in the same
+process to hold it to that). `PATCHES` lists them with what Keras lacks;
+`install()` applies all of them once, in that order, when the first
+keras_psdist strategy is built; `uninstall()` restores Keras's own methods.
+
+Keras 3 does not support parameter-server training (keras-team/keras#18624:
+"Parameter server training is not supported in Keras 3"), so none of these
+has an upstream fix to wait for; each names the smallest Keras change that
+would retire it.
+
+Examples:
+
+>>> from keras_psdist import keras_integration
+>>> [p.target for p in keras_integration.PATCHES][:2]
+['keras.callbacks:ModelCheckpoint._save_model', 'keras.callbacks:BackupAndRestore._save_model']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import threading
+from collections.abc import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One Keras attribute keras_psdist wraps.
+
+    Attributes:
+        target: `"module:Class.attribute"` (or `"module:attribute"`).
+        wrapper: `"module:function"` taking Keras's attribute and returning
+            the replacement.
+        why: What Keras lacks, and what would retire the patch.
+    """
+
+    target: str
+    wrapper: str
+    why: str
+
+    def resolve(self) -> tuple[object, str]:
+        """The object that holds the attribute, and the attribute's name."""
+        module, _, path = self.target.partition(":")
+        owner = importlib.import_module(module)
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        return owner, name
+
+    def make(self, original: Callable) -> Callable:
+        module, _, name = self.wrapper.partition(":")
+        return getattr(importlib.import_module(module), name)(original)
+
+
+_CHIEF_ONLY = (
+    "Between-graph, every worker runs the same script and the weights are "
+    "shared: only the chief may write (and only its file may be restored). "
+    "Keras's callbacks decide by `model.distribute_strategy`'s "
+    "MultiWorkerMirroredStrategy-only logic; retired by a Keras callback hook "
+    "that asks the strategy `should_checkpoint`."
+)
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "keras.callbacks:ModelCheckpoint._save_model",
+        "keras_psdist.checkpointing:on_chief_only",
+        _CHIEF_ONLY,
+    ),
+    Patch(
+        "keras.callbacks:BackupAndRestore._save_model",
+        "keras_psdist.checkpointing:on_chief_only",
+        _CHIEF_ONLY,
+    ),
+    Patch(
+        "keras.callbacks:BackupAndRestore.on_train_end",
+        "keras_psdist.checkpointing:on_chief_only",
+        _CHIEF_ONLY + " (It also deletes the backup at the end.)",
+    ),
+    Patch(
+        "keras.callbacks:BackupAndRestore._load_model",
+        "keras_psdist.checkpointing:weights_from_chief_only",
+        _CHIEF_ONLY,
+    ),
+    Patch(
+        "keras:Model.save",
+        "keras_psdist.checkpointing:atomic",
+        "A crash mid-save (a lost task ends a process at once) must leave the "
+        "previous file whole: write beside it and rename. Retired by atomic "
+        "saves in Keras's saving_lib.",
+    ),
+    Patch(
+        "keras:Model.save_weights",
+        "keras_psdist.checkpointing:atomic",
+        "As Model.save.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.numpy:take",
+        "keras_psdist.routing:routed_take",
+        "The TF backend's `take` reads the whole variable, then gathers: an "
+        "embedding table would cross the network every step. Retired by a "
+        "`take` that calls `sparse_read` on a variable (as tf.keras's "
+        "Embedding did).",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.optimizer:TFOptimizer."
+        "_distributed_tf_update_step",
+        "keras_psdist.routing:with_optimizer",
+        "`extended.update` is told the variable and a closure, not the "
+        "optimizer: a partitioned variable needs it to update each shard with "
+        "its slot rows. Retired by passing the optimizer to `update`.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit",
+        "keras_psdist.cluster.task_loss:reporting",
+        "A lost ps task surfaces as an opaque gRPC error (or a wait forever); "
+        "fit must name the task. Retired by a strategy hook around a "
+        "trainer's run.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.evaluate",
+        "keras_psdist.cluster.task_loss:reporting",
+        "As fit.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.predict",
+        "keras_psdist.cluster.task_loss:reporting",
+        "As fit.",
+    ),
+    Patch(
+        "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
+        "keras_psdist.sync.keras_hooks:sync_apply",
+        "A sync-replica worker must send its gradient to the chief and wait, "
+        "not apply it; Keras applies inside the train step. Retired by an "
+        "optimizer hook of the strategy (`extended.apply_gradients`).",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit",
+        "keras_psdist.sync.keras_hooks:sync_fit",
+        "A sync-replica run has a session around fit and marks each finished "
+        "step. Wraps the task-loss fit above (this order). Retired by the "
+        "same trainer hook as fit above.",
+    ),
+    Patch(
+        "keras.src.trainers.trainer:Trainer.compile",
+        "keras_psdist.compile_checks:checked_compile",
+        "Keras takes each object's strategy from the scope active when it is "
+        "made; pieces made outside train silently wrong (an optimizer's "
+        "`iterations` advances once per replica, keras-team/keras#18624). "
+        "Retired by Keras checking it (it does for models, not optimizers).",
+    ),
+)
+
+_lock = threading.Lock()
+# (owner, name, Keras's attribute) in the order installed.
+_installed: list[tuple[object, str, object]] = []
+
+
+def install() -> None:
+    """Applies every patch of `PATCHES`, in order, once per process."""
+    with _lock:
+        if _installed:
+            return
+        for patch in PATCHES:
+            owner, name = patch.resolve()
+            original = owner.__dict__[name] if name in vars(owner) else None
+            current = getattr(owner, name)
+            setattr(owner, name, patch.make(current))
+            _installed.append((owner, name, original))
+
+
+def uninstall() -> None:
+    """Restores Keras's own attributes (for tests): the last patch first."""
+    with _lock:
+        while _installed:
+            owner, name, original = _installed.pop()
+            if original is None:
+                delattr(owner, name)  # It was inherited: inherit again.
+            else:
+                setattr(owner, name, original)
+
+
+def is_installed() -> bool:
+    """Whether `install()` has run (and `uninstall()` has not since)."""
+    return bool(_installed)
