@@ -14,6 +14,7 @@ variable instead of one per replica.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from keras_psdist._tf import (
 from keras_psdist.aggregators import Aggregator, Mean
 from keras_psdist.aggregators.base import weighted_sum
 from keras_psdist.cluster import task_loss
+from keras_psdist.cluster.liveness import Heartbeats, LossReporter
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.creation import VariableCreator
@@ -63,7 +65,33 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         attack: Any = None,
         init_timeout: float = 120.0,
         partitioner: Any = None,
+        heartbeat_timeout: float = 30.0,
+        worker_attack: Any = None,
+        training: Callable[[PSExtended], Any] | None = None,
+        report_lost_workers: bool = True,
     ):
+        """Builds the run's every collaborator; nothing is set from outside.
+
+        Args:
+            container_strategy: The strategy this implements.
+            topology: Where the replicas, inputs and parameters are.
+            placement: The placement policy (see `PSStrategy`).
+            aggregator: The bound rule over the replicas' gradients.
+            attack: A simulated attack on replicas, or `None`.
+            init_timeout: Between-graph, seconds to wait for the chief to
+                initialise a shared variable.
+            partitioner: Splits large variables, or `None`.
+            heartbeat_timeout: Cluster runs: seconds of silence after which a
+                worker (between-graph) or a server task counts as lost.
+            worker_attack: `SyncReplicaStrategy`: the attack this worker
+                process runs on every replica, when it is an attacked worker.
+            training: Between-graph training beyond plain async updates
+                (`SyncTraining`, `BoundedStaleness`): built from this
+                extended, once its shared variables and heartbeats exist.
+            report_lost_workers: Between-graph, whether the chief logs lost
+                and returning workers (`SyncReplicaStrategy`'s update
+                service logs them itself).
+        """
         super().__init__(container_strategy)
         keras_integration.install()
         self._topology = topology
@@ -106,17 +134,30 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         # then leave replicas without data at the end; `replica_batches.py`
         # fills them.
         self.experimental_enable_get_next_as_optional = True
-        # Set by `SyncReplicaStrategy`: this process's part in sync-replica
-        # training (`keras_psdist.sync.SyncTraining`), and the attack this
-        # worker runs when it is one of the attacked workers.
-        self.sync_training = None
-        self.worker_attack = None
-        # Between-graph runs: this process's heartbeat and its view of the
-        # others' (`keras_psdist.cluster.liveness`).
-        self.heartbeats = None
+        # `SyncReplicaStrategy`: the attack this worker process runs when it
+        # is one of the attacked workers.
+        self.worker_attack = worker_attack
         # Cluster runs: ends this process if a server task is lost and it
         # does not stop by itself (`keras_psdist.cluster.task_loss`).
-        self.server_watch = None
+        self.server_watch = task_loss.watch(topology, heartbeat_timeout)
+        # Between-graph runs: this process's heartbeat and its view of the
+        # others' (`keras_psdist.cluster.liveness`); the chief logs losses.
+        self.heartbeats = None
+        self.loss_reporter = None
+        if topology.between_graph:
+            self.heartbeats = Heartbeats(
+                self._shared,
+                topology.parameter_devices[0],
+                topology.worker_index,
+                topology.num_training_processes,
+                heartbeat_timeout,
+                server_watch=self.server_watch,
+                names=topology.training_task_names,
+            )
+            if topology.is_chief and report_lost_workers:
+                self.loss_reporter = LossReporter(self.heartbeats)
+        # This process's part in sync-replica or bounded-staleness training.
+        self.sync_training = None if training is None else training(self)
 
     # ---------------------------------------------------------------- state
 
@@ -129,6 +170,12 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
     def partitioner(self) -> partitioners_lib.Partitioner | None:
         """How large variables are split into row shards, or None."""
         return self._creator.partitioner
+
+    @property
+    def shared_variables(self) -> SharedVariables | None:
+        """Between-graph: opens (on the chief, creates) variables shared by
+        every worker on the ps tasks; else `None`."""
+        return self._shared
 
     @property
     def topology(self) -> Topology:

@@ -12,8 +12,7 @@ from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
-from keras_psdist.cluster import runtime, task_loss
-from keras_psdist.cluster.liveness import Heartbeats, LossReporter
+from keras_psdist.cluster import runtime
 from keras_psdist.extended import PSExtended
 
 
@@ -189,6 +188,24 @@ class PSStrategy(distribute_lib.Strategy):
         aggregator = aggregator.bind(n, num_byzantine)
         self._num_byzantine = aggregator.num_byzantine
         attack = resolve_attack(attack, n, self._num_byzantine)
+        training = None
+        if max_staleness is not None:
+            from keras_psdist.sync.staleness import BoundedStaleness
+
+            def training(extended):
+                return BoundedStaleness(
+                    self,
+                    max_staleness,
+                    worker=topology.worker_index,
+                    num_workers=topology.num_training_processes,
+                    device=topology.parameter_devices[0],
+                    shared=extended.shared_variables,
+                    local_device=topology.client_device,
+                    step_timeout=float(step_timeout),
+                    heartbeats=extended.heartbeats,
+                    names=topology.training_task_names,
+                )
+
         super().__init__(
             PSExtended(
                 self,
@@ -198,36 +215,10 @@ class PSStrategy(distribute_lib.Strategy):
                 attack,
                 init_timeout,
                 partitioner=partitioner,
+                heartbeat_timeout=heartbeat_timeout,
+                training=training,
             )
         )
-        self.extended.server_watch = task_loss.watch(topology, heartbeat_timeout)
-        if topology.between_graph:
-            self.extended.heartbeats = Heartbeats(
-                self.extended._shared,
-                topology.parameter_devices[0],
-                topology.worker_index,
-                topology.num_training_processes,
-                heartbeat_timeout,
-                server_watch=self.extended.server_watch,
-                names=topology.training_task_names,
-            )
-            if topology.is_chief:
-                self._loss_reporter = LossReporter(self.extended.heartbeats)
-        if max_staleness is not None:
-            from keras_psdist.sync.staleness import BoundedStaleness
-
-            self.extended.sync_training = BoundedStaleness(
-                self,
-                max_staleness,
-                worker=topology.worker_index,
-                num_workers=topology.num_training_processes,
-                device=topology.parameter_devices[0],
-                shared=self.extended._shared,
-                local_device=topology.client_device,
-                step_timeout=float(step_timeout),
-                heartbeats=self.extended.heartbeats,
-                names=topology.training_task_names,
-            )
 
     @property
     def num_byzantine(self) -> int:

@@ -12,7 +12,6 @@ from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.cluster import runtime, task_loss
-from keras_psdist.cluster.liveness import Heartbeats
 from keras_psdist.extended import PSExtended
 from keras_psdist.strategy import check_placement, check_seconds, resolve_attack
 from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
@@ -173,53 +172,51 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             connect_timeout,
             owner="SyncReplicaStrategy",
         )
-        extended = PSExtended(
-            self,
-            topology,
-            placement,
-            aggregators_lib.Mean(),
-            None,
-            init_timeout,
-            partitioner=partitioner,
-        )
-        super().__init__(extended)
-        sync = SyncReplicas(
-            SyncConfig(
-                replicas_to_aggregate,
-                total_num_replicas,
-                float(step_timeout),
-                worker_names=topology.training_task_names,
-            ),
-            worker=topology.worker_index,
-            is_chief=topology.is_chief,
-            device=topology.parameter_devices[0],
-            shared=extended._shared,
-            local_device=topology.client_device,
-            unreachable_servers=functools.partial(
-                task_loss.unreachable_tasks, topology.config, ("ps",)
-            ),
-        )
         attacked = attack is not None and topology.worker_index in attack.replicas
         from keras_psdist.attacks.base import GradientAttack
 
-        extended.worker_attack = attack if attacked else None
-        extended.server_watch = task_loss.watch(topology, heartbeat_timeout)
-        extended.heartbeats = Heartbeats(
-            extended._shared,
-            topology.parameter_devices[0],
-            topology.worker_index,
-            total_num_replicas,
-            heartbeat_timeout,
-            server_watch=extended.server_watch,
-            names=topology.training_task_names,
-        )
-        extended.sync_training = SyncTraining(
-            self,
-            sync,
-            aggregator,
-            attack if attacked and isinstance(attack, GradientAttack) else None,
-            topology.parameter_devices,
-            heartbeats=extended.heartbeats,
+        def training(extended):
+            sync = SyncReplicas(
+                SyncConfig(
+                    replicas_to_aggregate,
+                    total_num_replicas,
+                    float(step_timeout),
+                    worker_names=topology.training_task_names,
+                ),
+                worker=topology.worker_index,
+                is_chief=topology.is_chief,
+                device=topology.parameter_devices[0],
+                shared=extended.shared_variables,
+                local_device=topology.client_device,
+                unreachable_servers=functools.partial(
+                    task_loss.unreachable_tasks, topology.config, ("ps",)
+                ),
+            )
+            return SyncTraining(
+                self,
+                sync,
+                aggregator,
+                attack if attacked and isinstance(attack, GradientAttack) else None,
+                topology.parameter_devices,
+                heartbeats=extended.heartbeats,
+                config=topology.config,
+            )
+
+        super().__init__(
+            PSExtended(
+                self,
+                topology,
+                placement,
+                aggregators_lib.Mean(),
+                None,
+                init_timeout,
+                partitioner=partitioner,
+                heartbeat_timeout=heartbeat_timeout,
+                worker_attack=attack if attacked else None,
+                training=training,
+                # The update service logs lost and returning workers.
+                report_lost_workers=False,
+            )
         )
         self._attack = attack
         self._aggregator = aggregator

@@ -70,6 +70,7 @@ class SyncTraining:
         parameter_devices: Where the chief spreads per-variable aggregation.
         heartbeats: This process's `cluster.liveness.Heartbeats`, or None
             (no failure detection beyond `step_timeout`).
+        config: This process's `ClusterConfig`. Defaults to the strategy's.
     """
 
     def __init__(
@@ -80,10 +81,13 @@ class SyncTraining:
         attack: Any,
         parameter_devices,
         heartbeats=None,
+        config=None,
     ):
         self._strategy = strategy
         # This process's cluster and task (e.g. "worker:1"), for errors.
-        self._config = strategy.extended.topology.config
+        self._config = (
+            config if config is not None else strategy.extended.topology.config
+        )
         self._name = self._config.task_name
         self._heartbeats = heartbeats
         self._reported_lost: set[int] = set()
