@@ -114,3 +114,21 @@ def test_models_of_no_strategy_train_exactly_as_without_the_library(
     assert [n.replace("with", "") for n in with_patches[3]] == [
         n.replace("without", "") for n in without[3]
     ]
+
+
+def test_keras_and_tensorflow_internals_are_reached_from_one_layer():
+    """`keras.src` only in `keras_integration.py`, `tensorflow.python` only
+    in `_tf.py`: a Keras or TensorFlow release that moves a private name
+    breaks one known file."""
+    import pathlib
+    import re
+
+    package = pathlib.Path(kpd.__file__).parent
+    allowed = {"keras.src": "keras_integration.py", "tensorflow.python": "_tf.py"}
+    found = []
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        for internal, home in allowed.items():
+            if path.name != home and re.search(rf"\b{re.escape(internal)}\b", text):
+                found.append(f"{path.relative_to(package)}: {internal}")
+    assert not found, found

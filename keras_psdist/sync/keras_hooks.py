@@ -94,7 +94,7 @@ def sync_apply(apply):
         if trainable_variables is None:
             trainable_variables = self._trainable_variables
         if not self.built:
-            with keras.src.backend.name_scope(self.name, caller=self):
+            with keras.name_scope(self.name, caller=self):
                 self.build(trainable_variables)
             self.built = True
         return training.worker_apply(
