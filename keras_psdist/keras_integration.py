@@ -111,7 +111,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         "keras.src.backend.tensorflow.optimizer:TFOptimizer."
         "_distributed_tf_update_step",
-        "keras_psdist.routing:with_optimizer",
+        "keras_psdist.row_separable:with_optimizer",
         "`extended.update` is told the variable and a closure, not the "
         "optimizer: a partitioned variable needs it to update each shard with "
         "its slot rows. Retired by passing the optimizer to `update`.",

@@ -58,7 +58,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist import routing
+from keras_psdist import row_separable
 from keras_psdist._tf import (
     composite_tensor,
     composite_tensor_gradient,
@@ -107,9 +107,9 @@ def update_shards(var: PartitionedVariable, fn, args, kwargs) -> list:
     Returns:
         `fn`'s results, one per shard (one in all for a whole update).
     """
-    optimizer = routing.updating_optimizer()
-    if optimizer is not None and not routing.is_row_separable(optimizer):
-        routing.warn_whole_update(optimizer, var.name)
+    optimizer = row_separable.updating_optimizer()
+    if optimizer is not None and not row_separable.is_row_separable(optimizer):
+        row_separable.warn_whole_update(optimizer, var.name)
         device = var.shards[0].device
         with tf.device(device), distribute_lib.UpdateContext(device):
             return [fn(var, *args, **kwargs)]

@@ -1,0 +1,143 @@
+"""Which optimizers may update a partitioned variable shard by shard.
+
+An update is row-separable when each row of the new variable and slots
+depends only on that row of the old ones and of the gradient (plus scalars).
+`keras_psdist.partitioned.update_shards` asks `is_row_separable` of the
+optimizer that is updating (`updating_optimizer`, which Keras's update step,
+wrapped by `with_optimizer`, names for the thread). The public names are
+also in `keras_psdist.routing`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+from absl import logging
+
+_state = threading.local()
+_row_separable_updates: set = set()
+_warned: set = set()
+
+
+def register_row_separable(optimizer_class: type) -> type:
+    """Declares `optimizer_class.update_step` row-separable (see module doc).
+
+    Partitioned variables are then updated shard by shard, where each shard
+    lives, by this optimizer. Usable as a class decorator.
+
+    Args:
+        optimizer_class: A `keras.optimizers.Optimizer` subclass.
+
+    Returns:
+        `optimizer_class`.
+
+    Raises:
+        ValueError: if it is not a Keras optimizer class.
+
+    Examples:
+
+    >>> import keras
+    >>> @register_row_separable
+    ... class SignSGD(keras.optimizers.Optimizer):
+    ...     def update_step(self, gradient, variable, learning_rate):
+    ...         variable.assign_sub(learning_rate * keras.ops.sign(gradient))
+    >>> is_row_separable(SignSGD(learning_rate=0.1))
+    True
+    """
+    import keras
+
+    if not (
+        isinstance(optimizer_class, type)
+        and issubclass(optimizer_class, keras.optimizers.Optimizer)
+    ):
+        raise ValueError(
+            "register_row_separable expects a keras.optimizers.Optimizer "
+            f"subclass. Received: {optimizer_class!r}."
+        )
+    _row_separable_updates.add(optimizer_class.update_step)
+    return optimizer_class
+
+
+def _register_keras_builtins() -> None:
+    import keras
+
+    for name in (
+        "SGD",
+        "Adam",
+        "AdamW",
+        "RMSprop",
+        "Adagrad",
+        "Adadelta",
+        "Adamax",
+        "Nadam",
+        "Ftrl",
+        "Lion",
+        "ScheduleFreeAdamW",
+    ):
+        optimizer_class = getattr(keras.optimizers, name, None)
+        if optimizer_class is not None:
+            register_row_separable(optimizer_class)
+
+
+def is_row_separable(optimizer) -> bool:
+    """Whether `optimizer`'s `update_step` may run shard by shard.
+
+    Decided by the function, not the class name: a subclass that keeps a
+    registered `update_step` (a new learning-rate schedule, say) is
+    separable; one that overrides it is not, until registered.
+    """
+    if not _row_separable_updates:
+        _register_keras_builtins()
+    return type(optimizer).update_step in _row_separable_updates
+
+
+def updating_optimizer():
+    """The optimizer whose `update_step` this thread is running, or None."""
+    return getattr(_state, "optimizer", None)
+
+
+def warn_whole_update(optimizer, variable_name: str) -> None:
+    """Says once per optimizer class that partitioned variables move whole."""
+    key = type(optimizer).__name__
+    if key in _warned:
+        return
+    _warned.add(key)
+    logging.warning(
+        "%s's update is not row-separable, so partitioned variables (first: "
+        "%r) are gathered and updated whole on their first shard's device "
+        "each step. The result is exact, but the variable crosses the "
+        "network. Use an elementwise optimizer (SGD, Adam, AdamW, RMSprop, "
+        "Adagrad, ...) to update each shard where it lives, or "
+        "keras_psdist.routing.register_row_separable(%s) if its update_step "
+        "is elementwise.",
+        key,
+        variable_name,
+        key,
+    )
+
+
+@contextlib.contextmanager
+def _updating(optimizer):
+    previous = updating_optimizer()
+    _state.optimizer = optimizer
+    try:
+        yield
+    finally:
+        _state.optimizer = previous
+
+
+def with_optimizer(update_step):
+    """Wraps `TFOptimizer._distributed_tf_update_step`: `extended.update`
+    learns which optimizer updates (see `_updating`)."""
+
+    # `_distributed_tf_update_step` runs in cross-replica context (or, inside
+    # a replica's `cond`, in the replica's thread) and calls
+    # `extended.update` for each variable in the same thread.
+    @functools.wraps(update_step)
+    def wrapper(self, distribution, grads_and_vars, learning_rate):
+        with _updating(self):
+            return update_step(self, distribution, grads_and_vars, learning_rate)
+
+    return wrapper
