@@ -176,13 +176,9 @@ class PSStrategy(distribute_lib.Strategy):
                 )
             topology = runtime.local_topology(devices, parameter_devices)
         else:
+            runtime.check_launch_mode(config, mode, f"PSStrategy(mode={mode!r})")
             topology = runtime.connect(
-                config,
-                mode,
-                devices,
-                parameter_devices,
-                connect_timeout,
-                owner=f"PSStrategy(mode={mode!r})",
+                config, mode, devices, parameter_devices, connect_timeout
             )
         n = len(topology.compute_devices)
         aggregator = aggregator.bind(n, num_byzantine)

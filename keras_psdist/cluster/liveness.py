@@ -74,7 +74,7 @@ class Heartbeats(_Background):
             it has found a ps lost, this process stops beating (and reading
             beats). Defaults to `None`: beats go on however they fail.
         names: The workers' task names by index (`"chief:0"`, `"worker:0"`,
-            ...), for messages. Defaults to `worker:<index>`.
+            ...), for messages (`Topology.training_task_names`).
     """
 
     def __init__(
@@ -84,11 +84,12 @@ class Heartbeats(_Background):
         worker: int,
         num_workers: int,
         timeout: float,
+        *,
+        names: Sequence[str],
         server_watch: task_loss.ServerWatch | None = None,
-        names: Sequence[str] | None = None,
     ):
         self.worker = worker
-        self.names = tuple(names or (f"worker:{w}" for w in range(num_workers)))
+        self.names = tuple(names)
         self._server_watch = server_watch
         self.num_workers = num_workers
         self.timeout = float(timeout)

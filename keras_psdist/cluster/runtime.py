@@ -145,13 +145,6 @@ def training_task_names(config: ClusterConfig) -> tuple[str, ...]:
     return tuple(f"{job}:{i}" for job, i in _training_tasks(config))
 
 
-def name_tasks(names: Sequence[str], indices) -> str:
-    """`"worker:0, worker:1"` for worker indices, by their task names."""
-    return ", ".join(
-        names[i] if 0 <= i < len(names) else f"worker index {i}" for i in indices
-    )
-
-
 def local_topology(
     devices: Sequence[str] | None, parameter_devices: Sequence[str] | None
 ) -> Topology:
@@ -183,27 +176,25 @@ def connect(
     devices: Sequence[str] | None,
     parameter_devices: Sequence[str] | None,
     connect_timeout: float,
-    owner: str = "PSStrategy",
 ) -> Topology:
     """Connects this process to the cluster and returns the run's devices.
+
+    Call `check_launch_mode` first: it says which launch would work when
+    this process cannot play the mode's role.
 
     Args:
         config: The validated cluster, with this process's task.
         mode: `"in-graph"` (this process is the one client) or
             `"between-graph"` (every worker runs the script).
-        owner: The strategy as the user wrote it, for messages, e.g.
-            `"PSStrategy(mode='between-graph')"`.
         devices: Compute devices to use instead of the defaults, as full
             names (`"/job:worker/replica:0/task:1/device:GPU:0"`).
         parameter_devices: Parameter devices instead of every ps task's CPU.
         connect_timeout: Seconds to wait for every task to accept connections.
 
     Raises:
-        ValueError: if this task cannot play the mode's role.
         ConnectionError: if a task does not answer within `connect_timeout`.
         OSError: if this task's port is held by another process.
     """
-    check_launch_mode(config, mode, owner)
     if mode == "between-graph":
         return _connect_between_graph(
             config, devices, parameter_devices, connect_timeout

@@ -52,8 +52,8 @@ class BoundedStaleness:
         step_timeout: Seconds a worker waits for the slowest before raising.
         heartbeats: This process's `cluster.liveness.Heartbeats`: a lost
             worker is not waited for. None: every active worker counts.
-        names: The workers' task names by index, for messages. Defaults to
-            `worker:<index>`.
+        names: The workers' task names by index, for messages
+            (`Topology.training_task_names`).
     """
 
     def __init__(
@@ -67,10 +67,11 @@ class BoundedStaleness:
         local_device: str,
         step_timeout: float,
         heartbeats=None,
-        names=None,
+        *,
+        names,
     ):
         self._strategy = strategy
-        self.names = tuple(names or (f"worker:{w}" for w in range(num_workers)))
+        self.names = tuple(names)
         self.max_staleness = max_staleness
         self.worker = worker
         self.num_workers = num_workers

@@ -165,12 +165,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         self._num_byzantine = aggregator.num_byzantine
         attack = _resolve_worker_attack(attack, total_num_replicas, self._num_byzantine)
         topology = runtime.connect(
-            config,
-            "between-graph",
-            None,
-            parameter_devices,
-            connect_timeout,
-            owner="SyncReplicaStrategy",
+            config, "between-graph", None, parameter_devices, connect_timeout
         )
         attacked = attack is not None and topology.worker_index in attack.replicas
         from keras_psdist.attacks.base import GradientAttack
