@@ -3,8 +3,9 @@
 A custom `tf.distribute.Strategy` cannot be written against the public API
 alone: the base classes, the replica-thread runner and the input pipeline live
 in `tensorflow.python.distribute`. Keeping them here means a TensorFlow upgrade
-touches one module, and the supported range pinned in `setup.cfg`
-(`tensorflow>=2.21,<2.22`) is checked at import time below.
+touches one module, and the supported ranges declared in `setup.cfg`
+(`tensorflow>=2.19,<2.22`, `keras>=3.10,<3.16`) are checked at import time
+below.
 """
 
 import tensorflow as tf
@@ -36,22 +37,32 @@ from tensorflow.python.ops import (
 )
 from tensorflow.python.util import dispatch, nest
 
-SUPPORTED_TF = ((2, 21), (2, 22))
+# The supported range, as in setup.cfg: [low, high) by (major, minor).
+# Each pair of the range is tested (`noxfile.py`; `.ci/run` runs the oldest).
+SUPPORTED_TF = ((2, 19), (2, 22))
+SUPPORTED_KERAS = ((3, 10), (3, 16))
 
 
-def _check_tf_version() -> None:
-    major_minor = tuple(int(p) for p in tf.__version__.split(".")[:2])
-    low, high = SUPPORTED_TF
+def _check_version(package: str, version: str, supported) -> None:
+    major_minor = tuple(int(p) for p in version.split(".")[:2])
+    (low, high) = supported
     if not low <= major_minor < high:
         raise ImportError(
-            f"keras_psdist supports TensorFlow >={low[0]}.{low[1]},<{high[0]}."
-            f"{high[1]} (it builds on TensorFlow's private distribute modules). "
-            f"Received: tensorflow=={tf.__version__}. Install a supported "
-            'version, e.g. `pip install "keras-psdist[cpu]"`.'
+            f"keras_psdist supports {package} >={low[0]}.{low[1]},<{high[0]}."
+            f"{high[1]} (it builds on TensorFlow's private distribute modules "
+            f"and wraps some Keras internals). Received: {package}=={version}. "
+            'Install a supported version, e.g. `pip install "keras-psdist[cpu]"`.'
         )
 
 
-_check_tf_version()
+def _check_versions() -> None:
+    import keras
+
+    _check_version("tensorflow", tf.__version__, SUPPORTED_TF)
+    _check_version("keras", keras.__version__, SUPPORTED_KERAS)
+
+
+_check_versions()
 
 __all__ = [
     "composite_tensor",
