@@ -1,7 +1,7 @@
 """The supported TensorFlow / Keras / Python pairs, one nox session each.
 
 keras_psdist builds on TensorFlow's private distribute modules and wraps a
-few Keras internals (`keras_psdist/_tf.py`, `keras_psdist/keras_integration.py`),
+few Keras internals (`keras_psdist/_tf.py`, `keras_psdist/integration/keras_patches.py`),
 so each pair it claims to support is tested here, in its own virtualenv:
 
     nox -l                        # the sessions

@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
         placement,
         routing,
     )
-    from keras_psdist.strategy import PSStrategy  # noqa: F401
-    from keras_psdist.sync.strategy import SyncReplicaStrategy  # noqa: F401
+    from keras_psdist.strategies.ps import PSStrategy  # noqa: F401
+    from keras_psdist.strategies.sync_replica import SyncReplicaStrategy  # noqa: F401
 
 __version__ = "0.2.0"
 
@@ -49,8 +49,8 @@ __all__ = [
 
 # Public name -> the module that defines it.
 _ATTRIBUTES = {
-    "PSStrategy": "keras_psdist.strategy",
-    "SyncReplicaStrategy": "keras_psdist.sync.strategy",
+    "PSStrategy": "keras_psdist.strategies.ps",
+    "SyncReplicaStrategy": "keras_psdist.strategies.sync_replica",
 }
 
 _SUBMODULES = (

@@ -1,7 +1,7 @@
 """How Keras's row lookups and optimizer updates reach parameter devices.
 
 Two Keras internals decide what crosses the network each step, and
-`keras_integration` wraps both, with `routed_take` here and
+`keras_psdist.integration.keras_patches` wraps both, with `routed_take` here and
 `row_separable.with_optimizer`, for variables of a keras_psdist strategy only
 (every other call is passed through untouched):
 
@@ -35,12 +35,12 @@ import functools
 import keras
 import tensorflow as tf
 
-from keras_psdist.partitioned import PartitionedVariable
-from keras_psdist.row_separable import (  # noqa: F401 (public here)
+from keras_psdist.variables.partitioned import PartitionedVariable
+from keras_psdist.variables.row_separable import (  # noqa: F401 (public here)
     is_row_separable,
     register_row_separable,
 )
-from keras_psdist.variables import PSVariable
+from keras_psdist.variables.values import PSVariable
 
 
 def routed_take(take):

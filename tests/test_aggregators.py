@@ -539,7 +539,7 @@ def test_user_rule_can_be_registered():
         with pytest.raises(ValueError, match="already registered"):
             aggregators.register("first_replica_for_test", aggregators.Mean)
     finally:
-        aggregators._REGISTRY.pop("first_replica_for_test")
+        aggregators.registry._REGISTRY.pop("first_replica_for_test")
 
 
 def test_register_refuses_non_aggregators():

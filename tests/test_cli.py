@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import keras_psdist as kpd
-from keras_psdist import cli
+from keras_psdist.cli import main as cli
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

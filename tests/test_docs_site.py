@@ -30,16 +30,16 @@ pytestmark = pytest.mark.xdist_group("docs_site")
 # the packages in `_PACKAGES`.
 _NAMED = {
     "api/strategies": [
-        "keras_psdist.strategy.PSStrategy",
-        "keras_psdist.strategy.PSStrategy.num_byzantine",
-        "keras_psdist.sync.strategy.SyncReplicaStrategy",
-        "keras_psdist.sync.strategy.SyncReplicaStrategy.replicas_to_aggregate",
-        "keras_psdist.sync.strategy.SyncReplicaStrategy.training",
+        "keras_psdist.strategies.ps.PSStrategy",
+        "keras_psdist.strategies.ps.PSStrategy.num_byzantine",
+        "keras_psdist.strategies.sync_replica.SyncReplicaStrategy",
+        "keras_psdist.strategies.sync_replica.SyncReplicaStrategy.replicas_to_aggregate",
+        "keras_psdist.strategies.sync_replica.SyncReplicaStrategy.training",
     ],
     "api/extended": [
-        "keras_psdist.extended.PSExtended",
-        "keras_psdist.extended.PSExtended.placement",
-        "keras_psdist.extended.PSExtended.report",
+        "keras_psdist.distribute.extended.PSExtended",
+        "keras_psdist.distribute.extended.PSExtended.placement",
+        "keras_psdist.distribute.extended.PSExtended.report",
         "keras_psdist.sync.training.SyncTraining.counts",
         "keras_psdist.sync.staleness.BoundedStaleness.counts",
     ],
@@ -77,11 +77,11 @@ _PACKAGES = {
     "api/attacks": "keras_psdist.attacks",
     "api/cluster": "keras_psdist.cluster",
 }
-# The strategies (`kpd.PSStrategy` is defined in `keras_psdist.strategy`,
+# The strategies (`kpd.PSStrategy` is defined in `keras_psdist.strategies.ps`,
 # loaded lazily by the package): each entry documents every argument.
 _STRATEGIES = (
-    "keras_psdist.strategy.PSStrategy",
-    "keras_psdist.sync.strategy.SyncReplicaStrategy",
+    "keras_psdist.strategies.ps.PSStrategy",
+    "keras_psdist.strategies.sync_replica.SyncReplicaStrategy",
 )
 
 

@@ -1,4 +1,4 @@
-"""Cutting global batches into the replicas' pieces (`keras_psdist.input.pieces`)
+"""Cutting global batches into the replicas' pieces (`keras_psdist.distribute.input.pieces`)
 and the distributed dataset built on it."""
 
 import numpy as np
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import keras_psdist as kpd
-from keras_psdist.input.pieces import Pieces, piece_bounds
+from keras_psdist.distribute.input.pieces import Pieces, piece_bounds
 
 
 def _sizes_reference(batch, n):

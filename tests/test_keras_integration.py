@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import keras_psdist as kpd
-from keras_psdist import keras_integration
+from keras_psdist.integration import keras_patches
 
 
 @pytest.fixture
@@ -14,11 +14,11 @@ def installed():
     """Patches installed (as after building any strategy); reinstalled after
     a test that uninstalls them, for the tests that follow in this process."""
     kpd.PSStrategy(devices=["/cpu:0"])
-    assert keras_integration.is_installed()
+    assert keras_patches.is_installed()
     try:
         yield
     finally:
-        keras_integration.install()
+        keras_patches.install()
 
 
 def _current(patch):
@@ -27,15 +27,15 @@ def _current(patch):
 
 
 def test_every_patch_names_a_keras_attribute_and_why():
-    for patch in keras_integration.PATCHES:
+    for patch in keras_patches.PATCHES:
         owner, name = patch.resolve()
         assert hasattr(owner, name), patch.target
         assert patch.why, patch.target
-    targets = [p.target for p in keras_integration.PATCHES]
+    targets = [p.target for p in keras_patches.PATCHES]
     # fit is wrapped twice: lost-task reporting inside, the sync session out.
     fit = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit"
     assert targets.count(fit) == 2
-    wrappers = [p.wrapper for p in keras_integration.PATCHES if p.target == fit]
+    wrappers = [p.wrapper for p in keras_patches.PATCHES if p.target == fit]
     assert wrappers == [
         "keras_psdist.cluster.task_loss:reporting",
         "keras_psdist.sync.keras_hooks:sync_fit",
@@ -43,21 +43,21 @@ def test_every_patch_names_a_keras_attribute_and_why():
 
 
 def test_uninstall_restores_keras_and_install_applies_once(installed):
-    targets = [p.target for p in keras_integration.PATCHES]
-    patched = {p.target: _current(p) for p in keras_integration.PATCHES}
+    targets = [p.target for p in keras_patches.PATCHES]
+    patched = {p.target: _current(p) for p in keras_patches.PATCHES}
     # Keras's own: each wrapper wraps the one before it (`functools.wraps`).
     originals = {}
     for target, current in patched.items():
         for _ in range(targets.count(target)):
             current = current.__wrapped__
         originals[target] = current
-    keras_integration.uninstall()
-    assert not keras_integration.is_installed()
-    for patch in keras_integration.PATCHES:
+    keras_patches.uninstall()
+    assert not keras_patches.is_installed()
+    for patch in keras_patches.PATCHES:
         assert _current(patch) is originals[patch.target], patch.target
-    keras_integration.install()
-    keras_integration.install()  # Once: a second call changes nothing.
-    for patch in keras_integration.PATCHES:
+    keras_patches.install()
+    keras_patches.install()  # Once: a second call changes nothing.
+    for patch in keras_patches.PATCHES:
         current = _current(patch)
         assert current is not originals[patch.target], patch.target
         for _ in range(targets.count(patch.target)):
@@ -105,7 +105,7 @@ def test_models_of_no_strategy_train_exactly_as_without_the_library(
     installed, tmp_path
 ):
     with_patches = _train_plain(tmp_path, "with")
-    keras_integration.uninstall()
+    keras_patches.uninstall()
     without = _train_plain(tmp_path, "without")
     for a, b in zip(with_patches[0], without[0], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -117,18 +117,22 @@ def test_models_of_no_strategy_train_exactly_as_without_the_library(
 
 
 def test_keras_and_tensorflow_internals_are_reached_from_one_layer():
-    """`keras.src` only in `keras_integration.py`, `tensorflow.python` only
-    in `_tf.py`: a Keras or TensorFlow release that moves a private name
+    """`keras.src` only in `integration/keras_patches.py`, `tensorflow.python`
+    only in `_tf.py`: a Keras or TensorFlow release that moves a private name
     breaks one known file."""
     import pathlib
     import re
 
     package = pathlib.Path(kpd.__file__).parent
-    allowed = {"keras.src": "keras_integration.py", "tensorflow.python": "_tf.py"}
+    allowed = {
+        "keras.src": "integration/keras_patches.py",
+        "tensorflow.python": "_tf.py",
+    }
     found = []
     for path in package.rglob("*.py"):
         text = path.read_text()
         for internal, home in allowed.items():
-            if path.name != home and re.search(rf"\b{re.escape(internal)}\b", text):
+            relative = path.relative_to(package).as_posix()
+            if relative != home and re.search(rf"\b{re.escape(internal)}\b", text):
                 found.append(f"{path.relative_to(package)}: {internal}")
     assert not found, found

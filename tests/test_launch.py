@@ -20,8 +20,8 @@ from launching import PID_LINE  # tests/cluster_jobs, see conftest.py
 
 import keras_psdist as kpd
 from keras_psdist.cluster import config as cluster_config
-from keras_psdist.cluster import launcher as launcher_lib
 from keras_psdist.cluster.launcher import launch
+from keras_psdist.cluster.launcher import run as launcher_lib
 
 pytestmark = pytest.mark.multiprocess
 
@@ -584,7 +584,7 @@ def test_serve_stops_on_sigterm(tmp_path, processes):
 
 @pytest.fixture
 def cli():
-    from keras_psdist import cli as cli_lib
+    from keras_psdist.cli import main as cli_lib
 
     try:
         yield cli_lib

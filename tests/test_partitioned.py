@@ -18,8 +18,8 @@ import tensorflow as tf
 
 import keras_psdist as kpd
 from keras_psdist import aggregators, attacks, routing
-from keras_psdist.partitioned import PartitionedVariable
-from keras_psdist.shard_layout import ShardLayout
+from keras_psdist.variables.partitioned import PartitionedVariable
+from keras_psdist.variables.shard_layout import ShardLayout
 
 VOCAB, DIM, SEQ = 300, 8, 5
 NUM_REPLICAS = 2

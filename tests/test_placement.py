@@ -79,7 +79,7 @@ def test_per_variable_rule_spreads_gradients_over_parameter_devices(cpu_devices)
     """The mean combines each variable's gradients on one parameter device,
     balanced by bytes, instead of sending every gradient to one device."""
     from keras_psdist import aggregators
-    from keras_psdist.reduction import GradientReduction
+    from keras_psdist.distribute.reduction import GradientReduction
 
     devices = [tf.config.list_logical_devices("CPU")[i].name for i in (2, 3)]
     reduction = GradientReduction(

@@ -1,6 +1,6 @@
 """The command line starts fast and prints only what has something to say.
 
-- `keras_psdist.cli` and the cluster modules load without TensorFlow, so
+- `keras_psdist.cli.main` and the cluster modules load without TensorFlow, so
   `--help` and a bad TF_CONFIG are answered before TensorFlow would load;
 - TensorFlow's start-up banner stays out of `demo` and `launch` output unless
   `--verbose`, and no other line is hidden;
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import keras_psdist as kpd
-from keras_psdist import banner
 from keras_psdist.cluster import launcher
+from keras_psdist.cluster.launcher import banner
 from keras_psdist.sync.protocol import SyncConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,7 +117,7 @@ def _banner_lines(text: str) -> list[str]:
 
 def test_the_cli_and_cluster_modules_import_without_tensorflow():
     code = (
-        "import sys, keras_psdist, keras_psdist.cli, keras_psdist.cluster, "
+        "import sys, keras_psdist, keras_psdist.cli.main, keras_psdist.cluster, "
         "keras_psdist.cluster.config, keras_psdist.cluster.launcher, "
         "keras_psdist.cluster.server\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
@@ -173,7 +173,9 @@ def test_other_lines_are_not(line):
 @pytest.mark.parametrize("verbose", [False, True])
 def test_launch_output_leaves_out_the_banner_unless_verbose(verbose):
     out = io.StringIO()
-    output = launcher._Output(out, hide=None if verbose else banner.is_tf_banner)
+    output = launcher.processes.Output(
+        out, hide=None if verbose else banner.is_tf_banner
+    )
     seen = []
     child = io.BytesIO("".join(f"{x}\n" for x in [*BANNER, *NOT_BANNER]).encode())
     output.copy("ps:0", child, seen.append)

@@ -11,8 +11,6 @@ Mean()
 
 from __future__ import annotations
 
-from typing import Any
-
 from keras_psdist.aggregators.base import Aggregation, Aggregator
 from keras_psdist.aggregators.bucketing import Bucketing
 from keras_psdist.aggregators.bulyan import Bulyan
@@ -25,96 +23,28 @@ from keras_psdist.aggregators.krum import Krum, MultiKrum
 from keras_psdist.aggregators.mean import Mean
 from keras_psdist.aggregators.median import Median
 from keras_psdist.aggregators.nnm import NearestNeighborMixing
+from keras_psdist.aggregators.registry import (
+    deserialize,
+    get,
+    names,
+    register,
+    serialize,
+)
 from keras_psdist.aggregators.trimmed_mean import TrimmedMean
 
-_REGISTRY: dict[str, type[Aggregator]] = {
-    "mean": Mean,
-    "median": Median,
-    "trimmed_mean": TrimmedMean,
-    "krum": Krum,
-    "multi_krum": MultiKrum,
-    "bulyan": Bulyan,
-    "geometric_median": GeometricMedian,
-    "centered_clipping": CenteredClipping,
-    "nnm": NearestNeighborMixing,
-    "bucketing": Bucketing,
-}
-
-
-def register(name: str, cls: type[Aggregator]) -> type[Aggregator]:
-    """Registers a user rule under `name` so `get(name)` finds it.
-
-    Args:
-        name: The string id, snake_case.
-        cls: An `Aggregator` subclass.
-
-    Returns:
-        `cls`, so this can be used as `register("x", MyRule)` inline.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, Aggregator)):
-        raise TypeError(f"`cls` must be an Aggregator subclass. Received: cls={cls!r}")
-    if name in _REGISTRY and _REGISTRY[name] is not cls:
-        raise ValueError(
-            f"An aggregator named {name!r} is already registered "
-            f"({_REGISTRY[name].__name__}). Pick another name."
-        )
-    _REGISTRY[name] = cls
-    return cls
-
-
-def names() -> list[str]:
-    """The registered string ids."""
-    return list(_REGISTRY)
-
-
-def serialize(aggregator: Aggregator) -> dict[str, Any]:
-    """Returns `{"class_name": id, "config": {...}}` for `aggregator`."""
-    for name, cls in _REGISTRY.items():
-        if type(aggregator) is cls:
-            return {"class_name": name, "config": aggregator.get_config()}
-    raise ValueError(
-        f"{type(aggregator).__name__} is not registered. Call "
-        "`keras_psdist.aggregators.register(name, cls)` first."
-    )
-
-
-def deserialize(config: dict[str, Any]) -> Aggregator:
-    """Inverse of `serialize`."""
-    if not isinstance(config, dict) or "class_name" not in config:
-        raise ValueError(
-            "An aggregator config must be a dict with 'class_name' and "
-            f"'config'. Received: {config!r}"
-        )
-    cls = _lookup(config["class_name"])
-    return cls.from_config(config.get("config") or {})
-
-
-def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
-    """Returns an aggregator from a string id, a config dict or an instance.
-
-    Raises:
-        ValueError: for an unknown id, naming the valid ones.
-    """
-    if isinstance(identifier, Aggregator):
-        return identifier
-    if isinstance(identifier, str):
-        return _lookup(identifier)()
-    if isinstance(identifier, dict):
-        return deserialize(identifier)
-    raise ValueError(
-        "Could not interpret aggregator identifier. Expected a string, a "
-        f"config dict or an Aggregator. Received: {identifier!r}"
-    )
-
-
-def _lookup(name: str) -> type[Aggregator]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(
-            f"Unknown aggregator {name!r}. Expected one of: {', '.join(_REGISTRY)}."
-        ) from None
-
+for _name, _cls in (
+    ("mean", Mean),
+    ("median", Median),
+    ("trimmed_mean", TrimmedMean),
+    ("krum", Krum),
+    ("multi_krum", MultiKrum),
+    ("bulyan", Bulyan),
+    ("geometric_median", GeometricMedian),
+    ("centered_clipping", CenteredClipping),
+    ("nnm", NearestNeighborMixing),
+    ("bucketing", Bucketing),
+):
+    register(_name, _cls)
 
 __all__ = [
     "Aggregation",

@@ -13,6 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_psdist.aggregators import registry
 from keras_psdist.aggregators.base import Aggregator
 
 
@@ -40,9 +41,7 @@ class PreAggregation(Aggregator):
         aggregator: str | dict[str, Any] | Aggregator = "trimmed_mean",
         num_byzantine: int | None = None,
     ):
-        from keras_psdist import aggregators  # the registry imports this module
-
-        inner = aggregators.get(aggregator)
+        inner = registry.get(aggregator)
         if num_byzantine is None:
             num_byzantine = inner.num_byzantine
         elif inner.num_byzantine is not None and inner.num_byzantine != num_byzantine:
@@ -91,18 +90,14 @@ class PreAggregation(Aggregator):
         return self.aggregator.initial_state(specs)
 
     def get_config(self) -> dict[str, Any]:
-        from keras_psdist import aggregators
-
         return {
             **super().get_config(),
-            "aggregator": aggregators.serialize(self.aggregator),
+            "aggregator": registry.serialize(self.aggregator),
         }
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> PreAggregation:
-        from keras_psdist import aggregators
-
         config = dict(config)
         if isinstance(config.get("aggregator"), dict):
-            config["aggregator"] = aggregators.deserialize(config["aggregator"])
+            config["aggregator"] = registry.deserialize(config["aggregator"])
         return cls(**config)

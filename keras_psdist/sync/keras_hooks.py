@@ -2,7 +2,7 @@
 
 In a sync-replica run a worker must not apply its own gradient: it sends it
 to the chief and waits. Keras's optimizer applies gradients itself inside the
-train step, so `keras_integration` wraps two Keras methods with this module's
+train step, so `integration.keras_patches` wraps two Keras methods with this module's
 `sync_apply` and `sync_fit`, for models and optimizers
 of a `SyncReplicaStrategy` only (everything else is untouched):
 

@@ -31,9 +31,9 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.cluster.shared_variables import SharedVariables
-from keras_psdist.staged_merge import in_replica_control_flow
 from keras_psdist.sync import keras_hooks
 from keras_psdist.sync.protocol import local_variable
+from keras_psdist.variables.staged_merge import in_replica_control_flow
 
 _POLL_S = 0.005
 

@@ -47,12 +47,12 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.cluster import task_loss
+from keras_psdist.distribute.reduction import GradientReduction
 from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
-from keras_psdist.reduction import GradientReduction
-from keras_psdist.staged_merge import in_replica_control_flow
 from keras_psdist.sync import keras_hooks, protocol
 from keras_psdist.sync.protocol import SyncReplicas
 from keras_psdist.sync.service import UpdateService, WorkerLostError
+from keras_psdist.variables.staged_merge import in_replica_control_flow
 
 # How often the watchdog looks, in seconds.
 _WATCH_EVERY_S = 1.0

@@ -25,7 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist._tf import distribute_utils, values
-from keras_psdist.input.pieces import batch_size, rows
+from keras_psdist.distribute.input.pieces import batch_size, rows
 
 
 class ReplicaBatches:

@@ -16,7 +16,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags  # noqa: E402
 
-from keras_psdist import banner  # noqa: E402
+from keras_psdist.cluster.launcher import banner  # noqa: E402
 
 PROG = "keras-psdist"
 
@@ -276,7 +276,7 @@ def demo_command(args: Sequence[str] = ()) -> int:
 
         _split_host_cpu(FLAGS.replicas)
 
-    from keras_psdist.demo import run_demo
+    from keras_psdist.cli.demo import run_demo
 
     try:
         run_demo(

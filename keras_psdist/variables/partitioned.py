@@ -58,7 +58,6 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist import row_separable
 from keras_psdist._tf import (
     composite_tensor,
     composite_tensor_gradient,
@@ -68,9 +67,10 @@ from keras_psdist._tf import (
     resource_variable_ops,
     tensor_conversion_registry,
 )
-from keras_psdist.shard_layout import ShardLayout
-from keras_psdist.staged_merge import in_replica_control_flow
-from keras_psdist.variables import effective_aggregation
+from keras_psdist.variables import row_separable
+from keras_psdist.variables.shard_layout import ShardLayout
+from keras_psdist.variables.staged_merge import in_replica_control_flow
+from keras_psdist.variables.values import effective_aggregation
 
 _scope = threading.local()
 

@@ -5,7 +5,7 @@ same `ModelCheckpoint` and `BackupAndRestore` callbacks writing the same
 files, of the same shared variables. TensorFlow's strategies tell Keras who
 should write through `strategy.extended.should_checkpoint`, but Keras 3's
 callbacks do not ask. The wrappers here make them ask (installed by
-`keras_psdist.keras_integration`), for models trained under a
+`keras_psdist.integration.keras_patches`), for models trained under a
 `PSStrategy` only (every other model is untouched):
 
 | callback           | on the chief | on the other workers                        |
@@ -36,7 +36,7 @@ import uuid
 
 def is_writer(model) -> bool:
     """False only for a non-chief worker of an async PSStrategy run."""
-    from keras_psdist.extended import PSExtended
+    from keras_psdist.distribute.extended import PSExtended
 
     strategy = getattr(model, "distribute_strategy", None)
     extended = getattr(strategy, "extended", None)
@@ -76,7 +76,7 @@ def weights_from_chief_only(load_model):
 
 
 def _uses_keras_psdist(model) -> bool:
-    from keras_psdist.extended import PSExtended
+    from keras_psdist.distribute.extended import PSExtended
 
     strategy = getattr(model, "distribute_strategy", None)
     return isinstance(getattr(strategy, "extended", None), PSExtended)

@@ -1,7 +1,7 @@
 """The distributed dataset and iterator a PSStrategy hands to Keras.
 
 Each input pipeline (one on one host or per async worker; one per worker task
-in-graph, see `keras_psdist.input.pipelines`) is the user's `tf.data` pipeline as it is,
+in-graph, see `keras_psdist.distribute.input.pipelines`) is the user's `tf.data` pipeline as it is,
 read by a plain `tf.data` iterator on the pipeline's host. A step's `get_next`
 is one `IteratorGetNext` per pipeline; the global batch it returns is cut
 into the pipeline's replicas' pieces right there, inside the step's compiled
@@ -34,7 +34,7 @@ from keras_psdist._tf import (
     input_lib,
     values,
 )
-from keras_psdist.input.pieces import Pieces
+from keras_psdist.distribute.input.pieces import Pieces
 
 Pipeline = tuple[str, tf.data.Dataset, Pieces]
 
@@ -105,7 +105,7 @@ class SplitDataset(input_lib.DistributedDataset):
         raise NotImplementedError(
             "A PSStrategy distributed dataset is not sharded across clients: "
             "every replica's batch is cut from the global batch (see "
-            "keras_psdist.input)."
+            "keras_psdist.distribute.input)."
         )
 
     def __repr__(self) -> str:

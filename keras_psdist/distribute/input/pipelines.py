@@ -25,11 +25,11 @@ one TensorFlow can send to another process (tensors, files): one built on
 Python code (`from_generator`, a `PyDataset`) is refused with the fix.
 
 A batch smaller than the replica count still leaves some replicas without
-data; `keras_psdist.replica_batches` gives those a stand-in example whose
+data; `keras_psdist.distribute.replica_batches` gives those a stand-in example whose
 every contribution weighs 0, so no kernel runs on an empty batch.
 
 The pipelines are read by plain `tf.data` iterators
-(`keras_psdist.input.iterators`), created each epoch at a single device's
+(`keras_psdist.distribute.input.iterators`), created each epoch at a single device's
 cost.
 """
 
@@ -45,8 +45,8 @@ from keras_psdist._tf import (
     nest,
 )
 from keras_psdist.cluster.runtime import Topology
-from keras_psdist.input.iterators import SplitDataset
-from keras_psdist.input.pieces import Pieces
+from keras_psdist.distribute.input.iterators import SplitDataset
+from keras_psdist.distribute.input.pieces import Pieces
 
 
 class InputPipelines:

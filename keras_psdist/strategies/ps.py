@@ -13,7 +13,8 @@ from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.cluster import runtime
-from keras_psdist.extended import PSExtended
+from keras_psdist.distribute.extended import PSExtended
+from keras_psdist.integration import keras_patches
 
 
 class PSStrategy(distribute_lib.Strategy):
@@ -202,6 +203,8 @@ class PSStrategy(distribute_lib.Strategy):
                     names=topology.training_task_names,
                 )
 
+        # Keras's side of the run: installed once, before any model exists.
+        keras_patches.install()
         super().__init__(
             PSExtended(
                 self,

@@ -2,7 +2,7 @@
 
 An update is row-separable when each row of the new variable and slots
 depends only on that row of the old ones and of the gradient (plus scalars).
-`keras_psdist.partitioned.update_shards` asks `is_row_separable` of the
+`keras_psdist.variables.partitioned.update_shards` asks `is_row_separable` of the
 optimizer that is updating (`updating_optimizer`, which Keras's update step,
 wrapped by `with_optimizer`, names for the thread). The public names are
 also in `keras_psdist.routing`.

@@ -26,7 +26,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from keras_psdist._tf import distribute_lib, ps_values, values
-from keras_psdist.staged_merge import in_replica_control_flow
+from keras_psdist.variables.staged_merge import in_replica_control_flow
 
 VariableAggregation = tf.VariableAggregation
 
@@ -101,7 +101,7 @@ class ReplicaLocalVariable(values.SyncOnReadVariable):
     replica, summed when read, as TensorFlow's `SyncOnReadVariable`.
 
     A replica without data runs the step on a stand-in example
-    (`keras_psdist.replica_batches`); its writes here leave its copy as it
+    (`keras_psdist.distribute.replica_batches`); its writes here leave its copy as it
     was, so the stand-in is never counted.
     """
 

@@ -1,33 +1,44 @@
-"""`keras-psdist launch`: a whole parameter-server cluster on this machine.
+"""`launch`: start the servers, run the training command, stop every process.
 
 Pure process management (no TensorFlow import): pick free ports, start a
 `keras-psdist serve` process per server task, run the training command with
 TF_CONFIG set for its task, stream every process's output with a `[task]`
 prefix, and tear every process down on success, failure, timeout or signal.
 Unless asked to be verbose, it leaves out TensorFlow's start-up banner
-(`keras_psdist.banner`), the same few lines from every process that imports TensorFlow.
+(`banner.py`), the same few lines from every process that imports TensorFlow.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TextIO
 
-from keras_psdist.banner import is_tf_banner
 from keras_psdist.cluster.config import (
     LAUNCH_MODE_ENV,
     ClusterConfig,
     pick_free_ports,
     wait_reachable,
+)
+from keras_psdist.cluster.launcher.banner import is_tf_banner
+from keras_psdist.cluster.launcher.processes import (
+    Child,
+    Output,
+    PortTaken,
+    Signals,
+    Stop,
+    describe,
+    exit_code,
+    group_alive,
+    names,
+    parent_death_signal,
+    signal_group,
 )
 from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, READY_LINE
 
@@ -50,8 +61,6 @@ SERVER_LOSS_GRACE_S = 20.0
 # Attempts at starting the servers when a port is taken between picking and
 # binding it.
 MAX_ATTEMPTS = 3
-
-_PR_SET_PDEATHSIG = 1
 
 
 def launch(
@@ -85,7 +94,7 @@ def launch(
     written line by line to `out`, prefixed with its task (`[ps:0] ...`,
     `[chief:0] ...`); the launcher's own lines start with `[launch]`.
     Unless `verbose`, the lines of TensorFlow's start-up banner
-    (`keras_psdist.banner.TF_BANNER`:
+    (`keras_psdist.cluster.launcher.banner.TF_BANNER`:
     the absl and oneDNN notices, "Could not find cuda drivers", the CPU
     instruction note, cuInit failing for want of a GPU, the
     `GeneratorDatasetOp` note) are left out; each pattern matches a whole
@@ -238,90 +247,6 @@ def _check_fault_tolerance(
         )
 
 
-@dataclasses.dataclass
-class _Child:
-    name: str  # The task, e.g. "ps:0".
-    address: str
-    proc: subprocess.Popen
-    reader: threading.Thread
-    is_server: bool
-    ready: threading.Event  # Set when a server prints its READY_LINE.
-
-
-class _Stop(Exception):
-    """Ends the run early with `code` after printing `message`."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class _PortTaken(Exception):
-    """A server could not bind its port: worth retrying with new ports."""
-
-
-class _Output:
-    """Writes `[prefix] line` to a stream, whole lines, from several threads.
-
-    `hide`, if given, picks the children's lines to leave out.
-    """
-
-    def __init__(self, stream: TextIO, hide: Callable[[str], bool] | None = None):
-        self._stream = stream
-        self._hide = hide
-        self._lock = threading.Lock()
-        self._broken = False
-
-    def line(self, prefix: str, text: str) -> None:
-        with self._lock:
-            if self._broken:
-                return
-            try:
-                self._stream.write(f"[{prefix}] {text}\n")
-                self._stream.flush()
-            except (OSError, ValueError):
-                # A closed pipe (e.g. `| head`) must not stop the run.
-                self._broken = True
-
-    def copy(self, prefix: str, stream, on_line: Callable[[str], None]) -> None:
-        """Copies `stream` (bytes) line by line until EOF."""
-        for raw in iter(stream.readline, b""):
-            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            on_line(text)
-            if self._hide is None or not self._hide(text):
-                self.line(prefix, text)
-
-
-class _Signals:
-    """Records SIGINT/SIGTERM while active (main thread only)."""
-
-    def __init__(self):
-        self.received: list[int] = []
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> _Signals:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum, frame) -> None:
-        self.received.append(signum)
-
-    def check(self) -> None:
-        if self.received:
-            signum = self.received[0]
-            raise _Stop(
-                128 + signum,
-                f"received {signal.Signals(signum).name}; stopping every task",
-            )
-
-
 class _Launch:
     """One `launch` call: state shared by start-up, monitoring and teardown."""
 
@@ -347,13 +272,13 @@ class _Launch:
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.verbose = verbose
-        self.output = _Output(
+        self.output = Output(
             sys.stdout if out is None else out, hide=None if verbose else is_tf_banner
         )
-        self.children: list[_Child] = []
-        self.signals = _Signals()
+        self.children: list[Child] = []
+        self.signals = Signals()
         self.deadline: float | None = None  # Set when training starts.
-        self.preexec = _parent_death_signal()
+        self.preexec = parent_death_signal()
         self.max_restarts = max_restarts
         self.max_worker_failures = max_worker_failures
         self.restarts = 0
@@ -365,7 +290,7 @@ class _Launch:
                 try:
                     config = self._start_servers()
                     return self._train(config)
-                except _Stop as stop:
+                except Stop as stop:
                     self.log(stop.message)
                     return stop.code
                 except KeyboardInterrupt:
@@ -423,11 +348,11 @@ class _Launch:
             try:
                 self._wait_for_servers(servers)
                 return config
-            except _PortTaken as e:
+            except PortTaken as e:
                 self._teardown(servers)
                 self.children = [c for c in self.children if c not in servers]
                 if attempt == MAX_ATTEMPTS:
-                    raise _Stop(
+                    raise Stop(
                         1,
                         f"{e} Gave up after {MAX_ATTEMPTS} attempts with new ports. "
                         "Is something on this machine grabbing ports quickly?",
@@ -438,17 +363,17 @@ class _Launch:
                 )
         raise AssertionError("unreachable")
 
-    def _wait_for_servers(self, servers: list[_Child]) -> None:
+    def _wait_for_servers(self, servers: list[Child]) -> None:
         def check_servers() -> None:
             self.signals.check()
             for child in servers:
                 code = child.proc.poll()
                 if code == PORT_IN_USE_EXIT_CODE:
-                    raise _PortTaken(f"{child.name} could not bind its port.")
+                    raise PortTaken(f"{child.name} could not bind its port.")
                 if code is not None:
-                    raise _Stop(
+                    raise Stop(
                         1,
-                        f"{child.name} (server) exited with {_describe(code)} "
+                        f"{child.name} (server) exited with {describe(code)} "
                         "during start-up; see its output above. Stopping every "
                         "task.",
                     )
@@ -460,9 +385,9 @@ class _Launch:
             check_servers()
             if time.monotonic() >= deadline:
                 waiting = [c for c in servers if not c.ready.is_set()]
-                raise _Stop(
+                raise Stop(
                     1,
-                    f"{_names(waiting)} did not report ready within "
+                    f"{names(waiting)} did not report ready within "
                     f"{self.startup_timeout_s:g} s (--startup_timeout); see the "
                     "output above. Stopping every task.",
                 )
@@ -475,7 +400,7 @@ class _Launch:
             )
         except ConnectionError as e:
             check_servers()  # A server's death explains it better.
-            raise _Stop(1, f"Servers reported ready but {e}") from None
+            raise Stop(1, f"Servers reported ready but {e}") from None
         self.log("all servers are up")
 
     def _log_layout(self, config: ClusterConfig) -> None:
@@ -511,7 +436,7 @@ class _Launch:
             if all(child.proc.poll() == 0 for child in trainers):
                 lost = f"; lost: {', '.join(self.lost)}" if self.lost else ""
                 self.log(
-                    f"{_names(trainers)} finished (exit code 0){lost}; stopping "
+                    f"{names(trainers)} finished (exit code 0){lost}; stopping "
                     "the servers."
                 )
                 return 0
@@ -523,14 +448,12 @@ class _Launch:
             time.sleep(0.1)
 
     def _after_server_loss(
-        self, server: _Child, code: int, trainers: list[_Child]
+        self, server: Child, code: int, trainers: list[Child]
     ) -> None:
         """A server died while training ran: the training processes get
         `SERVER_LOSS_GRACE_S` to stop on their own (each with an error naming
         the lost task), then every task is stopped."""
-        what = (
-            f"{server.name} (server) exited with {_describe(code)} while training ran"
-        )
+        what = f"{server.name} (server) exited with {describe(code)} while training ran"
         self.log(
             f"{what}; waiting up to {SERVER_LOSS_GRACE_S:g} s for the training "
             "processes to stop."
@@ -541,17 +464,17 @@ class _Launch:
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
-        raise _Stop(1, f"{what}; stopping every task.")
+        raise Stop(1, f"{what}; stopping every task.")
 
     def _after_failure(
-        self, child: _Child, code: int, config: ClusterConfig
-    ) -> _Child | None:
+        self, child: Child, code: int, config: ClusterConfig
+    ) -> Child | None:
         """A training process failed: its restart, None if the run goes on
-        without it, or `_Stop`."""
-        what = f"{child.name} exited with {_describe(code)}"
+        without it, or `Stop`."""
+        what = f"{child.name} exited with {describe(code)}"
         is_chief = child.name in ("chief:0", "worker:0")
         if self.mode == "in-graph" or is_chief:
-            raise _Stop(_exit_code(code), f"{what}; stopping every task.")
+            raise Stop(exit_code(code), f"{what}; stopping every task.")
         if self.restarts < self.max_restarts:
             self.restarts += 1
             self.log(
@@ -562,17 +485,17 @@ class _Launch:
             self._teardown([child])
             return self._spawn(config, self.command, is_server=False)
         if len(self.lost) < self.max_worker_failures:
-            self.lost.append(f"{child.name} ({_describe(code)})")
+            self.lost.append(f"{child.name} ({describe(code)})")
             self.log(
                 f"{what}; lost it and going on without it ({len(self.lost)} of "
                 f"max_worker_failures={self.max_worker_failures} lost)."
             )
             return None
-        raise _Stop(_exit_code(code), f"{what}; stopping every task.")
+        raise Stop(exit_code(code), f"{what}; stopping every task.")
 
     def _check_deadline(self) -> None:
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise _Stop(
+            raise Stop(
                 EXIT_TIMEOUT,
                 f"timed out after {self.timeout_s:g} s (--timeout); stopping "
                 "every task.",
@@ -580,7 +503,7 @@ class _Launch:
 
     def _spawn(
         self, config: ClusterConfig, command: list[str], is_server: bool
-    ) -> _Child:
+    ) -> Child:
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps(config.to_tf_config())
         env["PYTHONUNBUFFERED"] = "1"
@@ -606,9 +529,7 @@ class _Launch:
             )
         except OSError as e:
             # 127: the shell's "command not found".
-            raise _Stop(
-                127, f"cannot start {name} ({' '.join(command)}): {e}"
-            ) from None
+            raise Stop(127, f"cannot start {name} ({' '.join(command)}): {e}") from None
         ready = threading.Event()
         # READY_LINE up to the pid, which a wrapper around the server may change.
         ready_prefix = READY_LINE.partition(" (pid")[0].format(
@@ -626,24 +547,24 @@ class _Launch:
             daemon=True,
         )
         reader.start()
-        child = _Child(name, config.task_address, proc, reader, is_server, ready)
+        child = Child(name, config.task_address, proc, reader, is_server, ready)
         self.children.append(child)
         self.log(f"{name} pid {proc.pid}: {' '.join(command)}")
         return child
 
     # Teardown.
 
-    def _teardown(self, children: list[_Child]) -> None:
+    def _teardown(self, children: list[Child]) -> None:
         """SIGTERM every child's process group, SIGKILL what is left after
         the grace period, and wait until all of them are gone."""
         if not children:
             return
         signals_before = len(self.signals.received)
         for child in children:
-            _signal_group(child.proc.pid, signal.SIGTERM)
+            signal_group(child.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline:
-            alive = [c for c in children if _group_alive(c.proc)]
+            alive = [c for c in children if group_alive(c.proc)]
             if not alive:
                 break
             if len(self.signals.received) > signals_before:
@@ -651,10 +572,10 @@ class _Launch:
                 break
             time.sleep(0.05)
         else:
-            stuck = [c for c in children if _group_alive(c.proc)]
+            stuck = [c for c in children if group_alive(c.proc)]
             if stuck:
                 self.log(
-                    f"{_names(stuck)} still running {GRACE_S:g} s after SIGTERM; "
+                    f"{names(stuck)} still running {GRACE_S:g} s after SIGTERM; "
                     "sending SIGKILL"
                 )
         self._kill(children)
@@ -663,9 +584,9 @@ class _Launch:
             if not child.reader.is_alive():
                 child.proc.stdout.close()
 
-    def _kill(self, children: list[_Child]) -> None:
+    def _kill(self, children: list[Child]) -> None:
         for child in children:
-            _signal_group(child.proc.pid, signal.SIGKILL)
+            signal_group(child.proc.pid, signal.SIGKILL)
         deadline = time.monotonic() + 5.0
         for child in children:
             try:
@@ -673,88 +594,6 @@ class _Launch:
             except subprocess.TimeoutExpired:
                 pass
         while time.monotonic() < deadline and any(
-            _group_alive(c.proc) for c in children
+            group_alive(c.proc) for c in children
         ):
             time.sleep(0.02)
-
-
-def _names(children: Sequence[_Child]) -> str:
-    return ", ".join(child.name for child in children)
-
-
-def _exit_code(returncode: int) -> int:
-    """A Popen returncode as a shell reports it (-N for signal N -> 128 + N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _describe(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"{name} (exit code {_exit_code(returncode)})"
-    return f"exit code {returncode}"
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-_STAT = re.compile(rb"\) (\S) (\d+) (\d+)")
-
-
-def _group_alive(proc: subprocess.Popen) -> bool:
-    """Whether `proc` or anything left in its process group still runs.
-
-    Zombies do not count: an orphan reparented to a PID 1 that does not reap
-    would otherwise look alive forever.
-    """
-    if proc.poll() is None:
-        return True
-    pgid = proc.pid
-    if not os.path.isdir("/proc"):
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # Fields after the command name: state, ppid, pgrp.
-        match = _STAT.search(stat, stat.rfind(b")"))
-        if match and int(match.group(3)) == pgid and match.group(1) not in b"ZX":
-            return True
-    return False
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A `preexec_fn` that has the child SIGKILLed when the launcher dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        # The launcher may have died before prctl took effect.
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec

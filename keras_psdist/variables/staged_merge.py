@@ -26,7 +26,11 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from keras_psdist._tf import distribute_lib, mirrored_run, resource_variable_ops
+from keras_psdist._tf import (
+    distribute_lib,
+    mirrored_run,
+    resource_variable_ops,
+)
 
 
 def in_replica_control_flow() -> bool:

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist import keras_integration
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import (
@@ -39,13 +38,13 @@ from keras_psdist.cluster import task_loss
 from keras_psdist.cluster.liveness import Heartbeats, LossReporter
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
-from keras_psdist.creation import VariableCreator
-from keras_psdist.input import InputPipelines
-from keras_psdist.partitioned import PartitionedVariable, update_shards
-from keras_psdist.reduction import GradientReduction
-from keras_psdist.replica_batches import ReplicaBatches
-from keras_psdist.staged_merge import StagedMerge, in_replica_control_flow
-from keras_psdist.variables import effective_aggregation
+from keras_psdist.distribute.input import InputPipelines
+from keras_psdist.distribute.reduction import GradientReduction
+from keras_psdist.distribute.replica_batches import ReplicaBatches
+from keras_psdist.variables.creation import VariableCreator
+from keras_psdist.variables.partitioned import PartitionedVariable, update_shards
+from keras_psdist.variables.staged_merge import StagedMerge, in_replica_control_flow
+from keras_psdist.variables.values import effective_aggregation
 
 ReduceOp = tf.distribute.ReduceOp
 # Replica-context writes (metric totals, statistics) are combined with plain
@@ -93,7 +92,6 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
                 service logs them itself).
         """
         super().__init__(container_strategy)
-        keras_integration.install()
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices
@@ -370,7 +368,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         return self._batches.without_data[replica]
 
     def combine_for_variable(self, aggregation, value, var):
-        """Combines replica-context writes of `var` (see `variables.py`).
+        """Combines replica-context writes of `var` (see `variables/values.py`).
 
         Plain arithmetic, never the aggregator: these are metric totals and
         statistics, not gradients.

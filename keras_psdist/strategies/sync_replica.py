@@ -12,8 +12,9 @@ from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.cluster import runtime, task_loss
-from keras_psdist.extended import PSExtended
-from keras_psdist.strategy import check_placement, check_seconds, resolve_attack
+from keras_psdist.distribute.extended import PSExtended
+from keras_psdist.integration import keras_patches
+from keras_psdist.strategies.ps import check_placement, check_seconds, resolve_attack
 from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
 from keras_psdist.sync.training import SyncTraining
 
@@ -197,6 +198,8 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
                 config=topology.config,
             )
 
+        # Keras's side of the run: installed once, before any model exists.
+        keras_patches.install()
         super().__init__(
             PSExtended(
                 self,

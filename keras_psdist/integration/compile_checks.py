@@ -23,7 +23,7 @@ Models of other strategies (or none) are left alone: the check looks only at
 models and scopes of a keras_psdist strategy.
 
 `checked_compile` wraps Keras's `Trainer.compile`
-(`keras_psdist.keras_integration`).
+(`keras_psdist.integration.keras_patches`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def checked_compile(compile_):
 
 
 def _is_ours(strategy) -> bool:
-    from keras_psdist.extended import PSExtended
+    from keras_psdist.distribute.extended import PSExtended
 
     return strategy is not None and isinstance(
         getattr(strategy, "extended", None), PSExtended

@@ -7,9 +7,9 @@
                   `tf.data` iterators, the cut inside the compiled step
 
 What a replica does with a piece, including a replica left without one, is
-`keras_psdist.replica_batches`.
+`keras_psdist.distribute.replica_batches`.
 """
 
-from keras_psdist.input.pipelines import InputPipelines
+from keras_psdist.distribute.input.pipelines import InputPipelines
 
 __all__ = ["InputPipelines"]

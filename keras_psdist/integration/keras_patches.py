@@ -17,8 +17,8 @@ would retire it.
 
 Examples:
 
->>> from keras_psdist import keras_integration
->>> [p.target for p in keras_integration.PATCHES][:2]
+>>> from keras_psdist.integration import keras_patches
+>>> [p.target for p in keras_patches.PATCHES][:2]
 ['keras.callbacks:ModelCheckpoint._save_model', 'keras.callbacks:BackupAndRestore._save_model']
 """
 
@@ -70,34 +70,34 @@ _CHIEF_ONLY = (
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "keras.callbacks:ModelCheckpoint._save_model",
-        "keras_psdist.checkpointing:on_chief_only",
+        "keras_psdist.integration.checkpointing:on_chief_only",
         _CHIEF_ONLY,
     ),
     Patch(
         "keras.callbacks:BackupAndRestore._save_model",
-        "keras_psdist.checkpointing:on_chief_only",
+        "keras_psdist.integration.checkpointing:on_chief_only",
         _CHIEF_ONLY,
     ),
     Patch(
         "keras.callbacks:BackupAndRestore.on_train_end",
-        "keras_psdist.checkpointing:on_chief_only",
+        "keras_psdist.integration.checkpointing:on_chief_only",
         _CHIEF_ONLY + " (It also deletes the backup at the end.)",
     ),
     Patch(
         "keras.callbacks:BackupAndRestore._load_model",
-        "keras_psdist.checkpointing:weights_from_chief_only",
+        "keras_psdist.integration.checkpointing:weights_from_chief_only",
         _CHIEF_ONLY,
     ),
     Patch(
         "keras:Model.save",
-        "keras_psdist.checkpointing:atomic",
+        "keras_psdist.integration.checkpointing:atomic",
         "A crash mid-save (a lost task ends a process at once) must leave the "
         "previous file whole: write beside it and rename. Retired by atomic "
         "saves in Keras's saving_lib.",
     ),
     Patch(
         "keras:Model.save_weights",
-        "keras_psdist.checkpointing:atomic",
+        "keras_psdist.integration.checkpointing:atomic",
         "As Model.save.",
     ),
     Patch(
@@ -111,7 +111,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         "keras.src.backend.tensorflow.optimizer:TFOptimizer."
         "_distributed_tf_update_step",
-        "keras_psdist.row_separable:with_optimizer",
+        "keras_psdist.variables.row_separable:with_optimizer",
         "`extended.update` is told the variable and a closure, not the "
         "optimizer: a partitioned variable needs it to update each shard with "
         "its slot rows. Retired by passing the optimizer to `update`.",
@@ -149,7 +149,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "keras.src.trainers.trainer:Trainer.compile",
-        "keras_psdist.compile_checks:checked_compile",
+        "keras_psdist.integration.compile_checks:checked_compile",
         "Keras takes each object's strategy from the scope active when it is "
         "made; pieces made outside train silently wrong (an optimizer's "
         "`iterations` advances once per replica, keras-team/keras#18624). "

@@ -29,12 +29,16 @@ import tensorflow as tf
 
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
-from keras_psdist._tf import device_util, distribute_utils, numpy_dataset
+from keras_psdist._tf import (
+    device_util,
+    distribute_utils,
+    numpy_dataset,
+)
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
-from keras_psdist.partitioned import PartitionedVariable
-from keras_psdist.shard_layout import ShardLayout
-from keras_psdist.variables import PSVariable, ReplicaLocalVariable
+from keras_psdist.variables.partitioned import PartitionedVariable
+from keras_psdist.variables.shard_layout import ShardLayout
+from keras_psdist.variables.values import PSVariable, ReplicaLocalVariable
 
 _REPLICA_LOCAL_CLASSES = {
     **distribute_utils.VARIABLE_CLASS_MAPPING,

@@ -1,0 +1,89 @@
+"""The string ids of the aggregation rules: `get`, `register`, `serialize`.
+
+The built-in rules are registered by `keras_psdist.aggregators` when it is
+imported; rules that wrap another (bucketing, nearest-neighbour mixing) look
+their inner rule up here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_psdist.aggregators.base import Aggregator
+
+_REGISTRY: dict[str, type[Aggregator]] = {}
+
+
+def register(name: str, cls: type[Aggregator]) -> type[Aggregator]:
+    """Registers a user rule under `name` so `get(name)` finds it.
+
+    Args:
+        name: The string id, snake_case.
+        cls: An `Aggregator` subclass.
+
+    Returns:
+        `cls`, so this can be used as `register("x", MyRule)` inline.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Aggregator)):
+        raise TypeError(f"`cls` must be an Aggregator subclass. Received: cls={cls!r}")
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(
+            f"An aggregator named {name!r} is already registered "
+            f"({_REGISTRY[name].__name__}). Pick another name."
+        )
+    _REGISTRY[name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    """The registered string ids."""
+    return list(_REGISTRY)
+
+
+def serialize(aggregator: Aggregator) -> dict[str, Any]:
+    """Returns `{"class_name": id, "config": {...}}` for `aggregator`."""
+    for name, cls in _REGISTRY.items():
+        if type(aggregator) is cls:
+            return {"class_name": name, "config": aggregator.get_config()}
+    raise ValueError(
+        f"{type(aggregator).__name__} is not registered. Call "
+        "`keras_psdist.aggregators.register(name, cls)` first."
+    )
+
+
+def deserialize(config: dict[str, Any]) -> Aggregator:
+    """Inverse of `serialize`."""
+    if not isinstance(config, dict) or "class_name" not in config:
+        raise ValueError(
+            "An aggregator config must be a dict with 'class_name' and "
+            f"'config'. Received: {config!r}"
+        )
+    cls = _lookup(config["class_name"])
+    return cls.from_config(config.get("config") or {})
+
+
+def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
+    """Returns an aggregator from a string id, a config dict or an instance.
+
+    Raises:
+        ValueError: for an unknown id, naming the valid ones.
+    """
+    if isinstance(identifier, Aggregator):
+        return identifier
+    if isinstance(identifier, str):
+        return _lookup(identifier)()
+    if isinstance(identifier, dict):
+        return deserialize(identifier)
+    raise ValueError(
+        "Could not interpret aggregator identifier. Expected a string, a "
+        f"config dict or an Aggregator. Received: {identifier!r}"
+    )
+
+
+def _lookup(name: str) -> type[Aggregator]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"Unknown aggregator {name!r}. Expected one of: {', '.join(_REGISTRY)}."
+        ) from None

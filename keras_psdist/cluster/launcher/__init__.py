@@ -1,0 +1,34 @@
+"""`keras-psdist launch`: a whole parameter-server cluster on this machine.
+
+    run.py        `launch`: pick ports, start a `keras-psdist serve` process
+                  per server task, run the training command once per training
+                  task with its TF_CONFIG, watch them, stop every process
+    processes.py  the children: prefixed output, signals, process groups
+    banner.py     TensorFlow's start-up banner, left out of the output
+
+Pure process management: nothing here imports TensorFlow.
+"""
+
+from keras_psdist.cluster.launcher.run import (
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    EXIT_TIMEOUT,
+    GRACE_S,
+    MAX_ATTEMPTS,
+    MODES,
+    SERVER_COMMAND,
+    SERVER_LOSS_GRACE_S,
+    launch,
+)
+
+__all__ = [
+    "EXIT_SIGINT",
+    "EXIT_SIGTERM",
+    "EXIT_TIMEOUT",
+    "GRACE_S",
+    "MAX_ATTEMPTS",
+    "MODES",
+    "SERVER_COMMAND",
+    "SERVER_LOSS_GRACE_S",
+    "launch",
+]

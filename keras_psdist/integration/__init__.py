@@ -1,0 +1,13 @@
+"""The Keras layer: every place keras_psdist reaches into Keras.
+
+    keras_patches.py   every Keras method keras_psdist wraps (`PATCHES`, each
+                       with what Keras lacks), installed together when the
+                       first strategy is built, reversible; the one module
+                       that names Keras's private modules
+    checkpointing.py   the wrappers that make checkpoints chief-only and atomic
+    compile_checks.py  the wrapper that refuses `compile` mistakes with the fix
+
+Beside it, `keras_psdist/_tf.py` holds every import of TensorFlow's private
+modules and checks the supported TensorFlow and Keras versions on import.
+`tests/test_keras_integration.py` holds both to that.
+"""

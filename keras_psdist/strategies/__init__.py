@@ -1,0 +1,17 @@
+"""The strategies a user constructs: thin fronts over one extended.
+
+    ps.py            `PSStrategy`: parameter-server placement, robust
+                     reduction, one host or a cluster (in-graph or
+                     between-graph)
+    sync_replica.py  `SyncReplicaStrategy`: TF1's `SyncReplicasOptimizer`
+                     semantics between worker processes
+
+Each front checks its arguments and hands them to
+`keras_psdist.distribute.extended.PSExtended`, which owns everything the run
+needs from construction.
+"""
+
+from keras_psdist.strategies.ps import PSStrategy
+from keras_psdist.strategies.sync_replica import SyncReplicaStrategy
+
+__all__ = ["PSStrategy", "SyncReplicaStrategy"]

@@ -1,0 +1,15 @@
+"""Where variables live and how they are written: one copy, on a parameter device.
+
+    creation.py       the variable creator: placement, partitioning, sharing
+                      between worker processes
+    values.py         `PSVariable`, the one-copy variable handed to Keras, and
+                      how writes made in replica context are combined
+    partitioned.py    `PartitionedVariable`: a table split into row shards
+    shard_layout.py   which rows each shard holds
+    row_separable.py  which optimizers can update shard by shard
+    staged_merge.py   synchronisation points inside control flow
+
+The policies a user picks are public modules of the package:
+`keras_psdist.placement` (which device) and `keras_psdist.partitioners`
+(how many shards).
+"""
