@@ -7,10 +7,12 @@ once, to `Aggregator.step`, which
 1. brings them to their true scale (Keras sends `1/n`-scaled values for a SUM),
 2. gives sparse (`IndexedSlices`) values a dense block over the rows any
    replica touched (`sparse.py`), never over the whole table,
-3. lets a simulated attack (`keras_psdist.attacks`) replace chosen replicas,
-4. masks replicas that got no data in this step,
-5. runs the rule (`apply`), and returns an `Aggregation`: the values, a
+3. masks replicas that got no data in this step,
+4. runs the rule (`apply`), and returns an `Aggregation`: the values, a
    per-replica report for diagnostics, and the rule's next state.
+
+A simulated attack is not part of this interface: `keras_psdist.attacks.UnderAttack`
+composes one in front of a rule's `apply`.
 
 A rule only writes `aggregate` (stateless) or `apply` (stateful or reporting).
 """
@@ -193,7 +195,7 @@ class Aggregator:
     ) -> list[tf.Tensor | tf.IndexedSlices]:
         """Reduces per-replica values with `tf.distribute` semantics, statelessly.
 
-        `step` with the rule's initial state and no attack; see there.
+        `step` with the rule's initial state; see there.
         """
         specs = [column_spec(vs) for vs in per_replica]
         return self.step(
@@ -207,7 +209,6 @@ class Aggregator:
         *,
         shares: Sequence[tf.Tensor] | None = None,
         state: Any = (),
-        attack: Any = None,
     ) -> Aggregation:
         """One step of the strategy's reduction (see the module docstring).
 
@@ -219,8 +220,6 @@ class Aggregator:
                 1), or `None` for equal shares. Replicas with share 0 got no
                 data; their values (possibly NaN) are replaced by zeros.
             state: The rule's state (see `initial_state`).
-            attack: A `keras_psdist.attacks.Attack` replacing some replicas'
-                values, for evaluating the rule; `None` for none.
 
         Returns:
             An `Aggregation` whose values have the meaning `reduce_op` asks
@@ -233,8 +232,6 @@ class Aggregator:
             per_replica = [[_scale(v, n) for v in vs] for vs in per_replica]
         blocks = [sparse_lib.to_dense_rows(vs) for vs in per_replica]
         dense = [b.values for b in blocks]
-        if attack is not None:
-            dense = attack.apply(dense)
         if shares is not None:
             dense = _mask_replicas_without_data(dense, shares)
         result = self.apply(dense, state)

@@ -46,7 +46,7 @@ class Mean(Aggregator):
     def aggregate(self, per_replica: Sequence[Sequence[tf.Tensor]]) -> list[tf.Tensor]:
         return [_sum(vs) / tf.cast(len(vs), vs[0].dtype) for vs in per_replica]
 
-    def step(self, reduce_op, per_replica, *, shares=None, state=(), attack=None):
+    def step(self, reduce_op, per_replica, *, shares=None, state=()):
         """The mean of the replicas' per-example gradients, weighted by batch.
 
         With equal shares, the SUM of 1/n-scaled values is the mean of the
@@ -55,13 +55,10 @@ class Mean(Aggregator):
         which makes the result the gradient of the mean loss over the whole
         global batch, as on one device. Replicas with no data are left out.
         Sparse values are concatenated (duplicate rows add up when applied),
-        so an embedding table is never densified. Under an attack the generic
-        path of `Aggregator.step` runs.
+        so an embedding table is never densified.
         """
-        if attack is not None or not per_replica:
-            return super().step(
-                reduce_op, per_replica, shares=shares, state=state, attack=attack
-            )
+        if not per_replica:
+            return super().step(reduce_op, per_replica, shares=shares, state=state)
         n = len(per_replica[0])
         scale = float(n) if reduce_op == tf.distribute.ReduceOp.SUM else 1.0
         values = [None] * len(per_replica)

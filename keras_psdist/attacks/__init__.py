@@ -26,6 +26,7 @@ from keras_psdist.attacks.base import Attack, GradientAttack
 from keras_psdist.attacks.crafted import ALIE, IPM
 from keras_psdist.attacks.data import LabelFlip
 from keras_psdist.attacks.gradient import GaussianNoise, NonFinite, Scale, SignFlip
+from keras_psdist.attacks.harness import UnderAttack
 
 _REGISTRY: dict[str, type[Attack]] = {
     "sign_flip": SignFlip,
@@ -128,6 +129,7 @@ __all__ = [
     "NonFinite",
     "Scale",
     "SignFlip",
+    "UnderAttack",
     "deserialize",
     "get",
     "names",

@@ -4,9 +4,10 @@ An attack names the replicas it controls and changes what they contribute,
 so a robust aggregation rule can be evaluated against it:
 
 - a *gradient attack* (`GradientAttack`) replaces the attacked replicas'
-  gradients after every replica has computed its own: `Aggregator.step`
-  calls `apply(dense)` with `dense[v][r]`, replica r's true-scale gradient of
-  variable v, and aggregates what `apply` returns;
+  gradients after every replica has computed its own: `UnderAttack` (in
+  `harness.py`) calls `apply(dense)` with `dense[v][r]`, replica r's
+  true-scale gradient of variable v, and the rule aggregates what `apply`
+  returns;
 - a *data attack* (e.g. `LabelFlip`) corrupts the attacked replicas' batches
   before the forward pass through `corrupt_batch`; their gradients are then
   honest gradients of bad data.

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.aggregators.base import Aggregator, column_spec
+from keras_psdist.attacks.harness import UnderAttack
 
 
 class GradientReduction:
@@ -51,9 +52,11 @@ class GradientReduction:
     ):
         self.aggregator = aggregator
         self.attack = attack
+        # What runs each step: the rule, behind the attack if there is one.
+        self._rule = aggregator if attack is None else UnderAttack(aggregator, attack)
         self._device = device
         self._num_replicas = num_replicas
-        spread = aggregator.per_variable and attack is None
+        spread = self._rule.per_variable
         self._spread_devices = tuple(spread_devices) if spread else ()
         self._states: dict[tuple, Any] = {}
         names = tuple(aggregator.report_names)
@@ -76,9 +79,7 @@ class GradientReduction:
         with tf.device(self._device):
             state_vars = self._state_variables(per_replica)
             state = tf.nest.map_structure(lambda v: v.read_value(), state_vars)
-            result = self.aggregator.step(
-                reduce_op, per_replica, shares=shares, state=state, attack=self.attack
-            )
+            result = self._rule.step(reduce_op, per_replica, shares=shares, state=state)
             writes = [
                 var.assign(tf.cast(value, var.dtype))
                 for var, value in zip(
@@ -103,7 +104,7 @@ class GradientReduction:
         groups = _balance_by_bytes(per_replica, self._spread_devices)
         for device, indices in groups.items():
             with tf.device(device):
-                result = self.aggregator.step(
+                result = self._rule.step(
                     reduce_op, [per_replica[i] for i in indices], shares=shares
                 )
                 for i, value in zip(indices, result.values, strict=True):
