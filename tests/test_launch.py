@@ -673,3 +673,47 @@ def test_cli_help_per_command(cli, capsys):
     assert cli._parse_flags(["keras-psdist", "launch", "--", "x", "--help"])[-1] == (
         "--help"
     )
+
+
+# ------------------------------------------- the test helper's one retry
+
+
+def test_a_server_crash_is_launched_once_more_from_a_clean_directory(
+    tmp_path, monkeypatch
+):
+    import launching
+
+    (tmp_path / "input.json").write_text("{}")  # Made before: stays.
+    crashed = (
+        "[launch] ps:1 (server) exited with SIGSEGV (exit code 139) while "
+        "training ran; stopping every task.\n"
+    )
+    attempts = []
+
+    def fake_launch_once(job, args, out, launch_kwargs):
+        attempts.append(sorted(p.name for p in tmp_path.iterdir()))
+        (tmp_path / f"checkpoint_{len(attempts)}").write_text("x")
+        return (1, crashed) if len(attempts) == 1 else (0, "ok\n")
+
+    monkeypatch.setattr(launching, "_launch_once", fake_launch_once)
+    with pytest.warns(UserWarning, match=r"ps:1 \(server\) exited with SIGSEGV"):
+        code, log = launching.launch_job("job.py", [tmp_path, "{}"])
+    assert (code, log) == (0, "ok\n")
+    # The second attempt saw only what the test made, not the first's files.
+    assert attempts == [["input.json"], ["input.json"]]
+    kept = tmp_path.parent / f"{tmp_path.name}.server-crash"
+    assert sorted(p.name for p in kept.iterdir()) == ["checkpoint_1", "launch.log"]
+
+
+def test_any_other_failure_is_returned_as_it_is(tmp_path, monkeypatch):
+    import launching
+
+    calls = []
+
+    def fake_launch_once(job, args, out, launch_kwargs):
+        calls.append(1)
+        return 1, "[launch] worker:1 exited with exit code 1; stopping every task.\n"
+
+    monkeypatch.setattr(launching, "_launch_once", fake_launch_once)
+    code, _ = launching.launch_job("job.py", [tmp_path])
+    assert code == 1 and len(calls) == 1
