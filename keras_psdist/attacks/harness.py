@@ -1,10 +1,14 @@
-"""How a simulated attack meets a rule: composed in front of it, not inside it.
+"""How a simulated attack meets training: in front of the rule, or the batch.
 
 `UnderAttack(rule, attack)` is the rule as the strategy runs it when an
 attack is configured: each step, the replicas' values (true scale, sparse
 rows densified, replicas without data zeroed) first go through
 `attack.apply`, then the rule aggregates what the attack left. Neither the
 rule nor the `Aggregator` interface knows attacks exist.
+
+`corrupting_batches(train_step, attack, replicas)` is the same for data
+attacks: the strategy runs each replica's train step through it, so the
+attacked replicas train on `attack.corrupt_batch(batch)`.
 
 Examples:
 
@@ -18,11 +22,12 @@ array([0.], dtype=float32)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
+from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import Aggregation, Aggregator
 from keras_psdist.attacks.base import Attack
 
@@ -64,3 +69,34 @@ class UnderAttack(Aggregator):
 
     def __repr__(self) -> str:
         return f"UnderAttack({self.aggregator!r}, {self.attack!r})"
+
+
+def corrupting_batches(
+    step: Callable, attack: Attack, replicas: Iterable[int]
+) -> Callable:
+    """`step` with the batches of `replicas` corrupted by `attack`.
+
+    Only training steps: Keras hands the strategy `model.train_step` (a
+    custom loop's function named `train_step` is treated alike);
+    `evaluate` and `predict` must see the true labels, and so does every
+    step when `attack` is not a data attack (its `corrupt_batch` is
+    `Attack`'s, which changes nothing).
+
+    Args:
+        step: The function the strategy runs in each replica.
+        attack: The attack.
+        replicas: The replicas whose batches it corrupts.
+    """
+    if type(attack).corrupt_batch is Attack.corrupt_batch:
+        return step
+    if getattr(getattr(step, "python_function", step), "__name__", "") != "train_step":
+        return step
+    attacked = set(replicas)
+
+    def corrupted(*args, **kwargs):
+        replica = distribute_lib.get_replica_context()._replica_id_in_sync_group
+        if replica in attacked and args:
+            args = (attack.corrupt_batch(args[0]), *args[1:])
+        return step(*args, **kwargs)
+
+    return corrupted

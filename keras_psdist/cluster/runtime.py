@@ -102,6 +102,20 @@ class Topology:
         return self.mode == "between-graph"
 
     @property
+    def reduction_device(self) -> str:
+        """Where a step's gradients are combined.
+
+        On one host and in-graph, on the first parameter device, beside the
+        variables. Between-graph, each worker combines only its own replicas'
+        gradients, so on the worker: its only device, else its host CPU.
+        """
+        if not self.between_graph:
+            return self.parameter_devices[0]
+        if len(self.compute_devices) == 1:
+            return self.compute_devices[0]
+        return self.input_workers[0][0]
+
+    @property
     def chief_name(self) -> str:
         """The chief's task, e.g. `"worker:0"`, for messages."""
         if self.config is None:

@@ -32,8 +32,8 @@ from keras_psdist._tf import (
     resource_variable_ops,
     values,
 )
-from keras_psdist.aggregators import Aggregator, Mean
-from keras_psdist.aggregators.base import weighted_sum
+from keras_psdist.aggregators import Aggregator
+from keras_psdist.attacks.harness import corrupting_batches
 from keras_psdist.cluster import task_loss
 from keras_psdist.cluster.liveness import Heartbeats, LossReporter
 from keras_psdist.cluster.runtime import Topology
@@ -41,18 +41,20 @@ from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.distribute.input import InputPipelines
 from keras_psdist.distribute.reduction import GradientReduction
 from keras_psdist.distribute.replica_batches import ReplicaBatches
+from keras_psdist.distribute.replica_writes import (
+    ReplicaWrites,
+    as_reduce_op,
+    combine_column,
+    per_replica_values,
+)
 from keras_psdist.variables.creation import VariableCreator
 from keras_psdist.variables.partitioned import PartitionedVariable, update_shards
-from keras_psdist.variables.staged_merge import StagedMerge, in_replica_control_flow
-from keras_psdist.variables.values import effective_aggregation
+from keras_psdist.variables.staged_merge import StagedMerge
 
 ReduceOp = tf.distribute.ReduceOp
-# Replica-context writes (metric totals, statistics) are combined with plain
-# arithmetic, never with the strategy's gradient aggregator.
-_PLAIN_MEAN = Mean()
 
 
-class PSExtended(distribute_lib.StrategyExtendedV1):
+class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
     """Implementation of `PSStrategy` (see its docstring for the user view)."""
 
     def __init__(
@@ -112,7 +114,7 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             partitioners_lib.get(partitioner),
             self._shared,
         )
-        self._reduction_device = _reduction_device(topology)
+        self._reduction_device = topology.reduction_device
         self._reduction = GradientReduction(
             aggregator,
             attack,
@@ -278,36 +280,14 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         return tf.nest.map_structure(per_replica, outputs)
 
     def _with_data_attack(self, fn):
-        """Wraps a Keras train step so attacked replicas see corrupted batches.
-
-        Only training steps, recognised by name: Keras runs
-        `model.train_step` (and a custom loop's `train_step` function is
-        treated alike); `evaluate` / `predict` must see the true labels.
-        """
-        attack = self.attack if self.worker_attack is None else self.worker_attack
-        if attack is None:
+        """`fn` with the attacked replicas' batches corrupted (data attacks)."""
+        if self.worker_attack is not None:
+            # An attacked worker process corrupts every one of its replicas.
+            attacked = range(self._num_replicas_in_sync)
+            return corrupting_batches(fn, self.worker_attack, attacked)
+        if self.attack is None:
             return fn
-        from keras_psdist.attacks.base import Attack
-
-        if type(attack).corrupt_batch is Attack.corrupt_batch:
-            return fn
-        name = getattr(getattr(fn, "python_function", fn), "__name__", "")
-        if name != "train_step":
-            return fn
-        # An attacked worker process corrupts every one of its replicas.
-        attacked = (
-            set(attack.replicas)
-            if self.worker_attack is None
-            else set(range(self._num_replicas_in_sync))
-        )
-
-        def corrupted(*args, **kwargs):
-            replica = distribute_lib.get_replica_context()._replica_id_in_sync_group
-            if replica in attacked and args:
-                args = (attack.corrupt_batch(args[0]), *args[1:])
-            return fn(*args, **kwargs)
-
-        return corrupted
+        return corrupting_batches(fn, self.attack, self.attack.replicas)
 
     # ------------------------------------------------------------ reduction
 
@@ -320,19 +300,19 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             )
         column = [tf.convert_to_tensor(v) for v in value.values]
         with tf.device(self._reduction_device):
-            if _as_reduce_op(reduce_op) == ReduceOp.SUM:
-                result = self._combine_list(tf.VariableAggregation.SUM, column)
+            if as_reduce_op(reduce_op) == ReduceOp.SUM:
+                result = combine_column(tf.VariableAggregation.SUM, column)
             else:
                 result = tf.add_n(column) / tf.cast(len(column), column[0].dtype)
         return self._to_destinations(result, destinations)
 
     def _batch_reduce_to(self, reduce_op, value_destination_pairs, options):
-        reduce_op = _as_reduce_op(reduce_op)
+        reduce_op = as_reduce_op(reduce_op)
         pairs = list(value_destination_pairs)
         results = [None] * len(pairs)
         dense, sparse = [], []
         for i, (value, _) in enumerate(pairs):
-            per_replica = _per_replica_values(value, self._num_replicas_in_sync)
+            per_replica = per_replica_values(value, self._num_replicas_in_sync)
             if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
                 sparse.append((i, per_replica))
             else:
@@ -345,151 +325,6 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
             self._to_destinations(r, dest)
             for r, (_, dest) in zip(results, pairs, strict=True)
         ]
-
-    @property
-    def _shares(self):
-        """Each replica's share of the step's global batch, or None."""
-        return None if self._batches is None else self._batches.shares
-
-    def _float_shares(self, columns):
-        """The step's shares, for columns of float values only (an integer
-        all-reduce is not a gradient to weigh)."""
-        if self._shares is None or not columns:
-            return None
-        if not all(v.dtype.is_floating for vs in columns for v in vs):
-            return None
-        return self._shares
-
-    def replica_without_data(self, replica: int) -> tf.Tensor | None:
-        """In the step being traced: whether `replica` got no data and runs
-        on a stand-in (see `replica_batches.py`); None outside a step."""
-        if self._batches is None or self._batches.without_data is None:
-            return None
-        return self._batches.without_data[replica]
-
-    def combine_for_variable(self, aggregation, value, var):
-        """Combines replica-context writes of `var` (see `variables/values.py`).
-
-        Plain arithmetic, never the aggregator: these are metric totals and
-        statistics, not gradients.
-        """
-        if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
-            return self._local_results(value)[0]
-        if not isinstance(value, values.DistributedValues):
-            if aggregation == tf.VariableAggregation.SUM:
-                return value * self._num_replicas_in_sync
-            return value
-        per_replica = list(value.values)
-        with tf.device(var.device):
-            if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
-                op = (
-                    ReduceOp.SUM
-                    if aggregation == tf.VariableAggregation.SUM
-                    else ReduceOp.MEAN
-                )
-                return _PLAIN_MEAN.reduce_sparse(op, per_replica)
-            return self._combine_list(aggregation, per_replica, self._shares)
-
-    # ------------------------------------------- sync inside control flow
-
-    def _use_merge_call(self):
-        # `merge_call` works everywhere but inside a replica's `cond` branch;
-        # there, the staged protocol of `staged_merge.py` takes over. In
-        # cross-replica context (the sync-replica chief applying an update
-        # with Keras's optimizer) there is nothing to merge.
-        if distribute_lib.in_cross_replica_context():
-            return False
-        return not in_replica_control_flow()
-
-    def _replica_ctx_all_reduce(self, reduce_op, value, options=None):
-        reduce_op = _as_reduce_op(reduce_op)
-        flat = [tf.convert_to_tensor(v) for v in tf.nest.flatten(value)]
-        out = self._staged.combine(
-            flat,
-            lambda per_value: self._reduction(
-                reduce_op, per_value, self._float_shares([flat])
-            ),
-        )
-        if out is None:
-            # Not the last replica: it never applies the result, so a stand-in
-            # of the right structure is enough.
-            out = [tf.identity(v) for v in flat]
-        self._staged.mark_agreed(out)
-        return tf.nest.pack_sequence_as(value, out)
-
-    def _replica_ctx_update(self, var, fn, args=(), kwargs=None, group=True):
-        if not in_replica_control_flow():
-            return super()._replica_ctx_update(var, fn, args, kwargs, group)
-        aggregation = effective_aggregation(tf.VariableAggregation.NONE, var.dtype)
-        return self.staged_apply(
-            aggregation,
-            args,
-            kwargs or {},
-            apply=lambda a, kw: self._update(var, fn, a, kw, group),
-            stand_in=lambda: None,
-        )
-
-    def staged_assign(self, var, f, aggregation, args, kwargs):
-        """A replica-context write of `var` inside control flow (see
-        `staged_merge.py`): combined by `aggregation`, applied once."""
-        inner = var.get()
-
-        def apply(a, kw):
-            with tf.device(inner.device), distribute_lib.UpdateContext(inner.device):
-                return f(inner, *a, **kw)
-
-        return self.staged_apply(
-            aggregation, args, kwargs, apply=apply, stand_in=inner.value
-        )
-
-    def staged_apply(self, aggregation, args, kwargs, apply, stand_in):
-        """Stages the arguments that differ between replicas, combines them by
-        `aggregation`, and calls `apply(args, kwargs)` in the last replica.
-        Other replicas return `stand_in()`."""
-        flat = tf.nest.flatten((args, kwargs))
-        staged = [i for i, x in enumerate(flat) if not self._staged.is_agreed(x)]
-        combined = self._staged.combine(
-            [flat[i] for i in staged],
-            lambda per_value: [
-                self._combine_list(aggregation, c, self._shares) for c in per_value
-            ],
-        )
-        if combined is None:
-            return stand_in()
-        for i, c in zip(staged, combined, strict=True):
-            flat[i] = c
-        args, kwargs = tf.nest.pack_sequence_as((args, kwargs), flat)
-        return apply(args, kwargs)
-
-    def _combine_list(self, aggregation, column, shares=None):
-        """Combines one variable's per-replica values by `aggregation`.
-
-        A float MEAN is weighted by each replica's share of the global batch
-        (`shares`, see `replica_batches.py`), so BatchNormalization's moving statistics are
-        those of the global batch even when a partial batch splits unevenly;
-        a replica that got no data (whose statistics are 0/0 = NaN) has
-        weight 0 and is left out.
-        """
-        column = [tf.convert_to_tensor(c) for c in column]
-        if aggregation == tf.VariableAggregation.ONLY_FIRST_REPLICA:
-            return column[0]
-        if len(column) == 1:
-            return tf.identity(column[0])
-        dtype = column[0].dtype
-        if aggregation == tf.VariableAggregation.SUM:
-            if shares is not None and len(shares) == len(column):
-                # Metric totals: a replica without data ran on a stand-in
-                # example, which must not count.
-                column = [
-                    tf.where(share > 0, c, tf.zeros_like(c))
-                    for c, share in zip(column, shares, strict=True)
-                ]
-            return tf.add_n(column)
-        if not dtype.is_floating:
-            return column[0]
-        if shares is None or len(shares) != len(column):
-            return tf.add_n(column) / tf.cast(len(column), dtype)
-        return weighted_sum(column, shares)
 
     def _to_destinations(self, tensor, destinations):
         """Packs one reduced tensor the way `destinations` expects it."""
@@ -638,20 +473,6 @@ class PSExtended(distribute_lib.StrategyExtendedV1):
         return replica_id
 
 
-def _reduction_device(topology):
-    """Where a step's gradients are combined.
-
-    On one host and in-graph, on the first parameter device, beside the
-    variables. Between-graph, each worker combines only its own replicas'
-    gradients, so on the worker: its only device, else its host CPU.
-    """
-    if not topology.between_graph:
-        return topology.parameter_devices[0]
-    if len(topology.compute_devices) == 1:
-        return topology.compute_devices[0]
-    return topology.input_workers[0][0]
-
-
 def _grouped(result, group):
     """What `update` returns: one op when grouped (graph), else the results."""
     if not group or tf.executing_eagerly():
@@ -679,16 +500,3 @@ def _unwrap(var):
 
 def _is_variable(x):
     return isinstance(x, tf.Variable) or resource_variable_ops.is_resource_variable(x)
-
-
-def _as_reduce_op(reduce_op):
-    if isinstance(reduce_op, str):
-        return ReduceOp(reduce_op.upper())
-    return reduce_op
-
-
-def _per_replica_values(value, num_replicas):
-    if isinstance(value, values.DistributedValues):
-        return list(value.values)
-    # A value that is the same in every replica, e.g. a Python constant.
-    return [value] * num_replicas
