@@ -10,7 +10,9 @@ import pytest
 import tensorflow as tf
 
 from keras_psdist.cluster import config as cluster_config
-from keras_psdist.cluster.config import ClusterConfig, PortInUseError
+from keras_psdist.cluster import ports as ports_lib
+from keras_psdist.cluster.config import ClusterConfig
+from keras_psdist.errors import PortInUseError
 
 CLUSTER = {
     "ps": ["127.0.0.1:2222", "127.0.0.1:2223"],
@@ -229,10 +231,10 @@ def test_from_resolver():
 
 
 def test_wait_reachable_raises_within_its_timeout_for_a_closed_port():
-    (port,) = cluster_config.pick_free_ports(1)
+    (port,) = ports_lib.pick_free_ports(1)
     start = time.monotonic()
     with pytest.raises(ConnectionError) as info:
-        cluster_config.wait_reachable({"ps:0": f"127.0.0.1:{port}"}, timeout_s=1.0)
+        ports_lib.wait_reachable({"ps:0": f"127.0.0.1:{port}"}, timeout_s=1.0)
     assert time.monotonic() - start < 10.0  # The timeout is honoured.
     message = str(info.value)
     assert f"ps:0 at 127.0.0.1:{port}" in message
@@ -245,10 +247,10 @@ def test_wait_reachable_returns_once_listening_and_names_each_unreachable():
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         open_address = f"127.0.0.1:{listening.getsockname()[1]}"
-        cluster_config.wait_reachable([open_address], timeout_s=5.0)
-        closed = [f"127.0.0.1:{p}" for p in cluster_config.pick_free_ports(2)]
+        ports_lib.wait_reachable([open_address], timeout_s=5.0)
+        closed = [f"127.0.0.1:{p}" for p in ports_lib.pick_free_ports(2)]
         with pytest.raises(ConnectionError) as info:
-            cluster_config.wait_reachable(
+            ports_lib.wait_reachable(
                 {"ps:0": open_address, "worker:0": closed[0], "worker:1": closed[1]},
                 timeout_s=0.5,
             )
@@ -260,20 +262,20 @@ def test_wait_reachable_returns_once_listening_and_names_each_unreachable():
 
 
 def test_wait_reachable_poll_can_stop_waiting():
-    (port,) = cluster_config.pick_free_ports(1)
+    (port,) = ports_lib.pick_free_ports(1)
 
     def poll():
         raise RuntimeError("server died")
 
     with pytest.raises(RuntimeError, match="server died"):
-        cluster_config.wait_reachable([f"127.0.0.1:{port}"], 30.0, poll=poll)
+        ports_lib.wait_reachable([f"127.0.0.1:{port}"], 30.0, poll=poll)
 
 
 def test_pick_free_ports_distinct_and_bindable():
-    ports = cluster_config.pick_free_ports(20)
+    ports = ports_lib.pick_free_ports(20)
     assert len(set(ports)) == 20
     for port in ports[:3]:
-        cluster_config.check_port_free(f"127.0.0.1:{port}")
+        ports_lib.check_port_free(f"127.0.0.1:{port}")
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
@@ -283,7 +285,7 @@ def test_check_port_free_raises_when_the_port_is_taken(host):
         held.listen()
         port = held.getsockname()[1]
         with pytest.raises(PortInUseError) as info:
-            cluster_config.check_port_free(f"127.0.0.1:{port}")
+            ports_lib.check_port_free(f"127.0.0.1:{port}")
     assert isinstance(info.value, OSError)
     assert info.value.port == port
     assert f"Port {port}" in str(info.value)
@@ -292,7 +294,7 @@ def test_check_port_free_raises_when_the_port_is_taken(host):
 
 def test_check_port_free_rejects_a_bad_address():
     with pytest.raises(ValueError, match="Received: 'localhost'"):
-        cluster_config.check_port_free("localhost")
+        ports_lib.check_port_free("localhost")
 
 
 def test_config_module_imports_without_tensorflow(tmp_path):

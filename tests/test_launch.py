@@ -500,7 +500,7 @@ def test_sigint_to_the_launcher_stops_everything(tmp_path, processes):
 
 
 def test_serve_rejects_bad_tf_config(tmp_path, processes):
-    (port,) = cluster_config.pick_free_ports(1)
+    (port,) = kpd.cluster.pick_free_ports(1)
     cases = {
         "invalid_json": ("{oops", "TF_CONFIG is not valid JSON"),
         "bad_index": (
@@ -528,7 +528,7 @@ def test_serve_rejects_bad_tf_config(tmp_path, processes):
 
 
 def _ps_tf_config(port: int) -> str:
-    (other,) = cluster_config.pick_free_ports(1)
+    (other,) = kpd.cluster.pick_free_ports(1)
     return json.dumps(
         {
             "cluster": {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{other}"]},
@@ -556,7 +556,7 @@ def test_serve_port_in_use_is_a_clear_error(tmp_path, processes):
 
 def test_serve_stops_on_sigterm(tmp_path, processes):
     # TF_CONFIG names worker:0; --job/--task pick ps:0 instead.
-    ports = cluster_config.pick_free_ports(2)
+    ports = kpd.cluster.pick_free_ports(2)
     tf_config = json.dumps(
         {
             "cluster": {
@@ -575,7 +575,7 @@ def test_serve_stops_on_sigterm(tmp_path, processes):
     assert f"keras-psdist serve: ps:0 listening on 127.0.0.1:{ports[0]} (pid " in (
         log.read_text()
     )
-    cluster_config.wait_reachable([f"127.0.0.1:{ports[0]}"], timeout_s=10)
+    kpd.cluster.wait_reachable([f"127.0.0.1:{ports[0]}"], timeout_s=10)
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == 0, log.read_text()
     assert "keras-psdist serve: stopping ps:0 (SIGTERM)" in log.read_text()

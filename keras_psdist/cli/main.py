@@ -298,6 +298,7 @@ def serve_command(args: Sequence[str] = ()) -> int:
     # No TensorFlow import until the server starts: a bad TF_CONFIG is
     # rejected at once.
     from keras_psdist.cluster import config as cluster_config
+    from keras_psdist.errors import PortInUseError
 
     if FLAGS.task is not None:
         _check_minimum("task")
@@ -340,7 +341,7 @@ def serve_command(args: Sequence[str] = ()) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         code = serve(config)
-    except cluster_config.PortInUseError as e:
+    except PortInUseError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return PORT_IN_USE_EXIT_CODE
     # Tearing down an interpreter with a started TF server takes a second or

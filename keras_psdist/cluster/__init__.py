@@ -20,16 +20,14 @@ Examples:
 from keras_psdist.cluster.config import (
     JOB_NAMES,
     ClusterConfig,
-    PortInUseError,
-    check_port_free,
     from_environment,
     from_resolver,
     from_tf_config,
-    pick_free_ports,
-    wait_reachable,
 )
 from keras_psdist.cluster.launcher import launch
+from keras_psdist.cluster.ports import check_port_free, pick_free_ports, wait_reachable
 from keras_psdist.cluster.server import serve
+from keras_psdist.errors import PortInUseError
 
 __all__ = [
     "JOB_NAMES",

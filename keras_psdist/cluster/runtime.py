@@ -33,11 +33,10 @@ from keras_psdist._tf import device_util
 from keras_psdist.cluster.config import (
     LAUNCH_MODE_ENV,
     ClusterConfig,
-    check_port_free,
     from_environment,
     from_resolver,
-    wait_reachable,
 )
+from keras_psdist.cluster.ports import check_port_free, wait_reachable
 
 MODES = ("in-graph", "between-graph")
 # The spellings before 0.2, still accepted with a DeprecationWarning.

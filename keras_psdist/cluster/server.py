@@ -8,7 +8,9 @@ import sys
 import threading
 from typing import TextIO
 
-from keras_psdist.cluster.config import ClusterConfig, PortInUseError, check_port_free
+from keras_psdist.cluster.config import ClusterConfig
+from keras_psdist.cluster.ports import check_port_free
+from keras_psdist.errors import PortInUseError
 
 # The line `serve` prints once the server accepts connections; a launcher
 # waits for it (a port that accepts connections may belong to someone else).

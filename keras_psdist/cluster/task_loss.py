@@ -53,7 +53,8 @@ from collections.abc import Callable, Iterable, Iterator
 import tensorflow as tf
 from absl import logging
 
-from keras_psdist.cluster.config import ClusterConfig, connect_error
+from keras_psdist.cluster.config import ClusterConfig
+from keras_psdist.cluster.ports import connect_error
 from keras_psdist.errors import TaskLostError  # noqa: F401 (re-exported)
 
 # Seconds one connection attempt may take: a dead process refuses at once,

@@ -20,12 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from keras_psdist.cluster.config import (
-    LAUNCH_MODE_ENV,
-    ClusterConfig,
-    pick_free_ports,
-    wait_reachable,
-)
+from keras_psdist.cluster.config import LAUNCH_MODE_ENV, ClusterConfig
 from keras_psdist.cluster.launcher.banner import is_tf_banner
 from keras_psdist.cluster.launcher.processes import (
     Child,
@@ -40,6 +35,7 @@ from keras_psdist.cluster.launcher.processes import (
     parent_death_signal,
     signal_group,
 )
+from keras_psdist.cluster.ports import pick_free_ports, wait_reachable
 from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, READY_LINE
 
 MODES = ("in-graph", "between-graph")
