@@ -274,3 +274,18 @@ def test_gradients_of_a_step_are_reduced_in_one_call(cpu_devices, data, monkeypa
     num_variables = len(model.trainable_variables)
     assert num_variables == 6
     assert calls == [[NUM_REPLICAS] * num_variables], calls
+
+
+def test_a_metric_variable_reads_as_a_number_summed_over_replicas(cpu_devices):
+    # Keras 3.10 reads a metric whose `result()` returns its variable with
+    # `float(...)`; TensorFlow's own SyncOnReadVariable refuses that.
+    strategy = kpd.PSStrategy(devices=cpu_devices[:2])
+    with strategy.scope():
+        count = keras.Variable(0.0, synchronization="on_read", aggregation="sum")
+
+    def add_one():
+        count.assign_add(1.0)
+
+    strategy.run(add_one)
+    assert float(count) == 2.0 and int(count) == 2
+    np.testing.assert_array_equal(np.asarray(count), 2.0)

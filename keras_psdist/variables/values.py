@@ -23,6 +23,7 @@ statistic of the global batch when replicas see equal-sized shards.
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from keras_psdist._tf import distribute_lib, ps_values, values
@@ -104,6 +105,18 @@ class ReplicaLocalVariable(values.SyncOnReadVariable):
     (`keras_psdist.distribute.replica_batches`); its writes here leave its copy as it
     was, so the stand-in is never counted.
     """
+
+    # Keras 3.10 reads a metric whose `result()` returns its variable with
+    # `float(variable)` (TF's own `SyncOnReadVariable` then fails, under
+    # MirroredStrategy too): the value read is the sum over replicas.
+    def __float__(self):
+        return float(self.read_value())
+
+    def __int__(self):
+        return int(self.read_value())
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.read_value(), dtype=dtype)
 
     def assign(self, value, *args, **kwargs):
         empty = _replica_without_data(self._distribute_strategy)
