@@ -1,5 +1,6 @@
 """`keras-psdist launch`: a whole parameter-server cluster on this machine.
 
+    arguments.py  `launch`'s arguments, checked before anything starts
     run.py        `launch`: pick ports, start a `keras-psdist serve` process
                   per server task, run the training command once per training
                   task with its TF_CONFIG, watch them, stop every process
@@ -9,13 +10,13 @@
 Pure process management: nothing here imports TensorFlow.
 """
 
+from keras_psdist.cluster.launcher.arguments import MODES
 from keras_psdist.cluster.launcher.run import (
     EXIT_SIGINT,
     EXIT_SIGTERM,
     EXIT_TIMEOUT,
     GRACE_S,
     MAX_ATTEMPTS,
-    MODES,
     SERVER_COMMAND,
     SERVER_LOSS_GRACE_S,
     launch,
