@@ -49,34 +49,28 @@ Options: ``--n 4,8``, ``--d 1e5,2**20`` (ints, floats or powers ``2**k``),
 from __future__ import annotations
 
 import argparse
-import datetime
 import faulthandler
 import gc
 import os
-import platform
 import statistics
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from _common import loadavg as _loadavg  # noqa: E402
-from _common import log as _log
-from _common import save_json
+import harness
+from harness import log as _log
+from harness import ratio as _ratio
+from harness import times as _x
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+harness.prepare_tensorflow()
+harness.ensure_importable()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-try:
-    import keras_psdist as kpd  # noqa: E402
-except ImportError:  # running from a checkout without installing
-    sys.path.insert(0, str(REPO_ROOT))
-    import keras_psdist as kpd  # noqa: E402
+import keras_psdist as kpd  # noqa: E402
 
 TARGET_N = 8
 TARGET_D = 2**20
@@ -178,11 +172,12 @@ def measure(n: int, d: int, rules: list[str], args, too_slow: dict) -> list[Case
             case.times_s.append(case.first_call_s)
             if case.name not in (NUMPY, TF_MEAN):
                 too_slow[case.name] = min(too_slow.get(case.name, n * d), n * d)
-    timed = [c for c in live if c.status == "ok" and not c.times_s]
-    for r in range(args.repeats):
-        k = r % max(len(timed), 1)
-        for case in timed[k:] + timed[:k]:
-            case.times_s.append(_timed(case))
+    timed = {c.name: c for c in live if c.status == "ok" and not c.times_s}
+    rounds = harness.interleaved_rounds(
+        timed, lambda case, r: _timed(case), args.repeats, catch=()
+    )
+    for name, case in timed.items():
+        case.times_s += rounds.samples(name)
     for case in cases:
         case.call = None
     return cases
@@ -293,31 +288,9 @@ def target_checks(results: list[Case]) -> list[str]:
     return lines
 
 
-def _ratio(a, b):
-    return a / b if a is not None and b else None
-
-
-def _x(r) -> str:
-    return "n/a" if r is None else f"{r:.2f}x"
-
-
 def _short(text: str | None, width: int = 90) -> str:
     text = (text or "").splitlines()[0] if text else ""
     return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def environment() -> dict:
-    return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "tensorflow": tf.__version__,
-        "numpy": np.__version__,
-        "keras_psdist": kpd.__version__,
-        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-        "loadavg": _loadavg(),
-    }
 
 
 def write_json(path: str, results: list[Case], args, wall_s: float) -> None:
@@ -352,24 +325,26 @@ def write_json(path: str, results: list[Case], args, wall_s: float) -> None:
             "targets": args.targets,
             "seed": args.seed,
         },
-        "environment": environment(),
+        "environment": {},
         "wall_s": wall_s,
         "targets": target_checks(results) if args.targets else [],
         "results": rows,
     }
-    save_json(path, payload)
+    harness.write_results(path, payload)
 
 
 def write_plot(path: str, results: list[Case]) -> None:
     """GB/s against d, one panel per n, one line per rule (log-log)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     ns = sorted({c.n for c in results if c.times_s})
-    fig, axes = plt.subplots(1, len(ns), figsize=(4 * len(ns), 4), squeeze=False)
     names = list(dict.fromkeys(c.name for c in results if c.times_s))
+    with harness.figure(path, 1, len(ns), figsize=(4 * len(ns), 4), squeeze=False) as (
+        fig,
+        axes,
+    ):
+        _plot_panels(axes, ns, names, results)
+
+
+def _plot_panels(axes, ns: list[int], names: list[str], results: list[Case]) -> None:
     for ax, n in zip(axes[0], ns, strict=True):
         for name in names:
             pts = sorted(
@@ -385,11 +360,6 @@ def write_plot(path: str, results: list[Case]) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("GB/s (input bytes / time)")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------- CLI
@@ -412,16 +382,6 @@ def _int_list(text: str) -> list[int]:
     return out
 
 
-def _rule_list(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [n for n in names if n not in kpd.aggregators.names()]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown rules {unknown}; registered: {','.join(kpd.aggregators.names())}"
-        )
-    return list(dict.fromkeys(names))
-
-
 def _default_max_input_gb() -> float:
     """An eighth of the available memory: rules hold a few copies of the input."""
     try:
@@ -435,9 +395,14 @@ def _default_max_input_gb() -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="GB/s of every aggregation rule's aggregate() in a "
-        "tf.function, next to numpy.sum and tf.reduce_mean."
+    parser = harness.BenchmarkParser(
+        "GB/s of every aggregation rule's aggregate() in a "
+        "tf.function, next to numpy.sum and tf.reduce_mean.",
+        name="aggregators",
+        quick="smoke run: n=8, d=1e5 and the target point, 3 repeats",
+        plot="write a PNG (GB/s vs d per n)",
+        json_help="default benchmarks/results/aggregators.json",
+        output_group="output",
     )
     grid = parser.add_argument_group("grid")
     grid.add_argument(
@@ -448,7 +413,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     grid.add_argument(
         "--rules",
-        type=_rule_list,
+        type=harness.name_list(kpd.aggregators.names, "rules"),
         help="comma-separated rules (default: all registered)",
     )
     grid.add_argument(
@@ -461,9 +426,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="do not add n=8, d=2**20 and its target checks",
     )
     timing = parser.add_argument_group("timing")
-    timing.add_argument(
-        "--repeats", type=int, default=7, help="timed calls (default 7)"
-    )
+    parser.add_rounds(7, "timed calls (default 7)", "--repeats", timing)
     timing.add_argument(
         "--max-call-s",
         type=float,
@@ -477,20 +440,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=_default_max_input_gb(),
         help="skip combos with a larger input (default: 1/8 of available memory)",
     )
-    timing.add_argument("--seed", type=int, default=0)
-    timing.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke run: n=8, d=1e5 and the target point, 3 repeats",
-    )
-    out = parser.add_argument_group("output")
-    out.add_argument(
-        "--json",
-        metavar="PATH",
-        default=str(REPO_ROOT / "benchmarks/results/aggregators.json"),
-        help="default benchmarks/results/aggregators.json",
-    )
-    out.add_argument("--plot", metavar="PATH", help="write a PNG (GB/s vs d per n)")
     args = parser.parse_args(argv)
     if args.quick:
         args.n, args.d, args.repeats = [8], [10**5], min(args.repeats, 3)
@@ -505,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     # "excessive retracing" warning would only be noise here.
     tf.get_logger().setLevel("ERROR")
     start = time.perf_counter()
-    load_start = _loadavg()
+    load_start = harness.loadavg()
     results = run_grid(args)
     wall_s = time.perf_counter() - start
     print(
@@ -522,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{c.name} at n={c.n}, d={c.d} failed:\n{c.traceback}")
     print(
         f"\nwall time: {wall_s:.1f}s; load average at start {load_start}, at end "
-        f"{_loadavg()} on {os.cpu_count()} CPUs"
+        f"{harness.loadavg()} on {os.cpu_count()} CPUs"
     )
     write_json(args.json, results, args, wall_s)
     print(f"wrote {args.json}")

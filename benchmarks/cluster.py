@@ -77,6 +77,7 @@ log are in the JSON).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -85,30 +86,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import (
-    REPO_ROOT,
+import harness
+from harness import (
     RunFailed,
     finish,
+    log_failure,
+    median_row,
     read_reports,
     run_dir,
     run_process,
     use_checkout,
 )
-from _common import fmt as _fmt
-from _common import loadavg as _loadavg
-from _common import log as _log
-from _common import median_or_none as _median_or_none
-from _common import ok as _ok
-from _common import positive as _positive
-from _common import value_range as _range
+from harness import fmt as _fmt
+from harness import log as _log
+from harness import median_or_none as _median_or_none
+from harness import ok as _ok
 
 # Before TensorFlow is imported anywhere in this process.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
-RESULTS = REPO_ROOT / "benchmarks" / "results"
-DEFAULT_JSON = RESULTS / "cluster.json"
-QUICK_JSON = RESULTS / "cluster_quick.json"
+harness.prepare_tensorflow()
 
 ROLES = ("local", "in-graph", "async", "tf_keras")
 # The cluster shapes compared.
@@ -397,51 +392,75 @@ def _throughput(reports: list[dict]) -> dict:
     }
 
 
+def _in_graph_run(work: Path, args, name: str, r: int) -> dict:
+    _log(f"in-graph round {r + 1}/{args.rounds}: {name} ...")
+    if name == "one_process":
+        report = run_local(work, args)
+    else:
+        (report,) = run_cluster(work, "in-graph", IN_GRAPH_PS, IN_GRAPH_WORKERS, args)
+    _log(f"  {_ms_per_step(report):.1f} ms/step")
+    return report
+
+
 def measure_in_graph(work: Path, args, rounds: list[dict]) -> None:
-    for r in range(args.rounds):
-        entry = {"round": r}
-        rounds.append(entry)
-        for name in ("one_process", "cluster"):
-            _log(f"in-graph round {r + 1}/{args.rounds}: {name} ...")
-            try:
-                if name == "one_process":
-                    report = run_local(work, args)
-                else:
-                    (report,) = run_cluster(
-                        work, "in-graph", IN_GRAPH_PS, IN_GRAPH_WORKERS, args
-                    )
-            except RunFailed as e:
-                entry[name] = {"error": str(e)}
-                _log(f"  failed: {e}")
-                continue
-            entry[name] = report
-            _log(f"  {_ms_per_step(report):.1f} ms/step")
+    """One process, then the cluster, in every round (always that order)."""
+    measured = harness.interleaved_rounds(
+        ("one_process", "cluster"),
+        functools.partial(_in_graph_run, work, args),
+        args.rounds,
+        rotate=False,
+        catch=(RunFailed,),
+        on_error=log_failure,
+    )
+    for entry in measured.entries():
         if _ok(entry, "one_process") and _ok(entry, "cluster"):
             entry["ratio"] = _ms_per_step(entry["cluster"]) / _ms_per_step(
                 entry["one_process"]
             )
+        rounds.append(entry)
+
+
+def _async_run(work: Path, args, workers: int, r: int) -> dict:
+    _log(f"async round {r + 1}/{args.rounds}: {workers} worker(s) ...")
+    reports = run_cluster(work, "async", ASYNC_PS, workers, args)
+    result = {"workers": reports, **_throughput(reports)}
+    _log(f"  {result['examples_per_s']:.0f} examples/s")
+    return result
 
 
 def measure_async(work: Path, args, rounds: list[dict]) -> None:
-    for r in range(args.rounds):
-        entry = {"round": r}
-        rounds.append(entry)
-        for workers in ASYNC_WORKERS:
-            key = f"workers_{workers}"
-            _log(f"async round {r + 1}/{args.rounds}: {workers} worker(s) ...")
-            try:
-                reports = run_cluster(work, "async", ASYNC_PS, workers, args)
-            except RunFailed as e:
-                entry[key] = {"error": str(e)}
-                _log(f"  failed: {e}")
-                continue
-            entry[key] = {"workers": reports, **_throughput(reports)}
-            _log(f"  {entry[key]['examples_per_s']:.0f} examples/s")
+    """1 worker, then 2, in every round (always that order)."""
+    measured = harness.interleaved_rounds(
+        {f"workers_{w}": w for w in ASYNC_WORKERS},
+        functools.partial(_async_run, work, args),
+        args.rounds,
+        rotate=False,
+        catch=(RunFailed,),
+        on_error=log_failure,
+    )
+    for entry in measured.entries():
         if _ok(entry, "workers_1") and _ok(entry, "workers_2"):
             entry["ratio"] = (
                 entry["workers_2"]["examples_per_s"]
                 / entry["workers_1"]["examples_per_s"]
             )
+        rounds.append(entry)
+
+
+def _vs_tf_keras_run(work: Path, args, steps: int, key: str, r: int) -> dict:
+    run_args = argparse.Namespace(**{**vars(args), "steps": steps})
+    run_args.finite = key != "tf_keras"
+    _log(f"vs tf_keras, {steps}-step epochs, round {r + 1}: {key} ...")
+    reports = run_cluster(work, key, VS_PS, VS_WORKERS, run_args)
+    if key == "tf_keras":
+        result = reports[0]
+    elif key == "async":
+        result = {"workers": reports, **_throughput(reports)}
+    else:
+        (result,) = reports
+        result["examples_per_s"] = result["examples"] / sum(result["epoch_s"])
+    _log(f"  {result['examples_per_s']:.0f} examples/s")
+    return result
 
 
 def measure_vs_tf_keras(work: Path, args, rounds: list[dict]) -> None:
@@ -449,30 +468,16 @@ def measure_vs_tf_keras(work: Path, args, rounds: list[dict]) -> None:
     async PSStrategy and in-graph PSStrategy on the same cluster shape, at
     each epoch length; ours on finite data (an iterator per epoch)."""
     for steps in args.vs_lengths:
-        for r in range(args.rounds):
-            entry = {"round": r, "steps": steps}
+        measured = harness.interleaved_rounds(
+            ("tf_keras", "async", "in-graph"),
+            functools.partial(_vs_tf_keras_run, work, args, steps),
+            args.rounds,
+            rotate=False,
+            catch=(RunFailed,),
+            on_error=log_failure,
+        )
+        for entry in measured.entries(steps=steps):
             rounds.append(entry)
-            run_args = argparse.Namespace(**{**vars(args), "steps": steps})
-            for key in ("tf_keras", "async", "in-graph"):
-                run_args.finite = key != "tf_keras"
-                _log(f"vs tf_keras, {steps}-step epochs, round {r + 1}: {key} ...")
-                try:
-                    reports = run_cluster(work, key, VS_PS, VS_WORKERS, run_args)
-                except RunFailed as e:
-                    entry[key] = {"error": str(e)}
-                    _log(f"  failed: {e}")
-                    continue
-                if key == "tf_keras":
-                    entry[key] = reports[0]
-                elif key == "async":
-                    entry[key] = {"workers": reports, **_throughput(reports)}
-                else:
-                    (report,) = reports
-                    report["examples_per_s"] = report["examples"] / sum(
-                        report["epoch_s"]
-                    )
-                    entry[key] = report
-                _log(f"  {entry[key]['examples_per_s']:.0f} examples/s")
             for key in ("async", "in-graph"):
                 if _ok(entry, key) and _ok(entry, "tf_keras"):
                     entry[f"{key}_ratio"] = (
@@ -553,8 +558,7 @@ def format_table(summary: dict, args, sections: tuple[str, ...]) -> str:
     ig, asy = summary["in_graph"], summary["async"]
 
     def row(label, median, spec, values, ratio=False):
-        value = _fmt(median, spec, "x" if ratio else "")
-        return f"  {label:<36}{value:>10}   {_range(values, spec)}"
+        return median_row(label, median, values, spec, 36, ratio)
 
     lines = [
         f"MLP 64-512-512-2, Adam, global batch {args.batch}; per run 1 warm-up "
@@ -644,29 +648,32 @@ def format_rounds(in_graph: list[dict], async_rounds: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="PSStrategy across local processes: in-graph step time vs "
+    parser = harness.BenchmarkParser(
+        "PSStrategy across local processes: in-graph step time vs "
         "one process, and between-graph async throughput with 1 and 2 workers.",
+        name="cluster",
+        quick="smoke run: 5 steps x 2 timed epochs, 1 round",
+        quick_json=True,
     )
     parser.add_argument(
-        "--steps", type=_positive, default=40, help="steps per epoch (default 40)"
+        "--steps",
+        type=harness.positive,
+        default=40,
+        help="steps per epoch (default 40)",
     )
     parser.add_argument(
         "--epochs",
-        type=_positive,
+        type=harness.positive,
         default=5,
         help="timed epochs per run, after 1 warm-up epoch (default 5)",
     )
+    parser.add_rounds(4, "alternating rounds of each comparison (default 4)")
     parser.add_argument(
-        "--rounds",
-        type=_positive,
-        default=4,
-        help="alternating rounds of each comparison (default 4)",
+        "--batch",
+        type=harness.positive,
+        default=256,
+        help="global batch size (default 256)",
     )
-    parser.add_argument(
-        "--batch", type=_positive, default=256, help="global batch size (default 256)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
         "--only",
         choices=("in-graph", "async", "vs-tf-keras"),
@@ -674,34 +681,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--vs-lengths",
-        type=lambda t: [_positive(v) for v in t.split(",") if v.strip()],
+        type=harness.int_list,
         default=[40, 400],
         help="epoch lengths (steps) of the tf_keras comparison (default 40,400)",
     )
     parser.add_argument("--finite", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke run: 5 steps x 2 timed epochs, 1 round",
-    )
-    parser.add_argument(
-        "--json",
-        metavar="PATH",
-        help="raw numbers + machine (default benchmarks/results/cluster.json; "
-        "with --quick, cluster_quick.json)",
-    )
-    parser.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
-    parser.add_argument("--out-dir", help=argparse.SUPPRESS)
+    parser.add_child_role(ROLES)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.epochs, args.rounds = 5, 2, 1
         args.vs_lengths = [5]
-    if args.json is None:
-        args.json = str(QUICK_JSON if args.quick else DEFAULT_JSON)
     if args.batch % 4:
         parser.error(f"--batch must be a multiple of 4. Received: {args.batch}")
-    if args.role and not args.out_dir:
-        parser.error("--role needs --out-dir")
     return args
 
 
@@ -714,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     import keras_psdist.cluster  # noqa: F401
 
     start = time.perf_counter()
-    load_start = _loadavg()
+    load_start = harness.loadavg()
     in_graph: list[dict] = []
     async_rounds: list[dict] = []
     vs_rounds: list[dict] = []

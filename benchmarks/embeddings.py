@@ -58,32 +58,30 @@ code is 1 if a configuration failed (its error is in the JSON).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from _common import (
-    REPO_ROOT,
+import harness
+from harness import (
+    Column,
     RunFailed,
     finish,
+    format_row,
     read_reports,
     run_dir,
     run_process,
+    text_table,
     use_checkout,
 )
-from _common import loadavg as _loadavg
-from _common import log as _log
-from _common import positive as _positive
+from harness import log as _log
+from harness import median_or_none as _median
+from harness import positive as _positive
 
 # Before TensorFlow is imported anywhere in this process.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+harness.prepare_tensorflow()
 
-RESULTS = REPO_ROOT / "benchmarks" / "results"
 PATHS = ("whole_read", "dense_gradient", "rows", "partitioned")
 LOCAL_PATHS = ("mirrored", "ps_rows", "ps_partitioned")
 DIM = 64
@@ -351,10 +349,6 @@ def run_local(work: Path, args) -> list[dict]:
     return results
 
 
-def _median(values):
-    return statistics.median(values) if values else None
-
-
 def summarize(results: list[dict], baseline: str, bytes_: bool) -> list[dict]:
     """Medians per configuration, and ratios to `baseline` of the same one.
     `bytes_`: whether the loopback bytes mean anything (not in one process)."""
@@ -391,45 +385,52 @@ def summarize(results: list[dict], baseline: str, bytes_: bool) -> list[dict]:
 
 
 def print_table(title: str, rows: list[dict], baseline: str, batch: int) -> None:
-    print(f"\n{title}")
-    print(
-        f"{'path':<16} {'table rows':>10} {'ids/step':>8} {'ms/step':>9} "
-        f"{'x ' + baseline:>10} {'MB/step':>9} {'x ' + baseline:>10}"
-    )
+    columns = [
+        Column("path", 16, "<"),
+        Column("table rows", 10),
+        Column("ids/step", 8),
+        Column("ms/step", 9),
+        Column("x " + baseline, 10),
+        Column("MB/step", 9),
+        Column("x " + baseline, 10),
+    ]
+    table = []
     for row in rows:
-        head = f"{row['path']:<16} {row['rows']:>10} {row['seq'] * batch:>8}"
+        head = [row["path"], row["rows"], row["seq"] * batch]
         if "error" in row:
-            print(f"{head}  failed: {row['error'][:100]}")
+            table.append(f"{format_row(columns, head)}  failed: {row['error'][:100]}")
             continue
         mb = row["mb_per_step"]
-        print(
-            f"{head} {row['ms_per_step']:>9.1f} "
-            f"{row.get('time_vs_' + baseline, float('nan')):>10.2f} "
-            + (
-                f"{mb:>9.2f} {row.get('bytes_vs_' + baseline, float('nan')):>10.1f}"
-                if mb is not None
-                else f"{'':>9} {'':>10}"
-            )
+        nan = float("nan")
+        table.append(
+            [
+                *head,
+                f"{row['ms_per_step']:.1f}",
+                f"{row.get('time_vs_' + baseline, nan):.2f}",
+                "" if mb is None else f"{mb:.2f}",
+                "" if mb is None else f"{row.get('bytes_vs_' + baseline, nan):.1f}",
+            ]
         )
-
-
-def _ints(text: str) -> list[int]:
-    return [_positive(t) for t in text.split(",") if t]
+    print(f"\n{title}")
+    print("\n".join(text_table(columns, table, rule=False)))
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=_ints, default=[1 << 16, 1 << 18, 1 << 20])
-    p.add_argument("--touch", type=_ints, default=[2, 8, 32, 128])
+    p = harness.BenchmarkParser(
+        __doc__.split("\n\n")[0],
+        name="embeddings",
+        quick="smoke run: 2 table sizes, 2 id counts, 2 timed epochs of 3 steps",
+        quick_json=True,
+        seed=False,
+    )
+    p.add_argument("--rows", type=harness.int_list, default=[1 << 16, 1 << 18, 1 << 20])
+    p.add_argument("--touch", type=harness.int_list, default=[2, 8, 32, 128])
     p.add_argument("--seq", type=_positive, default=8)
     p.add_argument("--batch", type=_positive, default=128)
     p.add_argument("--steps", type=_positive, default=6)
     p.add_argument("--epochs", type=_positive, default=3)
     p.add_argument("--only", choices=("cluster", "local"))
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--json", default=None)
-    p.add_argument("--role", choices=("chief", "local"), help=argparse.SUPPRESS)
-    p.add_argument("--out-dir", help=argparse.SUPPRESS)
+    p.add_child_role(("chief", "local"))
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.touch, args.steps, args.epochs = (
@@ -438,9 +439,6 @@ def parse_args(argv=None):
             3,
             2,
         )
-    if args.json is None:
-        name = "embeddings_quick.json" if args.quick else "embeddings.json"
-        args.json = str(RESULTS / name)
     return args
 
 
@@ -451,7 +449,7 @@ def main() -> int:
         return _child_main(args)
     import tempfile
 
-    load_start, start = _loadavg(), time.perf_counter()
+    load_start, start = harness.loadavg(), time.perf_counter()
     rounds = {"cluster": [], "local": []}
     summary = {}
     with tempfile.TemporaryDirectory(prefix="kpd_embeddings_") as work:

@@ -39,7 +39,6 @@ Writes ``benchmarks/results/faults.json`` (``--json``).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -49,7 +48,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster_jobs"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import finish, loadavg, log, positive, use_checkout  # noqa: E402
+import harness  # noqa: E402
+from harness import Column, finish, loadavg, log, text_table, use_checkout  # noqa: E402
 
 MODES = {
     "async": {"num_ps": 2, "num_workers": 2, "mode": "between-graph"},
@@ -106,16 +106,11 @@ def one_run(strategy: str, kill_at_step: int) -> list[dict]:
     return rows
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=positive, default=3)
-    parser.add_argument("--kill-at-step", type=positive, default=30)
+def parse_args(argv=None):
+    parser = harness.BenchmarkParser(__doc__.split("\n")[0], name="faults", seed=False)
+    parser.add_rounds(3, "runs per mode, fresh processes each (default 3)")
+    parser.add_argument("--kill-at-step", type=harness.positive, default=30)
     parser.add_argument("--only", choices=sorted(MODES), default=None)
-    parser.add_argument(
-        "--json",
-        default=str(Path(__file__).parent / "results" / "faults.json"),
-        help="raw numbers + machine (default benchmarks/results/faults.json)",
-    )
     return parser.parse_args(argv)
 
 
@@ -140,17 +135,24 @@ def main(argv=None) -> int:
             "max_latency_s": max(latencies),
             "median_latency_in_steps": statistics.median(in_steps),
         }
+    columns = [Column("mode", 10, "<")]
+    columns += [
+        Column(title, 10)
+        for title in ("processes", "by watch", "median s", "worst s", "in steps")
+    ]
+    rows = [
+        [
+            strategy,
+            r["processes"],
+            r["ended_by_watch"],
+            f"{r['median_latency_s']:.2f}",
+            f"{r['max_latency_s']:.2f}",
+            f"{r['median_latency_in_steps']:.1f}",
+        ]
+        for strategy, r in results.items()
+    ]
     print()
-    print(
-        f"{'mode':<10}{'processes':>10}{'by watch':>10}{'median s':>10}"
-        f"{'worst s':>10}{'in steps':>10}"
-    )
-    for strategy, r in results.items():
-        print(
-            f"{strategy:<10}{r['processes']:>10}{r['ended_by_watch']:>10}"
-            f"{r['median_latency_s']:>10.2f}{r['max_latency_s']:>10.2f}"
-            f"{r['median_latency_in_steps']:>10.1f}"
-        )
+    print("\n".join(text_table(columns, rows, sep="", rule=False)))
     settings = ("rounds", "kill_at_step", "only")
     return finish(
         args, settings, load_start, time.perf_counter() - start, results, rounds

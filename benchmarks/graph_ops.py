@@ -23,15 +23,15 @@ Nothing is timed here; run `strategies.py` for step times.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import harness  # noqa: E402
 import strategies as bench  # noqa: E402  (sets TF env vars before importing TF)
-from _common import save_json  # noqa: E402
+from harness import Column, format_row, text_table  # noqa: E402
 from tensorflow.python.eager import context  # noqa: E402
 
 
@@ -100,27 +100,38 @@ def analyze(name: str, devices: list[str], dataset, args) -> dict:
 
 
 def format_report(results: dict) -> str:
-    lines = []
-    header = (
-        f"{'strategy':<24} {'traced (top+lib)':>16} {'executed':>9} "
-        f"{'_Send/_Recv':>11} {'fns/fit':>7}  nodes per device partition"
-    )
-    lines += [header, "-" * len(header)]
+    columns = [
+        Column("strategy", 24, "<"),
+        Column("traced (top+lib)", 16),
+        Column("executed", 9),
+        Column("_Send/_Recv", 11),
+        Column("fns/fit", 7),
+        Column(" nodes per device partition", 0, "<"),
+    ]
+    rows = []
     for name, r in results.items():
         label = bench.LABELS[name]
         if "error" in r:
-            lines.append(f"{label:<24} failed: {r['error']}")
+            rows.append(f"{format_row(columns, [label])} failed: {r['error']}")
             continue
         t, e = r["traced"], r["executed"]
         traced = f"{t['top_level_nodes']}+{t['library_nodes']}"
         if e is None:  # a single-device function exports no run metadata
-            lines.append(f"{label:<24} {traced:>16} {'n/a':>9} {'n/a':>11} {'n/a':>7}")
+            rows.append(format_row(columns, [label, traced, "n/a", "n/a", "n/a"]))
             continue
         parts = " ".join(f"{d}:{n}" for d, n in e["partition_nodes"].items())
-        lines.append(
-            f"{label:<24} {traced:>16} {e['post_optimization_nodes']:>9} "
-            f"{e['send']:>5}/{e['recv']:<5} {e['other_functions_per_fit']:>7}  {parts}"
+        send_recv = f"{e['send']:>5}/{e['recv']:<5}"
+        rows.append(
+            [
+                label,
+                traced,
+                e["post_optimization_nodes"],
+                send_recv,
+                e["other_functions_per_fit"],
+                f" {parts}",
+            ]
         )
+    lines = text_table(columns, rows)
     lines += [
         "",
         "traced   = nodes of Keras' train tf.function + of the functions it calls",
@@ -146,30 +157,30 @@ def format_report(results: dict) -> str:
         top = sorted((op for op in all_ops if spread[op]), key=lambda o: -spread[o])
         top = top[:20]
         lines += ["", "op types with the largest count differences (executed graph):"]
-        lines.append(f"{'op':<36}" + "".join(f"{n[:15]:>16}" for n in names))
-        for op in top:
-            lines.append(
-                f"{op:<36}" + "".join(f"{source[n].get(op, 0):>16}" for n in names)
-            )
+        columns = [Column("op", 36, "<"), *(Column(n[:15], 16) for n in names)]
+        rows = [[op, *(source[n].get(op, 0) for n in names)] for op in top]
+        lines += text_table(columns, rows, sep="", rule=False)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replicas", type=bench._positive, default=4)
-    parser.add_argument("--batch", type=bench._positive, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--strategies", type=bench._strategy_list, default=list(bench.STRATEGIES)
+    parser = harness.BenchmarkParser(
+        __doc__.splitlines()[0], json_help="write the counts as JSON"
     )
-    parser.add_argument("--json", metavar="PATH", help="write the counts as JSON")
+    parser.add_argument("--replicas", type=harness.positive, default=4)
+    parser.add_argument("--batch", type=harness.positive, default=256)
+    parser.add_argument(
+        "--strategies",
+        type=harness.name_list(bench.STRATEGIES, "strategies"),
+        default=list(bench.STRATEGIES),
+    )
     args = parser.parse_args(argv)
 
     devices = bench.split_host_cpu(args.replicas)
     dataset = bench.make_dataset(args.batch, args.seed)
     results = {}
     for name in args.strategies:
-        bench._log(f"analyzing {bench.LABELS[name]} ...")
+        harness.log(f"analyzing {bench.LABELS[name]} ...")
         try:
             results[name] = analyze(name, devices, dataset, args)
         except Exception as e:  # noqa: BLE001 - report and go on
@@ -181,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(format_report(results))
     if args.json:
-        save_json(args.json, {"environment": bench.environment(), "results": results})
+        harness.write_results(args.json, {"environment": {}, "results": results})
         print(f"wrote {args.json}")
     return 0
 

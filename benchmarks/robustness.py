@@ -53,13 +53,9 @@ run's tables and checks).
 from __future__ import annotations
 
 import argparse
-import datetime
 import faulthandler
 import json
-import os
-import platform
 import re
-import subprocess
 import sys
 import time
 import traceback
@@ -67,25 +63,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from _common import loadavg as _loadavg  # noqa: E402
-from _common import log as _log
-from _common import save_json
+import harness
+from harness import REPO_ROOT, Column
+from harness import log as _log
 
 # Before TensorFlow is imported anywhere in this process.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+harness.prepare_tensorflow()
+harness.ensure_importable()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-try:
-    import keras_psdist as kpd  # noqa: E402
-except ImportError:  # running from a checkout without installing
-    sys.path.insert(0, str(REPO_ROOT))
-    import keras_psdist as kpd  # noqa: E402
+import keras_psdist as kpd  # noqa: E402
 from keras_psdist.devices import split_host_cpu  # noqa: E402
 
 A = kpd.attacks
@@ -268,7 +259,7 @@ def train_one(run: Run, data, eval_model: keras.Model, args) -> None:
 
 
 def run_table(args) -> tuple[list[Run], dict]:
-    load_start = _loadavg()
+    load_start = harness.loadavg()
     args.devices = split_host_cpu(args.replicas)
     if args.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -288,7 +279,7 @@ def run_table(args) -> tuple[list[Run], dict]:
         "held_out_samples": len(data[2]),
         "steps_per_epoch": len(data[0]) // args.batch,
         "loadavg_start": load_start,
-        "loadavg_end": _loadavg(),
+        "loadavg_end": harness.loadavg(),
     }
     return runs, info
 
@@ -390,35 +381,32 @@ def markdown_table(runs: list[Run], args) -> str:
     base = baseline(runs)
     by_key = {(r.rule, r.attack): r for r in runs}
     header = ["rule (f)"] + [ATTACKS[a].label for a in args.attacks]
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
+    rows = []
     for rule in args.rules:
         f = rule_f(rule, args)
         cells = [f"`{rule}` ({f})"]
         cells += [_cell(by_key[(rule, a)], base, args.tolerance) for a in args.attacks]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return harness.markdown_table(rows, header)
 
 
 def text_table(runs: list[Run], args) -> str:
     base = baseline(runs)
     by_key = {(r.rule, r.attack): r for r in runs}
     width = max(11, *(len(ATTACKS[a].label) for a in args.attacks))
-    head = f"{'rule (f)':<22}" + "".join(
-        f"{ATTACKS[a].label:>{width + 1}}" for a in args.attacks
-    )
-    lines = [head, "-" * len(head)]
+    columns = [Column("rule (f)", 22, "<")]
+    columns += [Column(ATTACKS[a].label, width + 1) for a in args.attacks]
+    rows = []
     for rule in args.rules:
-        row = f"{rule + f' ({rule_f(rule, args)})':<22}"
+        row = [rule + f" ({rule_f(rule, args)})"]
         for a in args.attacks:
             run = by_key[(rule, a)]
             cell = _cell(run, base, args.tolerance).replace("**", "*")
             if run.status == "n/a":
                 cell = "n/a"
-            row += f"{cell:>{width + 1}}"
-        lines.append(row)
+            row.append(cell)
+        rows.append(row)
+    lines = harness.text_table(columns, rows, sep="")
     lines.append(
         f"held-out accuracy in %; * = more than {args.tolerance:g} points below "
         "the clean mean run; (NaN) = non-finite weights"
@@ -522,30 +510,6 @@ def _cli_suffix(args) -> str:
     return "".join(f" {a}" for a in shown)
 
 
-def environment() -> dict:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "numpy": np.__version__,
-        "keras_psdist": kpd.__version__,
-        "git_commit": commit,
-    }
-
-
 def write_json(path: str, runs: list[Run], info: dict, args, wall_s: float) -> None:
     config = {
         k: v for k, v in vars(args).items() if k not in ("devices",) and _plain(v)
@@ -561,14 +525,14 @@ def write_json(path: str, runs: list[Run], info: dict, args, wall_s: float) -> N
             )
             for name in args.attacks
         },
-        "environment": environment(),
+        "environment": {},
         "info": info,
         "wall_s": wall_s,
         "clean_mean_accuracy": baseline(runs),
         "checks": verdicts(runs, args),
         "runs": [asdict(r) for r in runs],
     }
-    save_json(path, payload)
+    harness.write_results(path, payload)
 
 
 def _plain(value) -> bool:
@@ -576,20 +540,6 @@ def _plain(value) -> bool:
 
 
 # ------------------------------------------------------------------- CLI
-
-
-def _names(choices: Callable[[], list[str]], what: str):
-    def parse(text: str) -> list[str]:
-        names = [s.strip() for s in text.split(",") if s.strip()]
-        valid = choices()
-        unknown = [n for n in names if n not in valid]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(
-                f"unknown {what} {unknown}; choose from {','.join(valid)}"
-            )
-        return list(dict.fromkeys(names))
-
-    return parse
 
 
 def _ints(text: str) -> list[int]:
@@ -607,19 +557,24 @@ def _run_keys(text: str) -> list[tuple[str, str]]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Held-out accuracy of each aggregation rule under each "
-        "simulated attack (digits, PSStrategy on logical CPU replicas)."
+    parser = harness.BenchmarkParser(
+        "Held-out accuracy of each aggregation rule under each "
+        "simulated attack (digits, PSStrategy on logical CPU replicas).",
+        name="robustness",
+        quick_json=True,
+        seed=False,
+        json_help="raw results (default benchmarks/results/robustness[_quick].json)",
+        output_group="output",
     )
     what = parser.add_argument_group("what to run")
     what.add_argument(
         "--rules",
-        type=_names(kpd.aggregators.names, "rules"),
+        type=harness.name_list(kpd.aggregators.names, "rules"),
         help="comma-separated rules (default: every registered rule)",
     )
     what.add_argument(
         "--attacks",
-        type=_names(lambda: list(ATTACKS), "attacks"),
+        type=harness.name_list(lambda: list(ATTACKS), "attacks"),
         help=f"comma-separated attacks (default: all of {','.join(ATTACKS)})",
     )
     what.add_argument(
@@ -650,7 +605,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip tf.config.experimental.enable_op_determinism() (on by default, "
         "so a re-run gives the same table)",
     )
-    out = parser.add_argument_group("output")
+    out = parser.output
     out.add_argument(
         "--output",
         metavar="PATH.md",
@@ -661,11 +616,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--section",
         help="name of the generated block to replace in --output, for a second "
         "table in the same file (default: the unnamed block)",
-    )
-    out.add_argument(
-        "--json",
-        metavar="PATH",
-        help="raw results (default benchmarks/results/robustness[_quick].json)",
     )
     out.add_argument(
         "--diagnose",
@@ -704,9 +654,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ]
         args.attacks = args.attacks or ["none", "sign_flip", "nan"]
         args.epochs = args.epochs or 3
-        suffix = "_quick"
-    else:
-        suffix = ""
     args.rules = args.rules or kpd.aggregators.names()
     args.attacks = args.attacks or list(ATTACKS)
     args.epochs = args.epochs or 20
@@ -714,9 +661,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         str(REPO_ROOT / "benchmarks/results/robustness_quick.md")
         if args.quick
         else str(REPO_ROOT / "docs/robustness.md")
-    )
-    args.json = args.json or str(
-        REPO_ROOT / f"benchmarks/results/robustness{suffix}.json"
     )
     if args.batch % args.replicas:
         parser.error(f"--batch ({args.batch}) must be a multiple of --replicas")
@@ -766,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         runs, info = run_table(args)
         wall_s = time.perf_counter() - start
-        env = environment()
+        env = harness.environment()
     print(text_table(runs, args))
     print()
     print("\n".join(verdicts(runs, args)))

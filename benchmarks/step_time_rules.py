@@ -56,7 +56,6 @@ reference), ``--mode fit|steps``, ``--replicas``, ``--num-byzantine``,
 
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import os
 import statistics
@@ -66,31 +65,22 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import log as _log  # noqa: E402
-from _common import save_json
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+from harness import Column, format_row, text_table  # noqa: E402
+from harness import log as _log  # noqa: E402
+from harness import times as _x  # noqa: E402
+
+harness.prepare_tensorflow()
+harness.ensure_importable()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from strategies import (  # noqa: E402
-    REPO_ROOT,
-    _loadavg,
-    build_model,
-    environment,
-    split_host_cpu,
-    timed_fit,
-)
+from strategies import build_model, split_host_cpu, timed_fit  # noqa: E402
 
-try:
-    import keras_psdist as kpd  # noqa: E402
-except ImportError:  # running from a checkout without installing
-    sys.path.insert(0, str(REPO_ROOT))
-    import keras_psdist as kpd  # noqa: E402
+import keras_psdist as kpd  # noqa: E402
 
 INPUT_DIM = 64
 NUM_CLASSES = 10
@@ -190,7 +180,7 @@ def timed_steps(case: Case, steps: int) -> dict:
 
 
 def run_benchmark(args) -> tuple[list[Case], dict]:
-    load_start = _loadavg()
+    load_start = harness.loadavg()
     devices = split_host_cpu(args.replicas)
     dataset = make_dataset(args.batch, args.seed)
     cases = [Case(rule) for rule in args.rules]
@@ -204,46 +194,54 @@ def run_benchmark(args) -> tuple[list[Case], dict]:
                 f"  f={case.f}, build {case.build_s:.1f}s, warm-up {case.warmup_s:.1f}s"
             )
 
-    orders = []
-    for r in range(args.repeats):
-        live = [c for c in cases if c.error is None]
-        k = r % max(len(live), 1)
-        order = live[k:] + live[:k]
-        orders.append([c.rule for c in order])
-        parts = []
-        for case in order:
-            try:
-                if args.mode == "steps":
-                    run = timed_steps(case, args.steps)
-                else:
-                    run = timed_fit(case.model, dataset, args.steps)
-            except Exception as e:  # noqa: BLE001
-                case.error = f"round {r + 1}: {type(e).__name__}: {e}".splitlines()[0]
-                case.traceback = traceback.format_exc()
-                case.model = None
-                continue
-            run["round"] = r
-            case.runs.append(run)
-            parts.append(f"{case.rule}={run['loop_ms']:.1f}")
+    def run_one(case: Case, r: int) -> dict:
+        if args.mode == "steps":
+            run = timed_steps(case, args.steps)
+        else:
+            run = timed_fit(case.model, dataset, args.steps)
+        run["round"] = r
+        case.runs.append(run)
+        return run
+
+    def on_error(rule: str, r: int, e: Exception) -> None:
+        case = live[rule]
+        case.error = f"round {r + 1}: {type(e).__name__}: {e}".splitlines()[0]
+        case.traceback = traceback.format_exc()
+        case.model = None
+
+    def after_round(r: int, results: dict) -> None:
         if args.mode == "fit" or r % 10 == 9 or r == args.repeats - 1:
+            parts = [
+                f"{rule}={run['loop_ms']:.1f}"
+                for rule, run in results.items()
+                if not isinstance(run, Exception)
+            ]
             _log(f"round {r + 1}/{args.repeats} (in-loop ms/step): {' '.join(parts)}")
+
+    live = {c.rule: c for c in cases if c.error is None}
+    rounds = harness.interleaved_rounds(
+        live,
+        run_one,
+        args.repeats,
+        drop_failed=True,
+        on_error=on_error,
+        after_round=after_round,
+    )
     info = {
         "devices": devices,
-        "orders": orders,
+        "orders": rounds.orders,
         "loadavg_start": load_start,
-        "loadavg_end": _loadavg(),
+        "loadavg_end": harness.loadavg(),
     }
     return cases, info
 
 
 def paired_ratios(case: Case, mean: Case, key: str = "loop_ms") -> list[float]:
     """Per round: the rule's time / mean's time in the same round."""
-    mean_by_round = {r["round"]: r[key] for r in mean.runs if r.get(key)}
-    return [
-        r[key] / mean_by_round[r["round"]]
-        for r in case.runs
-        if r["round"] in mean_by_round and r.get(key) is not None
-    ]
+    return harness.paired_ratios(
+        {r["round"]: r.get(key) for r in case.runs},
+        {r["round"]: r.get(key) for r in mean.runs},
+    )
 
 
 def summary(cases: list[Case]) -> dict[str, dict]:
@@ -274,10 +272,15 @@ def summary(cases: list[Case]) -> dict[str, dict]:
 
 def format_table(cases: list[Case], args) -> str:
     rows = summary(cases)
-    head = (
-        f"{'rule':<14} {'f':>2} {'in-loop ms':>10} {'vs mean':>8} "
-        f"{'(min..max)':>13} {'ms/step':>8} {'vs mean':>8}"
-    )
+    columns = [
+        Column("rule", 14, "<"),
+        Column("f", 2),
+        Column("in-loop ms", 10),
+        Column("vs mean", 8),
+        Column("(min..max)", 13),
+        Column("ms/step", 8),
+        Column("vs mean", 8),
+    ]
     params = (
         INPUT_DIM * args.hidden
         + args.hidden
@@ -291,28 +294,34 @@ def format_table(cases: list[Case], args) -> str:
         if args.mode == "fit"
         else "calls of model.train_function on a persistent iterator"
     )
+    table = []
+    for c in cases:
+        row = rows[c.rule]
+        f = "-" if c.f is None else c.f
+        if not c.ok:
+            table.append(f"{format_row(columns, [c.rule, f])} failed ({c.error})")
+            continue
+        mm = row.get("ratio_to_mean_min_max")
+        spread = f"{mm[0]:.2f}..{mm[1]:.2f}" if mm else "n/a"
+        fit_ms = "n/a" if row["fit_ms"] is None else f"{row['fit_ms']:.2f}"
+        table.append(
+            [
+                c.rule,
+                f,
+                f"{row['in_loop_ms']:.2f}",
+                _x(row.get("ratio_to_mean")),
+                spread,
+                fit_ms,
+                _x(row.get("fit_ratio_to_mean")),
+            ]
+        )
     lines = [
         f"model.fit step time under PSStrategy: MLP {INPUT_DIM}-{args.hidden}-"
         f"{args.hidden}-{NUM_CLASSES} ({params:,} parameters), adam, global batch "
         f"{args.batch}, {args.replicas} logical CPU replicas; {args.repeats} "
         f"interleaved rounds of {args.steps} steps ({what}), median",
-        head,
-        "-" * len(head),
+        *text_table(columns, table),
     ]
-    for c in cases:
-        row = rows[c.rule]
-        f = "-" if c.f is None else c.f
-        if not c.ok:
-            lines.append(f"{c.rule:<14} {f:>2} failed ({c.error})")
-            continue
-        mm = row.get("ratio_to_mean_min_max")
-        spread = f"{mm[0]:.2f}..{mm[1]:.2f}" if mm else "n/a"
-        fit_ms = "n/a" if row["fit_ms"] is None else f"{row['fit_ms']:.2f}"
-        lines.append(
-            f"{c.rule:<14} {f:>2} {row['in_loop_ms']:>10.2f} "
-            f"{_x(row.get('ratio_to_mean')):>8} {spread:>13} "
-            f"{fit_ms:>8} {_x(row.get('fit_ratio_to_mean')):>8}"
-        )
     lines += [
         "",
         "in-loop = steady-state step (2nd step -> epoch end) / (steps - 1)"
@@ -346,10 +355,6 @@ def target_checks(cases: list[Case]) -> list[str]:
     return lines
 
 
-def _x(r) -> str:
-    return "n/a" if r is None else f"{r:.2f}x"
-
-
 def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) -> None:
     payload = {
         "benchmark": "step_time_rules",
@@ -358,7 +363,7 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
             for k, v in vars(args).items()
             if isinstance(v, str | int | float | bool | list | type(None))
         },
-        "environment": environment(),
+        "environment": {},
         "info": info,
         "wall_s": wall_s,
         "summary": summary(cases),
@@ -375,24 +380,25 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
             for c in cases
         },
     }
-    save_json(path, payload)
+    harness.write_results(path, payload)
 
 
 def write_plot(path: str, cases: list[Case], args) -> None:
     """Each rule's in-loop step time relative to `mean` in the same round:
     the median over rounds, whiskers the middle half of the rounds. The
     figure carries the command that made it and the machine."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     by_rule = {c.rule: c for c in cases if c.ok}
     mean = by_rule.get("mean")
     rules = [c for c in cases if c.ok and c.rule != "mean"]
     if mean is None or not rules:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    with harness.figure(
+        path, figsize=(7, 4.2), tight_layout={"rect": (0, 0.06, 1, 1)}
+    ) as (fig, ax):
+        _plot_ratios(fig, ax, mean, rules, args)
+
+
+def _plot_ratios(fig, ax, mean: Case, rules: list[Case], args) -> None:
     labels, medians, lows, highs = [], [], [], []
     for case in rules:
         q1, med, q3 = np.percentile(paired_ratios(case, mean), [25, 50, 75])
@@ -411,7 +417,7 @@ def write_plot(path: str, cases: list[Case], args) -> None:
         f"{args.replicas} logical CPU replicas",
         fontsize=8,
     )
-    env = environment()
+    env = harness.environment()
     fig.text(
         0.01,
         0.01,
@@ -421,34 +427,23 @@ def write_plot(path: str, cases: list[Case], args) -> None:
         fontsize=6,
         color="dimgray",
     )
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------- CLI
 
 
-def _rule_list(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [n for n in names if n not in kpd.aggregators.names()]
-    if unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown rules {unknown}; registered: {','.join(kpd.aggregators.names())}"
-        )
-    return names
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Time model.fit steps under PSStrategy with each aggregator, "
-        "interleaved in one process, relative to the mean."
+def parse_args(argv: list[str] | None = None):
+    parser = harness.BenchmarkParser(
+        "Time model.fit steps under PSStrategy with each aggregator, "
+        "interleaved in one process, relative to the mean.",
+        name="step_time_rules",
+        quick="smoke run: 10 steps x 2 rounds",
+        plot="write a PNG bar chart",
+        json_help="default benchmarks/results/step_time_rules.json",
     )
     parser.add_argument(
         "--rules",
-        type=_rule_list,
+        type=harness.name_list(kpd.aggregators.names, "rules"),
         help=f"comma-separated rules (default: those of {','.join(DEFAULT_RULES)} "
         "that are registered); mean is always included",
     )
@@ -475,21 +470,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help="steps per round (fit: 40 per timed epoch; steps: 5)",
     )
-    parser.add_argument(
-        "--repeats", type=int, help="interleaved rounds (fit: 7; steps: 60)"
-    )
+    parser.add_rounds(None, "interleaved rounds (fit: 7; steps: 60)", "--repeats")
     parser.add_argument("--warmup-steps", type=int, default=10, help="default 10")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 10 steps x 2 rounds"
-    )
-    parser.add_argument(
-        "--json",
-        metavar="PATH",
-        default=str(REPO_ROOT / "benchmarks/results/step_time_rules.json"),
-        help="default benchmarks/results/step_time_rules.json",
-    )
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart")
     args = parser.parse_args(argv)
     rules = args.rules or [r for r in DEFAULT_RULES if r in kpd.aggregators.names()]
     args.rules = list(dict.fromkeys(["mean", *rules]))

@@ -69,37 +69,30 @@ environment), ``--plot PATH`` (PNG bar chart).
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import faulthandler
 import os
-import platform
 import statistics
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from _common import loadavg as _loadavg  # noqa: E402
-from _common import log as _log
-from _common import positive as _positive
-from _common import save_json
+import harness
+from harness import Column, format_row, text_table
+from harness import log as _log
+from harness import positive as _positive
+from harness import ratio as _ratio
+from harness import times as _x
 
 # Before TensorFlow is imported anywhere in this process.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+harness.prepare_tensorflow()
+harness.ensure_importable()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-try:
-    from keras_psdist.devices import split_host_cpu
-except ImportError:  # running from a checkout without installing
-    sys.path.insert(0, str(REPO_ROOT))
-    from keras_psdist.devices import split_host_cpu
+from keras_psdist.devices import split_host_cpu  # noqa: E402
 
 STRATEGIES = ("default", "mirrored", "central_storage", "ps")
 LABELS = {
@@ -126,11 +119,8 @@ def make_strategy(name: str, devices: list[str]) -> tf.distribute.Strategy:
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(devices)
     if name == "ps":
-        try:
-            import keras_psdist
-        except ImportError:  # running from a checkout without installing
-            sys.path.insert(0, str(REPO_ROOT))
-            import keras_psdist
+        import keras_psdist
+
         return keras_psdist.PSStrategy(devices=devices)
     raise ValueError(f"Unknown strategy {name!r}. Expected one of {STRATEGIES}.")
 
@@ -321,7 +311,7 @@ def prepare(case: Case, devices, dataset, args) -> None:
 
 
 def run_benchmark(args) -> tuple[list[Case], dict]:
-    load_start = _loadavg()
+    load_start = harness.loadavg()
     devices = split_host_cpu(args.replicas)
     dataset = make_dataset(args.batch, args.seed)
     cases = [Case(name, LABELS[name]) for name in args.strategies]
@@ -334,37 +324,42 @@ def run_benchmark(args) -> tuple[list[Case], dict]:
         else:
             _log(f"  done (build {case.build_s:.1f}s, warm-up {case.warmup_s:.1f}s)")
 
-    order_log = []
-    for r in range(args.repeats):
-        # Round-robin, rotated each repeat so no strategy always runs first.
-        k = r % len(cases)
-        order = cases[k:] + cases[:k]
-        order_log.append([c.name for c in order])
-        parts = []
-        for case in order:
-            if case.error:
-                continue
-            try:
-                run = timed_fit(case.model, dataset, args.steps)
-            except Exception as e:  # noqa: BLE001
-                case.fail(f"repeat {r + 1}", e)
-                parts.append(f"{case.name}=failed")
-                continue
-            case.runs.append(run)
-            case.fit_ms_per_step.append(run["fit_ms"])
-            case.loop_ms_per_step.append(run["loop_ms"])
-            case.final_loss = run["loss"]
-            parts.append(f"{case.name}={run['fit_ms']:.2f}/{run['loop_ms']:.2f}")
+    def run_one(case: Case, r: int) -> dict:
+        run = timed_fit(case.model, dataset, args.steps)
+        case.runs.append(run)
+        case.fit_ms_per_step.append(run["fit_ms"])
+        case.loop_ms_per_step.append(run["loop_ms"])
+        case.final_loss = run["loss"]
+        return run
+
+    def after_round(r: int, results: dict) -> None:
+        parts = [
+            f"{name}=failed"
+            if isinstance(run, Exception)
+            else f"{name}={run['fit_ms']:.2f}/{run['loop_ms']:.2f}"
+            for name, run in results.items()
+        ]
         _log(f"repeat {r + 1}/{args.repeats} (ms/step fit/in-loop): {' '.join(parts)}")
+
+    # Round-robin, rotated each repeat so no strategy always runs first.
+    live = {c.name: c for c in cases if c.error is None}
+    rounds = harness.interleaved_rounds(
+        live,
+        run_one,
+        args.repeats,
+        drop_failed=True,
+        on_error=lambda name, r, e: live[name].fail(f"repeat {r + 1}", e),
+        after_round=after_round,
+    )
 
     for case in cases:
         if case.error is None and not case.fit_ms_per_step:
             case.error = "no successful timed run"
     info = {
         "devices": devices,
-        "round_robin_orders": order_log,
+        "round_robin_orders": rounds.orders,
         "loadavg_start": load_start,
-        "loadavg_end": _loadavg(),
+        "loadavg_end": harness.loadavg(),
     }
     return cases, info
 
@@ -389,30 +384,23 @@ EPOCH_STRATEGIES = ("default", "mirrored", "ps")
 
 def run_epochs(cases: list[Case], args) -> dict:
     """`{name: {length: [epoch ms after the first, over repeats]}}`."""
-    cases = [c for c in cases if c.name in EPOCH_STRATEGIES and c.error is None]
-    times = {c.name: {} for c in cases}
+    by_name = {c.name: c for c in cases if c.name in EPOCH_STRATEGIES and not c.error}
+    times = {name: {} for name in by_name}
     for length in args.epoch_lengths:
         x, y = make_arrays(length * args.batch, args.seed)
-        for r in range(args.repeats):
-            k = r % max(len(cases), 1)
-            for case in cases[k:] + cases[:k]:
-                clock = _EpochClock()
-                try:
-                    case.model.fit(
-                        x,
-                        y,
-                        batch_size=args.batch,
-                        epochs=args.epochs,
-                        shuffle=False,
-                        verbose=0,
-                        callbacks=[clock],
-                    )
-                except Exception as e:  # noqa: BLE001
-                    case.fail(f"epochs of {length} steps", e)
-                    continue
-                times[case.name].setdefault(length, []).extend(
-                    1e3 * t for t in clock.seconds[1:]
-                )
+        live = {n: c for n, c in by_name.items() if c.error is None}
+        rounds = harness.interleaved_rounds(
+            live,
+            lambda case, r, x=x, y=y: _epoch_ms(case, x, y, args),
+            args.repeats,
+            drop_failed=True,
+            on_error=lambda name, r, e, length=length: by_name[name].fail(
+                f"epochs of {length} steps", e
+            ),
+        )
+        for name in live:
+            if rounds.samples(name):
+                times[name][length] = [ms for run in rounds.samples(name) for ms in run]
         summary = " ".join(
             f"{name}={statistics.median(t[length]):.0f}ms"
             for name, t in times.items()
@@ -420,6 +408,21 @@ def run_epochs(cases: list[Case], args) -> dict:
         )
         _log(f"epochs of {length} steps (median epoch time): {summary}")
     return times
+
+
+def _epoch_ms(case: Case, x, y, args) -> list[float]:
+    """One whole-epoch `fit`: its epochs' ms after the first."""
+    clock = _EpochClock()
+    case.model.fit(
+        x,
+        y,
+        batch_size=args.batch,
+        epochs=args.epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[clock],
+    )
+    return [1e3 * t for t in clock.seconds[1:]]
 
 
 def epoch_summary(times: dict, args) -> dict:
@@ -448,27 +451,31 @@ def epoch_summary(times: dict, args) -> dict:
 def format_epoch_table(summary: dict, args) -> str:
     median = summary["median_epoch_ms"]
     names = [n for n in EPOCH_STRATEGIES if n in median]
-    header = (
-        f"{'steps/epoch':>11} "
-        + " ".join(f"{LABELS[n].split(' (')[0]:>18}" for n in names)
-        + f" {'PS/single':>10} {'PS/Mirrored':>12}"
-    )
+    columns = [
+        Column("steps/epoch", 11),
+        *(Column(LABELS[n].split(" (")[0], 18) for n in names),
+        Column("PS/single", 10),
+        Column("PS/Mirrored", 12),
+    ]
+    rows = []
+    for length in sorted(args.epoch_lengths):
+        ratios = summary["ratios"][length]
+        rows.append(
+            [
+                length,
+                *(
+                    f"{median[n][length]:.1f}" if length in median[n] else "n/a"
+                    for n in names
+                ),
+                _x(ratios["ps_vs_single"]),
+                _x(ratios["ps_vs_mirrored"]),
+            ]
+        )
     lines = [
         f"whole-fit epoch time (ms, median after the 1st epoch), {args.epochs} "
         f"epochs x {args.repeats} repeats, NumPy input",
-        header,
-        "-" * len(header),
+        *text_table(columns, rows),
     ]
-    for length in sorted(args.epoch_lengths):
-        ratios = summary["ratios"][length]
-        cells = " ".join(
-            f"{median[n][length]:>18.1f}" if length in median[n] else f"{'n/a':>18}"
-            for n in names
-        )
-        lines.append(
-            f"{length:>11} {cells} {_x(ratios['ps_vs_single']):>10} "
-            f"{_x(ratios['ps_vs_mirrored']):>12}"
-        )
     fixed = summary["fixed_ms_per_epoch"]
     if fixed:
         lines.append(
@@ -479,10 +486,6 @@ def format_epoch_table(summary: dict, args) -> str:
 
 
 # ---------------------------------------------------------------- report
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
 
 
 def _short_error(case: Case, width: int = 70) -> str:
@@ -496,32 +499,42 @@ def format_table(cases: list[Case], args) -> str:
     base_ms = base.median_ms if base else None
     base_loop = base.median_loop_ms if base else None
 
-    header = (
-        f"{'strategy':<24} {'replicas':>8} {'ms/step':>8} {'min..max':>14} "
-        f"{'vs default':>10} {'in-loop':>8} {'vs default':>10} {'fit overhead':>12}"
-    )
+    columns = [
+        Column("strategy", 24, "<"),
+        Column("replicas", 8),
+        Column("ms/step", 8),
+        Column("min..max", 14),
+        Column("vs default", 10),
+        Column("in-loop", 8),
+        Column("vs default", 10),
+        Column("fit overhead", 12),
+    ]
+    rows = []
+    for case in cases:
+        if not case.ok:
+            head = format_row(columns, [case.label, case.replicas or "-"])
+            rows.append(f"{head} {_short_error(case)}")
+            continue
+        spread = f"{min(case.fit_ms_per_step):.2f}..{max(case.fit_ms_per_step):.2f}"
+        overhead = case.median_overhead_s
+        rows.append(
+            [
+                case.label,
+                case.replicas,
+                f"{case.median_ms:.2f}",
+                spread,
+                _x(_ratio(case.median_ms, base_ms)),
+                f"{case.median_loop_ms:.2f}",
+                _x(_ratio(case.median_loop_ms, base_loop)),
+                "n/a" if overhead is None else f"{overhead:.2f} s",
+            ]
+        )
     lines = [
         f"model.fit step time: MLP {INPUT_DIM}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, "
         f"adam, global batch {args.batch}, {args.replicas} logical CPU devices, "
         f"{args.steps} steps x {args.repeats} repeats (median)",
-        header,
-        "-" * len(header),
+        *text_table(columns, rows),
     ]
-    for case in cases:
-        if not case.ok:
-            lines.append(
-                f"{case.label:<24} {case.replicas or '-':>8} {_short_error(case)}"
-            )
-            continue
-        spread = f"{min(case.fit_ms_per_step):.2f}..{max(case.fit_ms_per_step):.2f}"
-        overhead = case.median_overhead_s
-        lines.append(
-            f"{case.label:<24} {case.replicas:>8} {case.median_ms:>8.2f} "
-            f"{spread:>14} {_x(_ratio(case.median_ms, base_ms)):>10} "
-            f"{case.median_loop_ms:>8.2f} "
-            f"{_x(_ratio(case.median_loop_ms, base_loop)):>10} "
-            f"{'n/a' if overhead is None else f'{overhead:.2f} s':>12}"
-        )
     lines += [
         "",
         "ms/step      = fit() wall time / steps (includes fit's per-call cost)",
@@ -547,36 +560,6 @@ def format_table(cases: list[Case], args) -> str:
     return "\n".join(lines)
 
 
-def _x(ratio: float | None) -> str:
-    return "n/a" if ratio is None else f"{ratio:.2f}x"
-
-
-def environment() -> dict:
-    try:
-        import keras_psdist
-
-        psdist_version = keras_psdist.__version__
-    except Exception:  # noqa: BLE001
-        psdist_version = None
-    return {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "sched_affinity": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else None,
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "numpy": np.__version__,
-        "keras_psdist": psdist_version,
-        "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
-        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-    }
-
-
 def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) -> None:
     by_name = {c.name: c for c in cases}
     base = by_name.get("default")
@@ -595,7 +578,7 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
             "model": f"MLP {INPUT_DIM}-{HIDDEN}-{HIDDEN}-{NUM_CLASSES}, adam, "
             "sparse CE from logits",
         },
-        "environment": environment(),
+        "environment": {},
         "devices": info["devices"],
         "round_robin_orders": info["round_robin_orders"],
         "loadavg_start": info["loadavg_start"],
@@ -635,22 +618,23 @@ def write_json(path: str, cases: list[Case], info: dict, args, wall_s: float) ->
             for other in ("mirrored", "central_storage")
             if other in by_name
         }
-    save_json(path, payload)
+    harness.write_results(path, payload)
 
 
 def write_plot(path: str, cases: list[Case], args, epochs: dict | None = None) -> None:
     """Grouped bars per strategy: fit ms/step and in-loop ms/step (median,
     min..max); with `epochs`, a second panel of whole-epoch times."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if epochs is None:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        with harness.figure(path, figsize=(8, 4.5)) as (fig, ax):
+            _plot_steps(ax, cases, args)
     else:
-        fig, (ax, epoch_ax) = plt.subplots(1, 2, figsize=(14, 4.5))
-        _plot_epochs(epoch_ax, epochs, args)
+        with harness.figure(path, 1, 2, figsize=(14, 4.5)) as (fig, (ax, epoch_ax)):
+            _plot_epochs(epoch_ax, epochs, args)
+            _plot_steps(ax, cases, args)
+
+
+def _plot_steps(ax, cases: list[Case], args) -> None:
+    """Fit and in-loop ms/step per strategy: median bars, min..max whiskers."""
     xs = np.arange(len(cases))
     width = 0.38
     series = (
@@ -696,11 +680,6 @@ def write_plot(path: str, cases: list[Case], args, epochs: dict | None = None) -
         fontsize=9,
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
 
 
 def _plot_epochs(ax, epochs: dict, args) -> None:
@@ -730,20 +709,12 @@ def _plot_epochs(ax, epochs: dict, args) -> None:
 # ------------------------------------------------------------------- CLI
 
 
-def _strategy_list(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [n for n in names if n not in STRATEGIES]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown strategies {unknown}; choose from {','.join(STRATEGIES)}"
-        )
-    return list(dict.fromkeys(names))
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Time model.fit steps of one MLP under the default strategy, "
+def parse_args(argv: list[str] | None = None):
+    parser = harness.BenchmarkParser(
+        "Time model.fit steps of one MLP under the default strategy, "
         "MirroredStrategy, CentralStorageStrategy and keras_psdist.PSStrategy.",
+        plot="write a PNG bar chart",
+        json_help="write raw numbers + environment",
     )
     parser.add_argument(
         "--replicas", type=_positive, default=4, help="logical CPU devices (default 4)"
@@ -751,28 +722,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--steps", type=_positive, default=50, help="steps per timed fit (default 50)"
     )
-    parser.add_argument(
-        "--repeats",
-        type=_positive,
-        default=5,
-        help="timed fits per strategy (default 5)",
-    )
+    parser.add_rounds(5, "timed fits per strategy (default 5)", "--repeats")
     parser.add_argument(
         "--batch", type=_positive, default=256, help="global batch size (default 256)"
     )
     parser.add_argument(
         "--warmup-steps", type=_positive, default=10, help="warm-up steps (default 10)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
         "--strategies",
-        type=_strategy_list,
+        type=harness.name_list(STRATEGIES, "strategies"),
         default=list(STRATEGIES),
         help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)",
     )
     parser.add_argument(
         "--epoch-lengths",
-        type=lambda t: [_positive(v) for v in t.split(",") if v.strip()],
+        type=harness.int_list,
         default=[5, 40, 400],
         help="steps per epoch of the whole-epoch timings (default 5,40,400; "
         "empty to skip them)",
@@ -783,10 +748,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4,
         help="epochs per whole-epoch fit; the first is not counted (default 4)",
     )
-    parser.add_argument(
-        "--json", metavar="PATH", help="write raw numbers + environment"
-    )
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG bar chart")
     args = parser.parse_args(argv)
     if args.batch % args.replicas:
         parser.error(

@@ -94,31 +94,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import functools
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO_ROOT, RunFailed, finish, read_reports, run_dir, use_checkout
-from _common import fmt as _fmt
-from _common import loadavg as _loadavg
-from _common import log as _log
-from _common import median_or_none as _median_or_none
-from _common import non_negative_float as _non_negative_float
-from _common import ok as _ok
-from _common import positive as _positive
-from _common import positive_float as _positive_float
-from _common import value_range as _range
+import harness
 from _sync_replicas_job import NUM_WORKERS, STRAGGLER
+from harness import RunFailed, finish, log_failure, read_reports, run_dir, use_checkout
+from harness import fmt as _fmt
+from harness import log as _log
+from harness import median_or_none as _median_or_none
+from harness import non_negative_float as _non_negative_float
+from harness import ok as _ok
+from harness import positive as _positive
+from harness import positive_float as _positive_float
 
 # Before TensorFlow is imported anywhere in this process.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
-RESULTS = REPO_ROOT / "benchmarks" / "results"
-DEFAULT_JSON = RESULTS / "sync_replicas.json"
-QUICK_JSON = RESULTS / "sync_replicas_quick.json"
+harness.prepare_tensorflow()
 
 JOB = Path(__file__).resolve().parent / "_sync_replicas_job.py"
 NUM_PS = 1
@@ -253,25 +247,28 @@ def _measure(workers: list[dict]) -> dict:
     }
 
 
+def _logged_run(work: Path, args, config: Configuration, r: int) -> dict:
+    _log(f"round {r + 1}/{args.rounds}: {config.label} ...")
+    result = run_configuration(work, config, args)
+    _log(
+        f"  {result['updates_per_s']:.1f} updates/s "
+        f"({result['updates']} in {result['window_s']:.1f} s)"
+    )
+    return result
+
+
 def measure(work: Path, args, rounds: list[dict]) -> None:
-    for r in range(args.rounds):
-        entry = {"round": r}
-        rounds.append(entry)
-        shift = r % len(CONFIGURATIONS)
-        for config in CONFIGURATIONS[shift:] + CONFIGURATIONS[:shift]:
-            _log(f"round {r + 1}/{args.rounds}: {config.label} ...")
-            try:
-                entry[config.key] = run_configuration(work, config, args)
-            except RunFailed as e:
-                entry[config.key] = {"error": str(e)}
-                _log(f"  failed: {e}")
-                continue
-            result = entry[config.key]
-            _log(
-                f"  {result['updates_per_s']:.1f} updates/s "
-                f"({result['updates']} in {result['window_s']:.1f} s)"
-            )
+    """The configurations in rounds, their order rotating."""
+    measured = harness.interleaved_rounds(
+        {c.key: c for c in CONFIGURATIONS},
+        functools.partial(_logged_run, work, args),
+        args.rounds,
+        catch=(RunFailed,),
+        on_error=log_failure,
+    )
+    for entry in measured.entries():
         _ratios(entry)
+        rounds.append(entry)
 
 
 def _ratios(entry: dict) -> None:
@@ -322,9 +319,8 @@ def format_table(summary: dict, args) -> str:
     """Medians over rounds: updates/s per configuration and the ratios."""
 
     def row(label, entry, spec, ratio=False):
-        value = _fmt(entry["median"], spec, "x" if ratio else "")
         values = entry.get("updates_per_s", entry.get("values"))
-        return f"  {label:<44}{value:>10}   {_range(values, spec)}"
+        return harness.median_row(label, entry["median"], values, spec, 44, ratio)
 
     return "\n".join(
         [
@@ -408,9 +404,12 @@ def format_rounds(rounds: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="SyncReplicaStrategy, 3 workers + 1 ps, one straggler: "
+    parser = harness.BenchmarkParser(
+        "SyncReplicaStrategy, 3 workers + 1 ps, one straggler: "
         "updates/s with replicas_to_aggregate=3 and =2 against no straggler.",
+        name="sync_replicas",
+        quick="smoke run: 1 round of 10 s windows",
+        quick_json=True,
     )
     parser.add_argument(
         "--sleep",
@@ -429,33 +428,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=5,
         help="steps every worker trains before the window opens (default 5)",
     )
-    parser.add_argument(
-        "--rounds",
-        type=_positive,
-        help="rounds of the three runs, order rotating (default 3; --quick 1)",
+    parser.add_rounds(
+        None, "rounds of the three runs, order rotating (default 3; --quick 1)"
     )
     parser.add_argument(
         "--batch", type=_positive, default=60, help="batch size per worker (default 60)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke run: 1 round of 10 s windows",
-    )
-    parser.add_argument(
-        "--json",
-        metavar="PATH",
-        help="raw numbers + machine (default benchmarks/results/sync_replicas.json; "
-        "with --quick, sync_replicas_quick.json)",
     )
     args = parser.parse_args(argv)
     if args.seconds is None:
         args.seconds = 10.0 if args.quick else 20.0
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
-    if args.json is None:
-        args.json = str(QUICK_JSON if args.quick else DEFAULT_JSON)
     return args
 
 
@@ -466,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     import keras_psdist.cluster  # noqa: F401
 
     start = time.perf_counter()
-    load_start = _loadavg()
+    load_start = harness.loadavg()
     rounds: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="kpd_sync_bench_") as tmp:
         measure(Path(tmp), args, rounds)

@@ -136,3 +136,18 @@ def test_keras_and_tensorflow_internals_are_reached_from_one_layer():
             if relative != home and re.search(rf"\b{re.escape(internal)}\b", text):
                 found.append(f"{path.relative_to(package)}: {internal}")
     assert not found, found
+
+
+def test_architecture_page_lists_every_patch_with_its_reasons():
+    import pathlib
+
+    page = (
+        pathlib.Path(__file__).parent.parent / "docs" / "architecture.md"
+    ).read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `keras")]
+    expected = [
+        f"| `{p.target}` (`{p.wrapper.split(':')[1]}`) | {p.why} | "
+        f"{p.no_extension_point} |"
+        for p in keras_patches.PATCHES
+    ]
+    assert rows == expected

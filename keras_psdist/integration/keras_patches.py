@@ -1,7 +1,7 @@
 """Every Keras method keras_psdist replaces, in one list, installed together.
 
 A custom `tf.distribute.Strategy` reaches most of Keras through the strategy
-API (variable creators, `reduce_to`, `update`, distributed datasets). Eleven
+API (variable creators, `reduce_to`, `update`, distributed datasets). Eight
 behaviours Keras 3 has no extension point for are added by wrapping a Keras
 method; each wrapper acts only for models, optimizers and variables of a
 keras_psdist strategy and passes every other call through unchanged (the
@@ -39,11 +39,14 @@ class Patch:
         wrapper: `"module:function"` taking Keras's attribute and returning
             the replacement.
         why: What Keras lacks, and what would retire the patch.
+        no_extension_point: The extension points of TensorFlow and Keras
+            that were considered instead, and why none serves.
     """
 
     target: str
     wrapper: str
     why: str
+    no_extension_point: str
 
     def resolve(self) -> tuple[object, str]:
         """The object that holds the attribute, and the attribute's name."""
@@ -72,21 +75,33 @@ PATCHES: tuple[Patch, ...] = (
         "keras.callbacks:ModelCheckpoint._save_model",
         "keras_psdist.integration.checkpointing:on_chief_only",
         _CHIEF_ONLY,
+        "Keras 3's checkpoint callbacks never read the strategy's "
+        "`should_checkpoint`; a callback of our own would make users swap "
+        "their callbacks, breaking the one-line strategy swap.",
     ),
     Patch(
         "keras.callbacks:BackupAndRestore._save_model",
         "keras_psdist.integration.checkpointing:on_chief_only",
         _CHIEF_ONLY,
+        "Keras 3's checkpoint callbacks never read the strategy's "
+        "`should_checkpoint`; a callback of our own would make users swap "
+        "their callbacks, breaking the one-line strategy swap.",
     ),
     Patch(
         "keras.callbacks:BackupAndRestore.on_train_end",
         "keras_psdist.integration.checkpointing:on_chief_only",
         _CHIEF_ONLY + " (It also deletes the backup at the end.)",
+        "Keras 3's checkpoint callbacks never read the strategy's "
+        "`should_checkpoint`; a callback of our own would make users swap "
+        "their callbacks, breaking the one-line strategy swap.",
     ),
     Patch(
         "keras.callbacks:BackupAndRestore._load_model",
         "keras_psdist.integration.checkpointing:weights_from_chief_only",
         _CHIEF_ONLY,
+        "Keras 3's checkpoint callbacks never read the strategy's "
+        "`should_checkpoint`; a callback of our own would make users swap "
+        "their callbacks, breaking the one-line strategy swap.",
     ),
     Patch(
         "keras:Model.save",
@@ -94,10 +109,14 @@ PATCHES: tuple[Patch, ...] = (
         "A crash mid-save (a lost task ends a process at once) must leave the "
         "previous file whole: write beside it and rename. Retired by atomic "
         "saves in Keras's saving_lib.",
+        "Keras's saving_lib writes the file in place and has no hook around "
+        "the write; the process may be ended by `os._exit` (a lost task) "
+        "at any point of it.",
     ),
     Patch(
         "keras:Model.save_weights",
         "keras_psdist.integration.checkpointing:atomic",
+        "As Model.save.",
         "As Model.save.",
     ),
     Patch(
@@ -107,6 +126,11 @@ PATCHES: tuple[Patch, ...] = (
         "embedding table would cross the network every step. Retired by a "
         "`take` that calls `sparse_read` on a variable (as tf.keras's "
         "Embedding did).",
+        "TensorFlow's dispatch (`dispatch_for_api(tf.gather)`) and the tensor "
+        "conversion registry come too late: Keras's `take` calls "
+        "`convert_to_tensor(x)` first, which reads the whole table before "
+        "any dispatchable op runs, and a conversion must return the whole "
+        "tensor.",
     ),
     Patch(
         "keras.src.backend.tensorflow.optimizer:TFOptimizer."
@@ -115,6 +139,9 @@ PATCHES: tuple[Patch, ...] = (
         "`extended.update` is told the variable and a closure, not the "
         "optimizer: a partitioned variable needs it to update each shard with "
         "its slot rows. Retired by passing the optimizer to `update`.",
+        "`StrategyExtended.update(var, fn)` receives a closure, not the "
+        "optimizer, and the variable creator runs before any optimizer "
+        "exists: neither can tell a row-separable update.",
     ),
     Patch(
         "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit",
@@ -122,15 +149,20 @@ PATCHES: tuple[Patch, ...] = (
         "A lost ps task surfaces as an opaque gRPC error (or a wait forever); "
         "fit must name the task. Retired by a strategy hook around a "
         "trainer's run.",
+        "Keras callbacks have no hook for an exception raised in `fit`, and "
+        "the strategy's hooks do not see the iterator set-up that can wait "
+        "forever on a dead task.",
     ),
     Patch(
         "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.evaluate",
         "keras_psdist.cluster.task_loss:reporting",
         "As fit.",
+        "As fit.",
     ),
     Patch(
         "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.predict",
         "keras_psdist.cluster.task_loss:reporting",
+        "As fit.",
         "As fit.",
     ),
     Patch(
@@ -139,6 +171,9 @@ PATCHES: tuple[Patch, ...] = (
         "A sync-replica worker must send its gradient to the chief and wait, "
         "not apply it; Keras applies inside the train step. Retired by an "
         "optimizer hook of the strategy (`extended.apply_gradients`).",
+        "The strategy's `batch_reduce_to` and `update` run inside `apply`, "
+        "after Keras has decided to apply (and advanced `iterations`); no "
+        "hook lets a strategy send the gradient instead of applying it.",
     ),
     Patch(
         "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit",
@@ -146,6 +181,8 @@ PATCHES: tuple[Patch, ...] = (
         "A sync-replica run has a session around fit and marks each finished "
         "step. Wraps the task-loss fit above (this order). Retired by the "
         "same trainer hook as fit above.",
+        "Callbacks mark the steps (`_Progress`), but leaving the protocol "
+        "must also happen when `fit` raises, and callbacks are not told.",
     ),
     Patch(
         "keras.src.trainers.trainer:Trainer.compile",
@@ -154,6 +191,8 @@ PATCHES: tuple[Patch, ...] = (
         "made; pieces made outside train silently wrong (an optimizer's "
         "`iterations` advances once per replica, keras-team/keras#18624). "
         "Retired by Keras checking it (it does for models, not optimizers).",
+        "Keras checks at `compile` that the model was built under the "
+        "scope, not the optimizer; there is no compile hook.",
     ),
 )
 

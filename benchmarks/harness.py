@@ -1,0 +1,719 @@
+"""The harness every benchmark script shares (no TensorFlow import at load).
+
+* arguments: `BenchmarkParser` (``--json``, ``--plot``, ``--quick``,
+  ``--seed``, ``--rounds`` / ``--repeats``, the children's ``--role``) and
+  the argparse types `positive`, `positive_float`, `non_negative_float`,
+  `int_list`;
+* measuring: `interleaved_rounds` runs configurations in alternating rounds
+  (A B, B A, ... or A B, A B, ...) and returns a `Rounds`: per-configuration
+  samples, medians, ratios to a baseline paired round by round;
+* reporting: `markdown_table`, `text_table` / `format_row` (fixed-width
+  tables), `median_row`, `ratio`, `times`, `fmt`, `value_range`;
+* results: `environment` (machine, load average, versions, git commit),
+  `write_results` (JSON with the environment), `finish` (the common end of
+  the cluster benchmarks), `figure` (a matplotlib figure saved as PNG);
+* local clusters: `use_checkout`, `run_dir`, `run_process`, `read_reports`,
+  `RunFailed`, `log_failure`, `ok`.
+
+Run ``python -m doctest benchmarks/harness.py`` to check the examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+
+
+def log(msg: str) -> None:
+    """Progress to stderr, so stdout keeps only the results."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def loadavg() -> list[float] | None:
+    """1/5/15-minute load averages: other processes skew a 2-core machine."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def prepare_tensorflow() -> None:
+    """Quiets TensorFlow's C++ logs and selects Keras's TensorFlow backend,
+    unless set already: call it before TensorFlow is imported."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+
+def ensure_importable() -> None:
+    """Lets this process import `keras_psdist` from this checkout when it is
+    not installed (an installed one is used first)."""
+    try:
+        import keras_psdist  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(REPO_ROOT))
+
+
+def use_checkout() -> None:
+    """Lets this process and its children import `keras_psdist` from this
+    checkout, installed or not."""
+    sys.path.insert(0, str(REPO_ROOT))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p
+    )
+
+
+# ------------------------------------------------------------ argparse types
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1.
+
+    >>> positive("3")
+    3
+    """
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers >= 1 (empty items skipped).
+
+    >>> int_list("5,40,400")
+    [5, 40, 400]
+    """
+    return [positive(t) for t in text.split(",") if t.strip()]
+
+
+def name_list(choices: Callable[[], Sequence[str]] | Sequence[str], what: str):
+    """argparse type: comma-separated names out of `choices` (a list, or a
+    function giving it when the flag is parsed), duplicates dropped.
+
+    >>> name_list(["mean", "median"], "rules")("median,mean,median")
+    ['median', 'mean']
+    """
+
+    def parse(text: str) -> list[str]:
+        names = [s.strip() for s in text.split(",") if s.strip()]
+        valid = list(choices() if callable(choices) else choices)
+        unknown = [n for n in names if n not in valid]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {unknown}; choose from {','.join(valid)}"
+            )
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+# ---------------------------------------------------------------- arguments
+
+
+class BenchmarkParser(argparse.ArgumentParser):
+    """An `ArgumentParser` with the flags the benchmarks share.
+
+    ``--json PATH``: with `name`, it defaults to
+    ``benchmarks/results/<name>.json`` (with `quick_json` and ``--quick``,
+    ``<name>_quick.json``); without, no JSON is written unless asked.
+    ``--quick`` (when `quick` is its help), ``--plot PATH`` (when `plot` is
+    its help) and ``--seed`` (default 0, unless `seed` is False) come with
+    it; `add_rounds` adds ``--rounds`` or ``--repeats``, `add_child_role`
+    the hidden flags of a child process. With `output_group`, ``--json`` and
+    ``--plot`` go in an argument group of that title, `self.output`.
+
+    >>> p = BenchmarkParser("demo", name="demo", quick="smoke run", quick_json=True)
+    >>> Path(p.parse_args(["--quick"]).json).name
+    'demo_quick.json'
+    >>> p.parse_args([]).seed
+    0
+    """
+
+    def __init__(
+        self,
+        description: str | None,
+        *,
+        name: str | None = None,
+        quick: str | None = None,
+        quick_json: bool = False,
+        plot: str | None = None,
+        seed: bool | str = True,
+        json_help: str | None = None,
+        output_group: str | None = None,
+    ):
+        super().__init__(description=description)
+        self._name, self._quick_json = name, quick_json
+        self._child_role = False
+        self.output = self.add_argument_group(output_group) if output_group else self
+        if name is not None and json_help is None:
+            json_help = f"raw numbers + machine (default benchmarks/results/{name}.json"
+            json_help += f"; with --quick, {name}_quick.json)" if quick_json else ")"
+        self.output.add_argument(
+            "--json", metavar="PATH", help=json_help or "write the results as JSON"
+        )
+        if plot is not None:
+            self.output.add_argument("--plot", metavar="PATH", help=plot)
+        if quick is not None:
+            self.add_argument("--quick", action="store_true", help=quick)
+        if seed:
+            help_ = seed if isinstance(seed, str) else "random seed (default 0)"
+            self.add_argument("--seed", type=int, default=0, help=help_)
+
+    def add_rounds(
+        self, default: int | None, help: str, flag: str = "--rounds", group=None
+    ) -> None:
+        """``--rounds`` (or `flag`, e.g. ``--repeats``): a count >= 1."""
+        (group or self).add_argument(flag, type=positive, default=default, help=help)
+
+    def add_child_role(self, roles: Sequence[str]) -> None:
+        """Hidden ``--role`` and ``--out-dir``: this script re-invoked as a
+        child process that reports into a folder."""
+        self._child_role = True
+        self.add_argument("--role", choices=roles, help=argparse.SUPPRESS)
+        self.add_argument("--out-dir", help=argparse.SUPPRESS)
+
+    def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
+        ns = super().parse_args(args, namespace)
+        if ns.json is None and self._name is not None:
+            quick = self._quick_json and getattr(ns, "quick", False)
+            ns.json = str(RESULTS / f"{self._name}{'_quick' if quick else ''}.json")
+        if self._child_role and ns.role and not ns.out_dir:
+            self.error("--role needs --out-dir")
+        return ns
+
+
+# --------------------------------------------------------- interleaved rounds
+
+
+def _value(sample: Any, key: str | Callable | None) -> Any:
+    if key is None:
+        return sample
+    if callable(key):
+        return key(sample)
+    return sample.get(key) if isinstance(sample, Mapping) else getattr(sample, key)
+
+
+def median_or_none(values: Iterable[float]) -> float | None:
+    """The median, or None for no values.
+
+    >>> median_or_none([3, 1, 2]), median_or_none([])
+    (2, None)
+    """
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
+def paired_ratios(
+    values: Mapping[Any, float | None], baseline: Mapping[Any, float | None]
+) -> list[float]:
+    """Per round present in both (and non-zero in `baseline`): value / baseline.
+
+    >>> paired_ratios({0: 2.0, 1: 3.0, 2: None}, {0: 1.0, 1: 2.0, 2: 1.0})
+    [2.0, 1.5]
+    """
+    return [
+        v / baseline[r] for r, v in values.items() if v is not None and baseline.get(r)
+    ]
+
+
+@dataclass
+class Rounds:
+    """What `interleaved_rounds` measured.
+
+    `results[r]` maps each configuration run in round r, in the order it
+    ran, to what `run_one` returned or to the exception it raised; `orders`
+    lists those orders. A `key` below picks the number out of a result: None
+    (the result itself), a dict key or attribute name, or a function.
+    """
+
+    names: list[str]
+    results: list[dict[str, Any]] = field(default_factory=list)
+    orders: list[list[str]] = field(default_factory=list)
+
+    def by_round(self, name: str, key=None) -> dict[int, Any]:
+        """{round: value} of `name`'s runs that did not fail."""
+        return {
+            r: _value(res[name], key)
+            for r, res in enumerate(self.results)
+            if name in res and not isinstance(res[name], BaseException)
+        }
+
+    def samples(self, name: str, key=None) -> list:
+        """`name`'s values, round by round, failed runs left out."""
+        return list(self.by_round(name, key).values())
+
+    def median(self, name: str, key=None) -> float | None:
+        """The median of `name`'s values (None values left out), or None."""
+        return median_or_none(v for v in self.samples(name, key) if v is not None)
+
+    def medians(self, key=None) -> dict[str, float | None]:
+        """{name: median} of every configuration."""
+        return {n: self.median(n, key) for n in self.names}
+
+    def ratios(self, name: str, baseline: str, key=None) -> list[float]:
+        """Per round where both ran: `name`'s value / `baseline`'s."""
+        return paired_ratios(self.by_round(name, key), self.by_round(baseline, key))
+
+    def ratio_medians(self, baseline: str, key=None) -> dict[str, float | None]:
+        """{name: median over rounds of (value / baseline's in that round)}."""
+        return {n: median_or_none(self.ratios(n, baseline, key)) for n in self.names}
+
+    def entries(self, **extra) -> list[dict]:
+        """One JSON-ready dict per round: ``{"round": r, **extra, name: result
+        or {"error": message}}``, configurations in the order they ran."""
+        return [
+            {
+                "round": r,
+                **extra,
+                **{
+                    n: {"error": str(v)} if isinstance(v, BaseException) else v
+                    for n, v in res.items()
+                },
+            }
+            for r, res in enumerate(self.results)
+        ]
+
+
+def interleaved_rounds(
+    configs: Mapping[str, Any] | Sequence[str],
+    run_one: Callable[[Any, int], Any],
+    rounds: int,
+    *,
+    rotate: bool = True,
+    catch: tuple[type[BaseException], ...] = (Exception,),
+    drop_failed: bool = False,
+    on_error: Callable[[str, int, BaseException], None] | None = None,
+    after_round: Callable[[int, dict[str, Any]], None] | None = None,
+) -> Rounds:
+    """Runs every configuration once per round, for `rounds` rounds.
+
+    `configs` maps names to what `run_one(config, round)` measures (a plain
+    list of names: each is its own config). With `rotate` the order turns
+    by one each round (A B C, B C A, C A B, ...), else it stays (A B, A B,
+    ...): either way drift of the machine's load hits every configuration
+    alike, and a ratio to a baseline taken within each round cancels most
+    of it. An exception of a type in `catch` is recorded as that run's
+    result (`on_error(name, round, exc)` is called inside the ``except``, so
+    `traceback.format_exc()` works there); with `drop_failed` that
+    configuration sits out the later rounds (the rotation then turns over
+    the others). `after_round(round, results)` follows every round.
+
+    >>> speed = {"a": 1, "b": 2}
+    >>> res = interleaved_rounds(speed, lambda s, r: s * (r + 1), 3)
+    >>> res.orders
+    [['a', 'b'], ['b', 'a'], ['a', 'b']]
+    >>> res.samples("a"), res.medians()
+    ([1, 2, 3], {'a': 2, 'b': 4})
+    >>> res.ratio_medians("a")
+    {'a': 1.0, 'b': 2.0}
+    >>> res.entries()[1]
+    {'round': 1, 'b': 4, 'a': 2}
+    """
+    if not isinstance(configs, Mapping):
+        configs = {name: name for name in configs}
+    names = list(configs)
+    out = Rounds(names)
+    dropped: set[str] = set()
+    for r in range(rounds):
+        live = [n for n in names if n not in dropped]
+        k = r % max(len(live), 1) if rotate else 0
+        order = live[k:] + live[:k]
+        out.orders.append(order)
+        results: dict[str, Any] = {}
+        out.results.append(results)
+        for name in order:
+            try:
+                results[name] = run_one(configs[name], r)
+            except catch as e:
+                results[name] = e
+                if drop_failed:
+                    dropped.add(name)
+                if on_error is not None:
+                    on_error(name, r, e)
+        if after_round is not None:
+            after_round(r, results)
+    return out
+
+
+# ------------------------------------------------------------------ tables
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing (or b is 0).
+
+    >>> ratio(3.0, 2.0), ratio(None, 2.0), ratio(1.0, 0)
+    (1.5, None, None)
+    """
+    return a / b if a is not None and b else None
+
+
+def times(r: float | None) -> str:
+    """A ratio as ``1.23x``; ``n/a`` for None.
+
+    >>> times(1.234), times(None)
+    ('1.23x', 'n/a')
+    """
+    return "n/a" if r is None else f"{r:.2f}x"
+
+
+def fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    """`value` in `spec` with `suffix`, or ``failed`` for None.
+
+    >>> fmt(2.5, ".1f", " s"), fmt(None, ".1f")
+    ('2.5 s', 'failed')
+    """
+    return "failed" if value is None else f"{value:{spec}}{suffix}"
+
+
+def value_range(values: list[float], spec: str) -> str:
+    """``min..max`` of `values` in `spec`; empty for none.
+
+    >>> value_range([3.0, 1.0, 2.0], ".1f")
+    '1.0..3.0'
+    """
+    return f"{min(values):{spec}}..{max(values):{spec}}" if values else ""
+
+
+def median_row(
+    label: str,
+    median: float | None,
+    values: list[float],
+    spec: str,
+    width: int,
+    ratio: bool = False,
+) -> str:
+    """``  <label> <median> <min..max>``: a row of a medians-over-rounds table
+    (labels `width` wide, ``x`` after a `ratio`, ``failed`` for no median).
+
+    >>> median_row("1 worker", 950.0, [900.0, 1000.0], ".0f", 12)
+    '  1 worker           950   900..1000'
+    """
+    value = fmt(median, spec, "x" if ratio else "")
+    return f"  {label:<{width}}{value:>10}   {value_range(values, spec)}"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a fixed-width table: its title, width and alignment
+    (a format-spec alignment: ``>`` right, ``<`` left)."""
+
+    title: str
+    width: int
+    align: str = ">"
+
+
+def format_row(columns: Sequence[Column], cells: Sequence[Any], sep: str = " ") -> str:
+    """`cells` (strings, or values formatted with `str`) padded to `columns`;
+    fewer cells than columns fill the first ones.
+
+    >>> format_row([Column("a", 3, "<"), Column("b", 5)], ["x", 1.5])
+    'x     1.5'
+    """
+    return sep.join(
+        f"{str(cell):{c.align}{c.width}}"
+        for c, cell in zip(columns, cells, strict=False)
+    )
+
+
+def text_table(
+    columns: Sequence[Column],
+    rows: Iterable[Sequence[Any] | str],
+    sep: str = " ",
+    rule: bool = True,
+) -> list[str]:
+    """The lines of a fixed-width table: the titles, a rule of dashes as long
+    as they (with `rule`), then one line per row; a row that is a string is
+    kept as it is (a note, a blank line, a failed run's message).
+
+    >>> print("\\n".join(text_table([Column("rule", 6, "<"), Column("ms", 5)],
+    ...                             [["mean", "1.25"], "median failed"])))
+    rule      ms
+    ------------
+    mean    1.25
+    median failed
+    """
+    header = format_row(columns, [c.title for c in columns], sep)
+    lines = [header, "-" * len(header)] if rule else [header]
+    for row in rows:
+        lines.append(row if isinstance(row, str) else format_row(columns, row, sep))
+    return lines
+
+
+def markdown_table(
+    rows: Iterable[Sequence[Any] | Mapping], columns: Sequence[str]
+) -> str:
+    """A GitHub-flavoured markdown table: `columns` are its titles; a row is
+    a sequence of cells, or a mapping from titles to cells (missing: empty).
+
+    >>> print(markdown_table([["mean", "97.2"], {"rule": "krum"}], ["rule", "none"]))
+    | rule | none |
+    |---|---|
+    | mean | 97.2 |
+    | krum |  |
+    """
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = [row.get(c, "") for c in columns] if isinstance(row, Mapping) else row
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- results
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name, from /proc/cpuinfo (else `platform.processor`)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def git_commit() -> str | None:
+    """The checkout's HEAD commit, or None outside a git checkout."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def environment() -> dict:
+    """What a run measured on: date (UTC), machine, load average, the
+    versions of Python, TensorFlow, Keras, NumPy and keras_psdist, the git
+    commit and TensorFlow's thread settings. Imports TensorFlow."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    try:
+        import keras_psdist
+
+        psdist_version = keras_psdist.__version__
+    except Exception:  # noqa: BLE001 - recorded as unknown
+        psdist_version = None
+    threading = tf.config.threading
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "sched_affinity": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else None,
+        "loadavg": loadavg(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "keras_psdist": psdist_version,
+        "git_commit": git_commit(),
+        "gpus": len(tf.config.list_physical_devices("GPU")),
+        "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS"),
+        "inter_op_threads": threading.get_inter_op_parallelism_threads(),
+        "intra_op_threads": threading.get_intra_op_parallelism_threads(),
+    }
+
+
+def save_json(path: str | Path, payload: dict, indent: int = 2, end: str = "\n"):
+    """Writes `payload` as JSON to `path`, creating its folder; returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=indent) + end)
+    return out
+
+
+def write_results(
+    path: str | Path,
+    payload: dict,
+    *,
+    env_key: str = "environment",
+    indent: int = 2,
+    end: str = "\n",
+) -> Path:
+    """Writes `payload` as JSON with the run's `environment()` under
+    `env_key` (where the payload has that key already, there, its entries
+    added to the environment's); returns the path."""
+    env = environment()
+    env.update(payload.get(env_key) or {})
+    return save_json(path, {**payload, env_key: env}, indent=indent, end=end)
+
+
+def finish(
+    args: argparse.Namespace,
+    settings: tuple[str, ...],
+    load_start: list[float] | None,
+    wall_s: float,
+    summary: dict,
+    rounds: dict[str, list[dict]],
+) -> int:
+    """The end of a run, after its tables: prints the wall time and load,
+    writes `args.json` (the `settings` of `args`, the machine, `summary` and
+    `rounds`), and returns the exit code: 1 if any run failed."""
+    load_end = loadavg()
+    print(
+        f"wall time {wall_s:.0f} s; load average (1/5/15 min) at start "
+        f"{load_start}, at end {load_end} on {os.cpu_count()} CPUs"
+    )
+    out = write_results(
+        args.json,
+        {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "settings": {k: getattr(args, k) for k in settings},
+            "machine": {},
+            "loadavg_start": load_start,
+            "loadavg_end": load_end,
+            "wall_s": wall_s,
+            "summary": summary,
+            **rounds,
+        },
+        env_key="machine",
+        indent=1,
+        end="",
+    )
+    print(f"wrote {out}")
+    failed = any(
+        "error" in v
+        for entries in rounds.values()
+        for e in entries
+        for v in e.values()
+        if isinstance(v, dict)
+    )
+    return 1 if failed else 0
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (imported on first use)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+@contextlib.contextmanager
+def figure(path: str | Path, *subplots, tight_layout: dict | None = None, **kwargs):
+    """A matplotlib figure saved to `path` (PNG, 120 dpi, its folder made)
+    when the block ends; yields ``(fig, axes)`` of
+    ``plt.subplots(*subplots, **kwargs)``; `tight_layout` are that call's
+    arguments (e.g. ``{"rect": (0, 0.06, 1, 1)}``)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(*subplots, **kwargs)
+    try:
+        yield fig, axes
+        fig.tight_layout(**(tight_layout or {}))
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=120)
+    finally:
+        plt.close(fig)
+
+
+# ------------------------------------- benchmarks that start local clusters
+# (`cluster.py`, `sync_replicas.py`, `embeddings.py`): a run is a `launch` of
+# processes that report through JSON files in a temporary folder and log to a
+# file beside it.
+
+
+class RunFailed(RuntimeError):
+    """A run's processes failed; the message has their last lines."""
+
+
+def run_dir(work: Path, prefix: str) -> tuple[Path, Path]:
+    """A fresh folder under `work` for a run's reports, and its log file."""
+    out_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=work))
+    return out_dir, out_dir.with_suffix(".log")
+
+
+def run_process(command: list[str], log: Path, timeout_s: float) -> int:
+    """Runs `command` with its output in `log`; its exit code, 124 on timeout."""
+    with open(log, "w") as f:
+        try:
+            return subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return 124
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a log file."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def read_reports(
+    out_dir: Path, expected: int, log: Path, code: int, pattern: str = "*.json"
+) -> list[dict]:
+    """The run's `expected` JSON reports (sorted by file name), or RunFailed."""
+    found = sorted(out_dir.glob(pattern))
+    if code != 0 or len(found) != expected:
+        raise RunFailed(
+            f"exit code {code}, {len(found)} of {expected} result files; last "
+            f"lines of {log}:\n{tail(log)}"
+        )
+    return [json.loads(p.read_text()) for p in found]
+
+
+def log_failure(name: str, round_: int, error: BaseException) -> None:
+    """An `on_error` for `interleaved_rounds`: logs ``  failed: <error>``."""
+    log(f"  failed: {error}")
+
+
+def ok(entry: dict, key: str) -> bool:
+    """Whether a round's `entry` has a result for `key` that did not fail.
+
+    >>> ok({"a": {"x": 1}, "b": {"error": "..."}}, "a"), ok({}, "a")
+    (True, False)
+    """
+    return key in entry and "error" not in entry[key]
