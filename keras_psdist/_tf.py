@@ -38,7 +38,7 @@ from tensorflow.python.ops import (
 from tensorflow.python.util import dispatch, nest
 
 # The supported range, as in setup.cfg: [low, high) by (major, minor).
-# Each pair of the range is tested (`noxfile.py`; `.ci/run` runs the oldest).
+# The pairs tested are in `noxfile.py` (`.ci/run` runs the oldest).
 SUPPORTED_TF = ((2, 19), (2, 22))
 SUPPORTED_KERAS = ((3, 10), (3, 16))
 

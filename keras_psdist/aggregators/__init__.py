@@ -45,6 +45,7 @@ for _name, _cls in (
     ("bucketing", Bucketing),
 ):
     register(_name, _cls)
+del _name, _cls
 
 __all__ = [
     "Aggregation",
