@@ -1,9 +1,12 @@
 """The hook chain: what `tf.distribute` calls, and what it calls next.
 
+    run.py              `Run`: the one description of a run a strategy front
+                        hands its extended
     extended.py         `PSExtended`, the `StrategyExtended` every strategy of
                         ours uses: variable creation, `call_for_each_replica`,
                         `reduce_to` / `batch_reduce_to`, `update`,
                         `colocate_vars_with`, distributed datasets
+    replica_writes.py   how writes made in replica context reach the one copy
     reduction.py        `batch_reduce_to`'s policy: one aggregator over every
                         gradient of a step, then the attack harness
     replica_batches.py  what a replica does with its piece of the batch, an

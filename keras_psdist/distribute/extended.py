@@ -14,7 +14,6 @@ variable instead of one per replica.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,6 +46,7 @@ from keras_psdist.distribute.replica_writes import (
     combine_column,
     per_replica_values,
 )
+from keras_psdist.distribute.run import Run
 from keras_psdist.variables.creation import VariableCreator
 from keras_psdist.variables.partitioned import PartitionedVariable, update_shards
 from keras_psdist.variables.staged_merge import StagedMerge
@@ -57,43 +57,15 @@ ReduceOp = tf.distribute.ReduceOp
 class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
     """Implementation of `PSStrategy` (see its docstring for the user view)."""
 
-    def __init__(
-        self,
-        container_strategy: tf.distribute.Strategy,
-        topology: Topology,
-        placement: str | placement_lib.PlacementFn,
-        aggregator: Aggregator,
-        attack: Any = None,
-        init_timeout: float = 120.0,
-        partitioner: Any = None,
-        heartbeat_timeout: float = 30.0,
-        worker_attack: Any = None,
-        training: Callable[[PSExtended], Any] | None = None,
-        report_lost_workers: bool = True,
-    ):
+    def __init__(self, container_strategy: tf.distribute.Strategy, run: Run):
         """Builds the run's every collaborator; nothing is set from outside.
 
         Args:
             container_strategy: The strategy this implements.
-            topology: Where the replicas, inputs and parameters are.
-            placement: The placement policy (see `PSStrategy`).
-            aggregator: The bound rule over the replicas' gradients.
-            attack: A simulated attack on replicas, or `None`.
-            init_timeout: Between-graph, seconds to wait for the chief to
-                initialise a shared variable.
-            partitioner: Splits large variables, or `None`.
-            heartbeat_timeout: Cluster runs: seconds of silence after which a
-                worker (between-graph) or a server task counts as lost.
-            worker_attack: `SyncReplicaStrategy`: the attack this worker
-                process runs on every replica, when it is an attacked worker.
-            training: Between-graph training beyond plain async updates
-                (`SyncTraining`, `BoundedStaleness`): built from this
-                extended, once its shared variables and heartbeats exist.
-            report_lost_workers: Between-graph, whether the chief logs lost
-                and returning workers (`SyncReplicaStrategy`'s update
-                service logs them itself).
+            run: The run, as the strategy's front described it.
         """
         super().__init__(container_strategy)
+        topology = run.topology
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices
@@ -105,19 +77,19 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
             self._shared = SharedVariables(
                 is_chief=topology.is_chief,
                 chief=topology.chief_name,
-                init_timeout=init_timeout,
+                init_timeout=run.init_timeout,
             )
         self._creator = VariableCreator(
             self._container_strategy,
             topology,
-            placement_lib.get_policy(placement, self._parameter_devices),
-            partitioners_lib.get(partitioner),
+            placement_lib.get_policy(run.placement, self._parameter_devices),
+            partitioners_lib.get(run.partitioner),
             self._shared,
         )
         self._reduction_device = topology.reduction_device
         self._reduction = GradientReduction(
-            aggregator,
-            attack,
+            run.aggregator,
+            run.attack,
             self._reduction_device,
             len(self._compute_devices),
             # Between-graph, a worker combines its own replicas' gradients.
@@ -136,10 +108,10 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
         self.experimental_enable_get_next_as_optional = True
         # `SyncReplicaStrategy`: the attack this worker process runs when it
         # is one of the attacked workers.
-        self.worker_attack = worker_attack
+        self.worker_attack = run.worker_attack
         # Cluster runs: ends this process if a server task is lost and it
         # does not stop by itself (`keras_psdist.cluster.task_loss`).
-        self.server_watch = task_loss.watch(topology, heartbeat_timeout)
+        self.server_watch = task_loss.watch(topology, run.heartbeat_timeout)
         # Between-graph runs: this process's heartbeat and its view of the
         # others' (`keras_psdist.cluster.liveness`); the chief logs losses.
         self.heartbeats = None
@@ -150,14 +122,14 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
                 topology.parameter_devices[0],
                 topology.worker_index,
                 topology.num_training_processes,
-                heartbeat_timeout,
+                run.heartbeat_timeout,
                 server_watch=self.server_watch,
                 names=topology.training_task_names,
             )
-            if topology.is_chief and report_lost_workers:
+            if topology.is_chief and run.report_lost_workers:
                 self.loss_reporter = LossReporter(self.heartbeats)
         # This process's part in sync-replica or bounded-staleness training.
-        self.sync_training = None if training is None else training(self)
+        self.sync_training = None if run.training is None else run.training(self)
 
     # ---------------------------------------------------------------- state
 

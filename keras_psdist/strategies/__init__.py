@@ -6,9 +6,10 @@
     sync_replica.py  `SyncReplicaStrategy`: TF1's `SyncReplicasOptimizer`
                      semantics between worker processes
 
-Each front checks its arguments and hands them to
-`keras_psdist.distribute.extended.PSExtended`, which owns everything the run
-needs from construction.
+Each front checks its arguments, finds its devices, and hands one
+description of the run (`keras_psdist.distribute.run.Run`) to
+`keras_psdist.distribute.extended.PSExtended`, which builds everything the
+run needs from it.
 """
 
 from keras_psdist.strategies.ps import PSStrategy

@@ -14,6 +14,7 @@ from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.cluster import runtime
 from keras_psdist.distribute.extended import PSExtended
+from keras_psdist.distribute.run import Run
 from keras_psdist.integration import keras_patches
 
 
@@ -205,19 +206,17 @@ class PSStrategy(distribute_lib.Strategy):
 
         # Keras's side of the run: installed once, before any model exists.
         keras_patches.install()
-        super().__init__(
-            PSExtended(
-                self,
-                topology,
-                placement,
-                aggregator,
-                attack,
-                init_timeout,
-                partitioner=partitioner,
-                heartbeat_timeout=heartbeat_timeout,
-                training=training,
-            )
+        run = Run(
+            topology,
+            placement,
+            aggregator,
+            attack,
+            init_timeout,
+            partitioner=partitioner,
+            heartbeat_timeout=heartbeat_timeout,
+            training=training,
         )
+        super().__init__(PSExtended(self, run))
 
     @property
     def num_byzantine(self) -> int:

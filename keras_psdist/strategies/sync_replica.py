@@ -13,6 +13,7 @@ from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.cluster import runtime, task_loss
 from keras_psdist.distribute.extended import PSExtended
+from keras_psdist.distribute.run import Run
 from keras_psdist.integration import keras_patches
 from keras_psdist.strategies.ps import check_placement, check_seconds, resolve_attack
 from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
@@ -200,22 +201,22 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
 
         # Keras's side of the run: installed once, before any model exists.
         keras_patches.install()
-        super().__init__(
-            PSExtended(
-                self,
-                topology,
-                placement,
-                aggregators_lib.Mean(),
-                None,
-                init_timeout,
-                partitioner=partitioner,
-                heartbeat_timeout=heartbeat_timeout,
-                worker_attack=attack if attacked else None,
-                training=training,
-                # The update service logs lost and returning workers.
-                report_lost_workers=False,
-            )
+        run = Run(
+            topology,
+            placement,
+            # Each worker's own replicas: summed; the rule runs in the chief's
+            # update service (`SyncTraining`), over the workers' gradients.
+            aggregators_lib.Mean(),
+            None,
+            init_timeout,
+            partitioner=partitioner,
+            heartbeat_timeout=heartbeat_timeout,
+            worker_attack=attack if attacked else None,
+            training=training,
+            # The update service logs lost and returning workers.
+            report_lost_workers=False,
         )
+        super().__init__(PSExtended(self, run))
         self._attack = attack
         self._aggregator = aggregator
 

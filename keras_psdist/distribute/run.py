@@ -1,0 +1,53 @@
+"""`Run`: the one description of a run a strategy front hands its extended.
+
+A front (`PSStrategy`, `SyncReplicaStrategy`) checks its arguments, finds the
+devices (`cluster.runtime`), binds the rule, and describes the run here;
+`PSExtended` builds every collaborator from it and nothing outside sets
+anything on the extended afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from keras_psdist import placement as placement_lib
+from keras_psdist.aggregators.base import Aggregator
+from keras_psdist.cluster.runtime import Topology
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a strategy runs: devices, policies, rule, timeouts, training.
+
+    Attributes:
+        topology: Where the replicas, inputs and parameters are.
+        placement: The placement policy (see `PSStrategy`).
+        aggregator: The bound rule over the replicas' gradients.
+        attack: A simulated attack on replicas, or `None`.
+        init_timeout: Between-graph, seconds to wait for the chief to
+            initialise a shared variable.
+        partitioner: Splits large variables, or `None`.
+        heartbeat_timeout: Cluster runs: seconds of silence after which a
+            worker (between-graph) or a server task counts as lost.
+        worker_attack: `SyncReplicaStrategy`: the attack this worker process
+            runs on every replica, when it is an attacked worker.
+        training: Between-graph training beyond plain async updates
+            (`SyncTraining`, `BoundedStaleness`): built from the extended,
+            once its shared variables and heartbeats exist.
+        report_lost_workers: Between-graph, whether the chief logs lost and
+            returning workers (`SyncReplicaStrategy`'s update service logs
+            them itself).
+    """
+
+    topology: Topology
+    placement: str | placement_lib.PlacementFn
+    aggregator: Aggregator
+    attack: Any = None
+    init_timeout: float = 120.0
+    partitioner: Any = None
+    heartbeat_timeout: float = 30.0
+    worker_attack: Any = None
+    training: Callable[[Any], Any] | None = None
+    report_lost_workers: bool = True
