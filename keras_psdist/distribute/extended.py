@@ -6,6 +6,8 @@
     _batch_reduce_to /     -> the aggregator over all replicas' values of a
     _reduce_to                step, computed on a parameter device
     _update                -> the optimizer update runs on the variable's device
+    optimizer_update       -> Keras's update step, the optimizer known (a
+                              partitioned variable updates shard by shard)
 
 Variables exist once (a `PSVariable` on a parameter device); replicas read it
 there. There is no mirrored copy to keep in sync, so an update is one op per
@@ -47,8 +49,10 @@ from keras_psdist.distribute.replica_writes import (
     per_replica_values,
 )
 from keras_psdist.distribute.run import Run
+from keras_psdist.variables import row_separable
 from keras_psdist.variables.creation import VariableCreator
-from keras_psdist.variables.partitioned import PartitionedVariable, update_shards
+from keras_psdist.variables.partitioned import PartitionedVariable
+from keras_psdist.variables.shard_updates import update_shards
 from keras_psdist.variables.staged_merge import StagedMerge
 
 ReduceOp = tf.distribute.ReduceOp
@@ -345,6 +349,20 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
             if group:
                 return result
             return tf.nest.map_structure(self._local_results, result)
+
+    def optimizer_update(self, optimizer, grads_and_vars, learning_rate) -> None:
+        """Keras's update step of `optimizer` (its `_distributed_tf_update_step`,
+        which hands it here): one `update` per variable, with the optimizer
+        passed along, so a partitioned variable can tell whether its update
+        may run shard by shard (`variables.row_separable`)."""
+        for grad, var in grads_and_vars:
+            self.update(
+                var,
+                row_separable.optimizer_update_step,
+                args=(grad, learning_rate),
+                kwargs={"optimizer": optimizer},
+                group=False,
+            )
 
     def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
         with (

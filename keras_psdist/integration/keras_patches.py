@@ -138,7 +138,9 @@ PATCHES: tuple[Patch, ...] = (
         "keras_psdist.variables.row_separable:with_optimizer",
         "`extended.update` is told the variable and a closure, not the "
         "optimizer: a partitioned variable needs it to update each shard with "
-        "its slot rows. Retired by passing the optimizer to `update`.",
+        "its slot rows. The wrapper hands Keras's loop to the strategy's "
+        "`optimizer_update` hook, which passes the optimizer to `update` as an "
+        "argument. Retired by Keras passing the optimizer to `update`.",
         "`StrategyExtended.update(var, fn)` receives a closure, not the "
         "optimizer, and the variable creator runs before any optimizer "
         "exists: neither can tell a row-separable update.",

@@ -8,8 +8,9 @@ of a `SyncReplicaStrategy` only (everything else is untouched):
 
 | method            | in a sync-replica run                                  |
 |-------------------|--------------------------------------------------------|
-| `Optimizer.apply` | on a worker: `SyncTraining.worker_apply` (push, wait); |
-|                   | in the chief's update service: Keras's own apply       |
+| `Optimizer.apply` | `SyncTraining.worker_apply` (push, wait); it keeps     |
+|                   | Keras's own apply, which the chief's update service    |
+|                   | calls                                                  |
 | `Model.fit`       | runs inside `SyncTraining.session(model)`, with a      |
 |                   | callback that marks each finished step                 |
 
@@ -21,26 +22,11 @@ that is too far ahead before each step.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import threading
 
 import keras
 import tensorflow as tf
-
-_state = threading.local()
-
-
-@contextlib.contextmanager
-def applying():
-    """Marks this thread as the chief's update service: apply for real."""
-    previous = getattr(_state, "applying", False)
-    _state.applying = True
-    try:
-        yield
-    finally:
-        _state.applying = previous
 
 
 def sync_training_of(strategy):
@@ -89,7 +75,7 @@ def sync_apply(apply):
     @functools.wraps(apply)
     def wrapper(self, grads, trainable_variables=None):
         training = sync_training_of(getattr(self, "_distribution_strategy", None))
-        if training is None or getattr(_state, "applying", False):
+        if training is None:
             return apply(self, grads, trainable_variables)
         if trainable_variables is None:
             trainable_variables = self._trainable_variables

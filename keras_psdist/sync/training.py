@@ -95,7 +95,7 @@ class SyncTraining:
         self._aggregator = aggregator
         self._attack = attack
         self._parameter_devices = tuple(parameter_devices)
-        self._optimizer = None
+        self._apply = None
         self._variables = None
         self._service: UpdateService | None = None
         self._update_fn = None
@@ -131,7 +131,9 @@ class SyncTraining:
                 "`with strategy.training(model):`."
             )
         variables = list(variables)
-        self._optimizer = optimizer
+        # Keras's own apply of this optimizer: the chief's update service
+        # calls it (the optimizer's public `apply` would push again).
+        self._apply = apply
         self._variables = variables
         scale = optimizer.loss_scale_factor
         grads = [g if g is None or scale is None else g / scale for g in grads]
@@ -388,17 +390,17 @@ class SyncTraining:
                 self.sync.config.replicas_to_aggregate,
                 spread_devices=self._parameter_devices,
             )
-            optimizer, variables = self._optimizer, self._variables
+            apply, variables = self._apply, self._variables
 
             def update(members):
                 present = [v for v, g in enumerate(members[0]) if g is not None]
                 columns = [[m[v] for m in members] for v in present]
                 reduced = iter(reduction(tf.distribute.ReduceOp.MEAN, columns, None))
                 grads = [None if g is None else next(reduced) for g in members[0]]
-                optimizer.apply(grads, variables)
+                apply(grads, variables)
 
             self._update_fn = tf.function(update, reduce_retracing=True)
-        with self._strategy.scope(), keras_hooks.applying():
+        with self._strategy.scope():
             self._update_fn(members)
 
 

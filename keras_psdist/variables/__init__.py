@@ -6,6 +6,7 @@
                       how writes made in replica context are combined
     partitioned.py    `PartitionedVariable`: a table split into row shards
     shard_layout.py   which rows each shard holds
+    shard_updates.py  the update of a partitioned variable, shard by shard
     row_separable.py  which optimizers can update shard by shard
     staged_merge.py   synchronisation points inside control flow
 

@@ -32,7 +32,8 @@ read and write shard `i` only, so Keras's optimizers, which do elementwise
 arithmetic on a variable and its slots, work unchanged. An optimizer whose
 update is not row-separable (Adafactor's factored moments, Lamb's and Muon's
 whole-tensor norms) updates the whole variable instead: its reads gather the
-shards and its writes split (`update_shards`, `keras_psdist.routing`).
+shards and its writes split (`shard_updates.update_shards`,
+`keras_psdist.routing`).
 
 Examples:
 
@@ -51,8 +52,6 @@ TensorShape([2, 4])
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,92 +66,10 @@ from keras_psdist._tf import (
     resource_variable_ops,
     tensor_conversion_registry,
 )
-from keras_psdist.variables import row_separable
 from keras_psdist.variables.shard_layout import ShardLayout
+from keras_psdist.variables.shard_updates import current_shard
 from keras_psdist.variables.staged_merge import in_replica_control_flow
 from keras_psdist.variables.values import effective_aggregation
-
-_scope = threading.local()
-
-
-@contextlib.contextmanager
-def shard_scope(layout: ShardLayout, index: int):
-    """Within it, variables partitioned by `layout` act as their shard `index`.
-
-    Used by the strategy's update: the optimizer's arithmetic on a variable
-    and its slots then touches one shard of each, on that shard's device.
-    """
-    stack = getattr(_scope, "stack", None)
-    if stack is None:
-        stack = _scope.stack = []
-    stack.append((layout, index))
-    try:
-        yield
-    finally:
-        stack.pop()
-
-
-def update_shards(var: PartitionedVariable, fn, args, kwargs) -> list:
-    """Runs an update `fn(var, *args, **kwargs)` shard by shard, where each
-    shard lives (`StrategyExtended.update` of a partitioned variable).
-
-    Inside `shard_scope(layout, i)` the variable and its slots act as their
-    shard `i`, and arguments of the variable's full shape (the gradient) are
-    split so that each shard gets only its rows: a sparse gradient's rows go
-    only to the shards that own them. An optimizer whose update is not
-    row-separable (see `keras_psdist.routing`) updates the whole variable
-    instead, on its first shard's device: its reads gather the shards, its
-    writes split.
-
-    Returns:
-        `fn`'s results, one per shard (one in all for a whole update).
-    """
-    optimizer = row_separable.updating_optimizer()
-    if optimizer is not None and not row_separable.is_row_separable(optimizer):
-        row_separable.warn_whole_update(optimizer, var.name)
-        device = var.shards[0].device
-        with tf.device(device), distribute_lib.UpdateContext(device):
-            return [fn(var, *args, **kwargs)]
-    flat = tf.nest.flatten((args, kwargs))
-    pieces = [_split_for(var, x) for x in flat]
-    results = []
-    for i, shard in enumerate(var.shards):
-        shard_args, shard_kwargs = tf.nest.pack_sequence_as(
-            (args, kwargs),
-            [x if p is None else p[i] for x, p in zip(flat, pieces, strict=True)],
-        )
-        with (
-            tf.device(shard.device),
-            distribute_lib.UpdateContext(shard.device),
-            shard_scope(var.layout, i),
-        ):
-            results.append(fn(var, *shard_args, **shard_kwargs))
-    return results
-
-
-def _split_for(var, x):
-    """Per-shard pieces of `x` if it is a value of `var`'s full shape, else None.
-
-    The split runs where `x` is (the reduction device, for a gradient), so
-    each piece travels from there straight to its shard.
-    """
-    if isinstance(x, tf.IndexedSlices):
-        with tf.device(x.values.device):
-            return var.layout.split(x)
-    if (
-        isinstance(x, tf.Tensor)
-        and x.shape.rank == var.shape.rank
-        and x.shape.is_compatible_with(var.shape)
-    ):
-        # Static shapes can be partly unknown (a densified sparse gradient).
-        with tf.device(x.device):
-            return var.layout.split(x)
-    return None
-
-
-def _current_shard():
-    stack = getattr(_scope, "stack", None)
-    return stack[-1] if stack else None
 
 
 class PartitionedVariable(resource_variable_ops.BaseResourceVariable):
@@ -272,7 +189,7 @@ class PartitionedVariable(resource_variable_ops.BaseResourceVariable):
 
     def _target(self):
         """The shard this variable stands for inside `shard_scope`, else None."""
-        current = _current_shard()
+        current = current_shard()
         if current is None:
             return None
         layout, index = current

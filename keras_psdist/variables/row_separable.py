@@ -2,21 +2,20 @@
 
 An update is row-separable when each row of the new variable and slots
 depends only on that row of the old ones and of the gradient (plus scalars).
-`keras_psdist.variables.partitioned.update_shards` asks `is_row_separable` of the
-optimizer that is updating (`updating_optimizer`, which Keras's update step,
-wrapped by `with_optimizer`, names for the thread). The public names are
-also in `keras_psdist.routing`.
+`keras_psdist.variables.shard_updates.update_shards` asks `is_row_separable` of the
+optimizer that is updating. Keras's `extended.update(var, fn)` passes a
+closure, not the optimizer; `with_optimizer` hands Keras's update step to the
+strategy's `optimizer_update` hook instead, which calls `update` with
+`optimizer_update_step` and the optimizer as its `optimizer` argument. The
+public names are also in `keras_psdist.routing`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 
 from absl import logging
 
-_state = threading.local()
 _row_separable_updates: set = set()
 _warned: set = set()
 
@@ -93,9 +92,14 @@ def is_row_separable(optimizer) -> bool:
     return type(optimizer).update_step in _row_separable_updates
 
 
-def updating_optimizer():
-    """The optimizer whose `update_step` this thread is running, or None."""
-    return getattr(_state, "optimizer", None)
+def optimizer_update_step(var, grad, learning_rate, *, optimizer):
+    """Keras's per-variable update of `var`, with the optimizer an argument.
+
+    The function a strategy's `optimizer_update` hook hands to
+    `extended.update`, so the update of a partitioned variable can ask
+    `is_row_separable(optimizer)`.
+    """
+    return optimizer.update_step(grad, var, learning_rate)
 
 
 def warn_whole_update(optimizer, variable_name: str) -> None:
@@ -118,26 +122,17 @@ def warn_whole_update(optimizer, variable_name: str) -> None:
     )
 
 
-@contextlib.contextmanager
-def _updating(optimizer):
-    previous = updating_optimizer()
-    _state.optimizer = optimizer
-    try:
-        yield
-    finally:
-        _state.optimizer = previous
-
-
 def with_optimizer(update_step):
-    """Wraps `TFOptimizer._distributed_tf_update_step`: `extended.update`
-    learns which optimizer updates (see `_updating`)."""
+    """Wraps `TFOptimizer._distributed_tf_update_step`: a strategy whose
+    extended has an `optimizer_update(optimizer, grads_and_vars,
+    learning_rate)` hook runs the update step itself, knowing the optimizer;
+    every other strategy runs Keras's."""
 
-    # `_distributed_tf_update_step` runs in cross-replica context (or, inside
-    # a replica's `cond`, in the replica's thread) and calls
-    # `extended.update` for each variable in the same thread.
     @functools.wraps(update_step)
     def wrapper(self, distribution, grads_and_vars, learning_rate):
-        with _updating(self):
+        hook = getattr(distribution.extended, "optimizer_update", None)
+        if hook is None:
             return update_step(self, distribution, grads_and_vars, learning_rate)
+        return hook(self, grads_and_vars, learning_rate)
 
     return wrapper
