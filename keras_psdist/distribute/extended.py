@@ -98,6 +98,7 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
             len(self._compute_devices),
             # Between-graph, a worker combines its own replicas' gradients.
             spread_devices=() if topology.between_graph else self._parameter_devices,
+            worker_momentum=run.worker_momentum,
         )
         self._gather_ops = cross_device_ops_lib.ReductionToOneDevice(
             reduce_to_device=self._reduction_device
@@ -134,6 +135,15 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
                 self.loss_reporter = LossReporter(self.heartbeats)
         # This process's part in sync-replica or bounded-staleness training.
         self.sync_training = None if run.training is None else run.training(self)
+        # The rule's state, for checkpoints (see `training_state`).
+        self._training_state = tf.Module(name="training_state")
+        self._training_state.reduction = self._reduction.state
+        service = getattr(self.sync_training, "reduction", None)
+        if service is not None:
+            self._training_state.update_service = service.state
+        momentum = getattr(self.sync_training, "momentum", None)
+        if momentum is not None:
+            self._training_state.worker_momentum = momentum
 
     # ---------------------------------------------------------------- state
 
@@ -167,6 +177,26 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
     def attack(self) -> Any:
         """The simulated attack on some replicas, or `None`."""
         return self._reduction.attack
+
+    @property
+    def training_state(self) -> tf.Module:
+        """The training state beside the model's and optimizer's variables.
+
+        The aggregator's state between steps (centered clipping's centre,
+        each replica's momentum under `worker_momentum`), also that of a
+        sync-replica chief's update service. `BackupAndRestore` saves and
+        restores it beside the weights; a custom loop checkpoints it with
+        `tf.train.Checkpoint(model=model, optimizer=optimizer,
+        aggregation=strategy.extended.training_state)`. Its variables appear
+        when the first step is traced; a checkpoint read earlier restores
+        them then.
+        """
+        return self._training_state
+
+    @property
+    def worker_momentum(self) -> float:
+        """Each replica's momentum of its gradients (0: the rule sees gradients)."""
+        return self._reduction.worker_momentum
 
     def report(self) -> dict[str, np.ndarray]:
         """What the aggregator did in the last step, per replica.

@@ -10,8 +10,11 @@ which runs `Aggregator.step` on the reduction device and keeps, between steps,
   (`keras_psdist.callbacks.AggregationReport`, `strategy.extended.report()`).
 
 Both are plain `ResourceVariable`s on the reduction device, made outside any
-strategy's variable creator: they are bookkeeping, not model weights, so they
-are not placed, mirrored or checkpointed with the model.
+strategy's variable creator: they are not model weights, so they are not
+placed or mirrored. The state (with worker momentum, each replica's momentum)
+is training state, though: `state` tracks it for checkpoints
+(`strategy.extended.training_state`, which `BackupAndRestore` saves and
+restores beside the model's weights).
 """
 
 from __future__ import annotations
@@ -24,7 +27,21 @@ import tensorflow as tf
 
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.aggregators.base import Aggregator, column_spec
+from keras_psdist.aggregators.momentum import WorkerMomentum
 from keras_psdist.attacks.harness import UnderAttack
+
+
+class ReductionState(tf.Module):
+    """The state variables of a reduction, in the order they were created.
+
+    A trackable for `tf.train.Checkpoint`: the variables appear the first time
+    a step is traced, and a checkpoint read before that restores them when
+    they do (TensorFlow's restore-on-create).
+    """
+
+    def __init__(self):
+        super().__init__(name="aggregation_state")
+        self.kept = []
 
 
 class GradientReduction:
@@ -40,6 +57,9 @@ class GradientReduction:
             combined on one of them, balanced by bytes, so that no one
             parameter server receives every replica's every gradient.
             Defaults to none: everything on `device`.
+        worker_momentum: Each replica's momentum, or 0 for none (see
+            `aggregators.momentum`): the rule (behind the attack) then
+            aggregates momenta, kept with the rule's state.
     """
 
     def __init__(
@@ -49,16 +69,21 @@ class GradientReduction:
         device: str,
         num_replicas: int,
         spread_devices: Sequence[str] = (),
+        worker_momentum: float = 0.0,
     ):
         self.aggregator = aggregator
         self.attack = attack
+        self.worker_momentum = worker_momentum
         # What runs each step: the rule, behind the attack if there is one.
         self._rule = aggregator if attack is None else UnderAttack(aggregator, attack)
+        if worker_momentum:
+            self._rule = WorkerMomentum(self._rule, worker_momentum)
         self._device = device
         self._num_replicas = num_replicas
         spread = self._rule.per_variable
         self._spread_devices = tuple(spread_devices) if spread else ()
         self._states: dict[tuple, Any] = {}
+        self.state = ReductionState()
         names = tuple(aggregator.report_names)
         self._report = {
             name: _bookkeeping_variable(
@@ -124,11 +149,12 @@ class GradientReduction:
         specs = tuple(column_spec(column) for column in per_replica)
         if specs not in self._states:
             with tf.init_scope():
-                initial = self.aggregator.initial_state(list(specs))
+                initial = self._rule.initial_state(list(specs))
             self._states[specs] = tf.nest.map_structure(
                 lambda t: _bookkeeping_variable(t, self._device, "aggregator_state"),
                 initial,
             )
+            self.state.kept.extend(tf.nest.flatten(self._states[specs]))
         return self._states[specs]
 
 

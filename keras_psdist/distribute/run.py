@@ -36,6 +36,8 @@ class Run:
         training: Between-graph training beyond plain async updates
             (`SyncTraining`, `BoundedStaleness`): built from the extended,
             once its shared variables and heartbeats exist.
+        worker_momentum: Each replica's momentum of its gradients, which the
+            rule aggregates (see `aggregators.momentum`), or 0 for none.
         report_lost_workers: Between-graph, whether the chief logs lost and
             returning workers (`SyncReplicaStrategy`'s update service logs
             them itself).
@@ -51,3 +53,4 @@ class Run:
     worker_attack: Any = None
     training: Callable[[Any], Any] | None = None
     report_lost_workers: bool = True
+    worker_momentum: float = 0.0

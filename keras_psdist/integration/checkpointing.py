@@ -16,6 +16,12 @@ callbacks do not ask. The wrappers here make them ask (installed by
 |                    | deletes      | the weights alone (they are shared: the     |
 |                    |              | chief restores them)                        |
 
+`BackupAndRestore` also keeps the strategy's training state beyond the
+model's variables (`strategy.extended.training_state`: the aggregator's
+state, such as centered clipping's centre and the replicas' momenta) in
+`<backup_dir>/keras_psdist_training_state/`, written by the chief after the
+weights and restored with them, so a resumed run continues the same rule.
+
 Code that saves by hand should do the same:
 `if strategy.extended.should_checkpoint: model.save(path)`.
 
@@ -32,6 +38,8 @@ from __future__ import annotations
 import functools
 import os
 import uuid
+
+import tensorflow as tf
 
 
 def is_writer(model) -> bool:
@@ -55,14 +63,56 @@ def on_chief_only(method):
     return wrapper
 
 
+_STATE_DIRECTORY = "keras_psdist_training_state"
+
+
+def backup_with_training_state(save_model):
+    """Wraps `BackupAndRestore._save_model`: on the chief only, and with the
+    strategy's training state beside the weights."""
+
+    @functools.wraps(save_model)
+    def wrapper(self, *args, **kwargs):
+        if not is_writer(self.model):
+            return None
+        result = save_model(self, *args, **kwargs)
+        state = _training_state(self.model)
+        if state is not None and state.variables:
+            manager = tf.train.CheckpointManager(
+                tf.train.Checkpoint(state=state),
+                os.path.join(self.backup_dir, _STATE_DIRECTORY),
+                max_to_keep=2,
+            )
+            manager.save()
+        return result
+
+    return wrapper
+
+
+def _training_state(model):
+    from keras_psdist.distribute.extended import PSExtended
+
+    extended = getattr(getattr(model, "distribute_strategy", None), "extended", None)
+    return extended.training_state if isinstance(extended, PSExtended) else None
+
+
 def weights_from_chief_only(load_model):
-    """Wraps `BackupAndRestore._load_model`: other workers resume at the
-    chief's epoch without loading weights."""
+    """Wraps `BackupAndRestore._load_model`: the chief restores the weights
+    and the strategy's training state; other workers resume at the chief's
+    epoch without loading weights."""
 
     @functools.wraps(load_model)
     def wrapper(self):
         if is_writer(self.model):
-            return load_model(self)
+            result = load_model(self)
+            state = _training_state(self.model)
+            if state is not None:
+                saved = tf.train.latest_checkpoint(
+                    os.path.join(self.backup_dir, _STATE_DIRECTORY)
+                )
+                if saved is not None:
+                    # Variables not made yet are restored when they are.
+                    tf.train.Checkpoint(state=state).read(saved).expect_partial()
+            return result
         # Resume at the chief's epoch; the shared weights are the chief's to
         # restore.
         path = self._weights_path

@@ -81,8 +81,10 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "keras.callbacks:BackupAndRestore._save_model",
-        "keras_psdist.integration.checkpointing:on_chief_only",
-        _CHIEF_ONLY,
+        "keras_psdist.integration.checkpointing:backup_with_training_state",
+        _CHIEF_ONLY + " It also saves the strategy's training state (the "
+        "aggregator's state, worker momenta) beside the weights: Keras saves "
+        "only the model's and optimizer's variables.",
         "Keras 3's checkpoint callbacks never read the strategy's "
         "`should_checkpoint`; a callback of our own would make users swap "
         "their callbacks, breaking the one-line strategy swap.",
@@ -98,7 +100,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         "keras.callbacks:BackupAndRestore._load_model",
         "keras_psdist.integration.checkpointing:weights_from_chief_only",
-        _CHIEF_ONLY,
+        _CHIEF_ONLY + " It also restores the strategy's training state.",
         "Keras 3's checkpoint callbacks never read the strategy's "
         "`should_checkpoint`; a callback of our own would make users swap "
         "their callbacks, breaking the one-line strategy swap.",

@@ -12,6 +12,7 @@ from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
+from keras_psdist.aggregators.momentum import check_beta
 from keras_psdist.cluster import runtime
 from keras_psdist.distribute.extended import PSExtended
 from keras_psdist.distribute.run import Run
@@ -54,6 +55,13 @@ class PSStrategy(distribute_lib.Strategy):
             config dict), applied to the replicas it names every training
             step, to evaluate a rule: e.g. `attacks.SignFlip(replicas=[7])`.
             Defaults to `None`.
+        worker_momentum: Each replica keeps a momentum
+            `m <- beta * m + (1 - beta) * g` of its own gradients and the
+            aggregator combines the momenta (Karimireddy et al., ICML 2021):
+            with a robust rule, the defense against small, hidden shifts
+            (ALIE, IPM). A number in `[0, 1)`; 0.9 is usual. With it, use a
+            momentum-free optimizer (see docs/robustness.md). Defaults to 0
+            (off).
         cluster_resolver: The cluster to train on: a
             `tf.distribute.cluster_resolver.ClusterResolver` or a
             `keras_psdist.cluster.ClusterConfig`, with jobs `ps`, `worker`
@@ -134,6 +142,7 @@ class PSStrategy(distribute_lib.Strategy):
         aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean",
         num_byzantine: int | None = None,
         attack: Any = None,
+        worker_momentum: float = 0.0,
         cluster_resolver: Any = None,
         mode: str = "in-graph",
         max_staleness: int | None = None,
@@ -144,6 +153,7 @@ class PSStrategy(distribute_lib.Strategy):
         heartbeat_timeout: float = 30.0,
     ):
         check_placement(placement)
+        worker_momentum = check_beta(worker_momentum)
         partitioner = partitioners_lib.get(partitioner)
         mode = runtime.resolve_mode(mode)
         if max_staleness is not None:
@@ -215,6 +225,7 @@ class PSStrategy(distribute_lib.Strategy):
             partitioner=partitioner,
             heartbeat_timeout=heartbeat_timeout,
             training=training,
+            worker_momentum=worker_momentum,
         )
         super().__init__(PSExtended(self, run))
 
@@ -231,6 +242,11 @@ class PSStrategy(distribute_lib.Strategy):
             f"parameter_devices={list(ext.parameter_devices)}, "
             f"aggregator={ext.aggregator!r}, num_byzantine={self._num_byzantine}"
             + (f", attack={ext.attack!r}" if ext.attack is not None else "")
+            + (
+                f", worker_momentum={ext.worker_momentum}"
+                if ext.worker_momentum
+                else ""
+            )
             + (
                 f", partitioner={ext.partitioner!r}"
                 if ext.partitioner is not None

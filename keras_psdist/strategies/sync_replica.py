@@ -11,6 +11,7 @@ from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
+from keras_psdist.aggregators.momentum import check_beta
 from keras_psdist.cluster import runtime, task_loss
 from keras_psdist.distribute.extended import PSExtended
 from keras_psdist.distribute.run import Run
@@ -66,6 +67,10 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             corrupts its batches). Crafted attacks (`ALIE`, `IPM`) need the
             honest workers' gradients, which a worker process cannot see, and
             are refused.
+        worker_momentum: Each worker process keeps a momentum
+            `m <- beta * m + (1 - beta) * g` of its own gradients and sends
+            it instead of the gradient; the rule aggregates the momenta (see
+            `PSStrategy`). A number in `[0, 1)`. Defaults to 0 (off).
         placement: How variables are spread over the ps tasks (see
             `PSStrategy`). Defaults to `"greedy"`.
         parameter_devices: Devices that hold variables. Defaults to every ps
@@ -113,6 +118,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean",
         num_byzantine: int | None = None,
         attack: Any = None,
+        worker_momentum: float = 0.0,
         placement: str | placement_lib.PlacementFn = "greedy",
         parameter_devices: Sequence[str] | None = None,
         cluster_resolver: Any = None,
@@ -122,6 +128,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
     ):
+        worker_momentum = check_beta(worker_momentum)
         for name, value in (
             ("replicas_to_aggregate", replicas_to_aggregate),
             ("total_num_replicas", total_num_replicas),
@@ -197,6 +204,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
                 topology.parameter_devices,
                 heartbeats=extended.heartbeats,
                 config=topology.config,
+                worker_momentum=worker_momentum,
             )
 
         # Keras's side of the run: installed once, before any model exists.
@@ -251,6 +259,11 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             f"total_num_replicas={config.total_num_replicas}, "
             f"aggregator={self._aggregator!r}, num_byzantine={self._num_byzantine}"
             + (f", attack={self._attack!r}" if self._attack is not None else "")
+            + (
+                f", worker_momentum={worker_momentum}"
+                if (worker_momentum := self.extended.sync_training.worker_momentum)
+                else ""
+            )
             + ")"
         )
 

@@ -197,6 +197,7 @@ class SyncReplicas:
         self.worker = worker
         self.is_chief = is_chief
         self.device = device
+        self.local_device = local_device
         num_workers = config.total_num_replicas
         self.global_step = shared.create_int64(
             device, "keras_psdist/sync/global_step", 0

@@ -47,7 +47,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.cluster import task_loss
-from keras_psdist.distribute.reduction import GradientReduction
+from keras_psdist.distribute.reduction import GradientReduction, ReductionState
 from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
 from keras_psdist.sync import keras_hooks, protocol
 from keras_psdist.sync.protocol import SyncReplicas
@@ -71,6 +71,9 @@ class SyncTraining:
         heartbeats: This process's `cluster.liveness.Heartbeats`, or None
             (no failure detection beyond `step_timeout`).
         config: This process's `ClusterConfig`. Defaults to the strategy's.
+        worker_momentum: This worker sends `m <- beta * m + (1 - beta) * g`
+            of its gradients instead of `g` (see `aggregators.momentum`); 0
+            sends gradients.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class SyncTraining:
         parameter_devices,
         heartbeats=None,
         config=None,
+        worker_momentum: float = 0.0,
     ):
         self._strategy = strategy
         # This process's cluster and task (e.g. "worker:1"), for errors.
@@ -98,6 +102,23 @@ class SyncTraining:
         self._apply = None
         self._variables = None
         self._service: UpdateService | None = None
+        self.worker_momentum = worker_momentum
+        # This worker's momentum buffers, made at the first push; the chief's
+        # are in checkpoints with the rest of `training_state`.
+        self.momentum = ReductionState()
+        # The chief's rule over the workers' gradients (its state is in
+        # checkpoints, see `PSExtended.training_state`); None on workers.
+        self.reduction = (
+            GradientReduction(
+                aggregator,
+                None,
+                sync.device,
+                sync.config.replicas_to_aggregate,
+                spread_devices=self._parameter_devices,
+            )
+            if sync.is_chief
+            else None
+        )
         self._update_fn = None
         self._session = 0
         self._in_session = False
@@ -141,9 +162,33 @@ class SyncTraining:
         return keras_hooks.once_per_worker(self._push, grads, variables)
 
     def _push(self, grads, variables):
+        if self.worker_momentum:
+            grads = self._momentum_of(grads)
         if self._attack is not None:
             grads = _forge_own(self._attack, grads)
         return self.sync.worker_step(grads, variables)
+
+    def _momentum_of(self, grads):
+        """This worker's momenta, updated with `grads` (sparse ones pass)."""
+        beta = self.worker_momentum
+        dense = [
+            g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)
+        ]
+        if not self.momentum.kept:
+            with tf.init_scope(), tf.device(self.sync.local_device):
+                for g in dense:
+                    self.momentum.kept.append(
+                        protocol.local_variable(tf.zeros(g.shape, g.dtype), "momentum")
+                    )
+        buffers = iter(self.momentum.kept)
+        out = []
+        for g in grads:
+            if g is None or isinstance(g, tf.IndexedSlices):
+                out.append(g)
+                continue
+            buffer = next(buffers)
+            out.append(buffer.assign(beta * buffer + (1.0 - beta) * g))
+        return out
 
     # ------------------------------------------------------------ sessions
 
@@ -383,13 +428,7 @@ class SyncTraining:
         """One update: the rule over the members' gradients, then Keras's
         own apply (one function call on the chief per update)."""
         if self._update_fn is None:
-            reduction = GradientReduction(
-                self._aggregator,
-                None,
-                self.sync.device,
-                self.sync.config.replicas_to_aggregate,
-                spread_devices=self._parameter_devices,
-            )
+            reduction = self.reduction
             apply, variables = self._apply, self._variables
 
             def update(members):

@@ -6,7 +6,7 @@ between-graph`:
     python sync_job.py OUT_DIR CONFIG_JSON
 
 CONFIG_JSON holds the strategy's arguments (`replicas_to_aggregate`,
-`aggregator`, `num_byzantine`, `attack`; or `max_staleness`, which trains
+`aggregator`, `num_byzantine`, `attack`, `worker_momentum`; or `max_staleness`, which trains
 with `PSStrategy(mode="between-graph", max_staleness=...)` instead) and the job's:
 `epochs`, `model` (`"embedding"`: a model with sparse gradients),
 `partitioned` (split its table over the ps tasks, as `digits_job` does), and
@@ -29,7 +29,13 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import digits_job  # noqa: E402
 
-STRATEGY_ARGS = ("replicas_to_aggregate", "aggregator", "num_byzantine", "attack")
+STRATEGY_ARGS = (
+    "replicas_to_aggregate",
+    "aggregator",
+    "num_byzantine",
+    "attack",
+    "worker_momentum",
+)
 
 
 class Straggler(keras.callbacks.Callback):
@@ -126,6 +132,10 @@ def main(out_dir, config):
     }
     if not bounded:
         report["layout"] = list(strategy.extended.sync_training.sync.layout.kinds)
+        report["momentum_norms"] = [
+            float(np.linalg.norm(v.numpy()))
+            for v in strategy.extended.sync_training.momentum.kept
+        ]
     if sparse:
         table = model.layers[0].embeddings.path
         report["table_shard_devices"] = [

@@ -1,0 +1,216 @@
+"""Worker momentum: the rule aggregates each replica's momentum, not its gradient.
+
+With `worker_momentum=beta`, every replica r keeps
+
+    m_r <- beta * m_r + (1 - beta) * g_r        (m_r = 0 before the first step)
+
+of its own true-scale gradients `g_r`, and the rule aggregates the `m_r`.
+Averaging over time shrinks the honest replicas' spread by about
+`sqrt((1 - beta) / (1 + beta))` while a Byzantine replica's shift is not
+shrunk, so a robust rule can tell them apart: this is what lets the median,
+trimmed mean and centered clipping hold against "A Little Is Enough" and
+inner-product attacks (Karimireddy, He, Jaggi, "Learning from History for
+Byzantine Robust Optimization", ICML 2021).
+
+What the model's optimizer sees: the aggregate of the momenta, as its
+gradient, on the gradient's scale (the dampened form above, as in ByzFL's
+clients). A plain `SGD(learning_rate=lr)` then takes the steps of heavy-ball
+momentum with learning rate `lr * (1 - beta)` per unit gradient; to keep the
+step size of `SGD(learning_rate=lr, momentum=beta)`, use
+`SGD(learning_rate=lr / (1 - beta))`. An optimizer with its own momentum
+(Adam, `SGD(momentum=...)`) compounds the two; it still trains, but the
+papers use worker momentum with momentum-free SGD.
+
+Where the buffers live: with the rule's state, on the reduction device, one
+`[n, *shape]` buffer per variable, updated from the gradients that arrive
+there anyway (no extra traffic). For an honest replica this is exactly the
+momentum it would keep itself. A Byzantine replica could steer a momentum
+kept for it to any value by inverting the average, so simulated attacks
+(`keras_psdist.attacks`) replace the momenta, not the gradients: the
+strongest attacker. Under `SyncReplicaStrategy` each worker process keeps its
+own buffer and sends it (`keras_psdist.sync`), since the chief aggregates a
+different subset of workers each update.
+
+Replicas without data in a step keep their momentum unchanged. Sparse
+gradients (embedding lookups) are aggregated without momentum: their
+momentum would be a dense `[n, rows, dim]` table (logged once).
+
+Examples:
+
+>>> import tensorflow as tf
+>>> from keras_psdist import aggregators
+>>> rule = WorkerMomentum(aggregators.Mean(), beta=0.5).bind(2)
+>>> state = rule.initial_state([tf.TensorSpec([1])])
+>>> column = [tf.constant([2.0]), tf.constant([4.0])]
+>>> result = rule.step(tf.distribute.ReduceOp.MEAN, [column], state=state)
+>>> result.values[0].numpy().tolist()  # the mean of 0.5 * 2 and 0.5 * 4
+[1.5]
+>>> result = rule.step(tf.distribute.ReduceOp.MEAN, [column], state=result.state)
+>>> result.values[0].numpy().tolist()  # 0.5 * 1.5 + 0.5 * 3
+[2.25]
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+from absl import logging
+
+from keras_psdist.aggregators.base import Aggregation, Aggregator
+
+ReduceOp = tf.distribute.ReduceOp
+
+
+class MomentumState(NamedTuple):
+    """The buffers (one `[n, *shape]` tensor per variable) and the rule's state."""
+
+    momenta: tuple[tf.Tensor, ...]
+    inner: Any
+
+
+def check_beta(beta: Any) -> float:
+    """`beta` as a float in `[0, 1)`, else a `ValueError` naming the fix."""
+    if (
+        isinstance(beta, bool)
+        or not isinstance(beta, numbers.Real)
+        or not math.isfinite(beta)
+        or not 0 <= beta < 1
+    ):
+        raise ValueError(
+            "`worker_momentum` must be a number in [0, 1): the weight of the "
+            "past in each replica's momentum (0.9 is usual; 0 turns it off). "
+            f"Received: worker_momentum={beta!r}"
+        )
+    return float(beta)
+
+
+class WorkerMomentum(Aggregator):
+    """`aggregator`, run on each replica's momentum of its gradients.
+
+    Args:
+        aggregator: The rule (bound or not); with an attack, the rule behind
+            it (`attacks.UnderAttack`), so the attack replaces momenta.
+        beta: The momentum, in `[0, 1)`.
+
+    Attributes:
+        aggregator: The inner rule.
+        beta: The momentum.
+        report_names: The inner rule's.
+    """
+
+    def __init__(self, aggregator: Aggregator, beta: float):
+        super().__init__(aggregator.num_byzantine)
+        self.aggregator = aggregator
+        self.beta = check_beta(beta)
+        self.num_replicas = aggregator.num_replicas
+        # Its state spans every variable: never split by variable.
+        self.per_variable = False
+        self.report_names = tuple(aggregator.report_names)
+
+    def bind(
+        self, num_replicas: int, num_byzantine: int | None = None
+    ) -> WorkerMomentum:
+        bound = super().bind(num_replicas, num_byzantine)
+        bound.aggregator = self.aggregator.bind(num_replicas, bound.num_byzantine)
+        return bound
+
+    def initial_state(self, specs: Sequence[tf.TensorSpec]) -> MomentumState:
+        """Zero momenta `[n, *shape]` (a `[0]` placeholder for sparse columns)."""
+        if self.num_replicas is None:
+            raise ValueError(
+                "WorkerMomentum needs the replica count for its buffers: call "
+                "`bind(num_replicas)` first (the strategy does)."
+            )
+        momenta = tuple(
+            tf.zeros([self.num_replicas, *spec.shape], spec.dtype)
+            if spec.shape.is_fully_defined()
+            else tf.zeros([0], spec.dtype)
+            for spec in specs
+        )
+        return MomentumState(momenta, self.aggregator.initial_state(specs))
+
+    def step(
+        self,
+        reduce_op: tf.distribute.ReduceOp,
+        per_replica: Sequence[Sequence[tf.Tensor | tf.IndexedSlices]],
+        *,
+        shares: Sequence[tf.Tensor] | None = None,
+        state: Any = (),
+    ) -> Aggregation:
+        if not per_replica:
+            return Aggregation([], {}, state)
+        if state is None or (isinstance(state, tuple) and not state):
+            state = self.initial_state([_spec(column) for column in per_replica])
+        state = MomentumState(*state)
+        n = len(per_replica[0])
+        momenta, out = [], []
+        for column, buffer in zip(per_replica, state.momenta, strict=True):
+            if isinstance(column[0], tf.IndexedSlices):
+                _warn_sparse_once(column[0])
+                momenta.append(buffer)
+                out.append(column if reduce_op == ReduceOp.MEAN else _times(column, n))
+                continue
+            true_scale = column if reduce_op == ReduceOp.MEAN else _times(column, n)
+            new = []
+            for r, g in enumerate(true_scale):
+                old = buffer[r]
+                m = self.beta * old + (1.0 - self.beta) * tf.cast(g, old.dtype)
+                if shares is not None:
+                    m = tf.where(shares[r] > 0, m, old)
+                new.append(m)
+            momenta.append(tf.stack(new))
+            out.append(new)
+        result = self.aggregator.step(
+            ReduceOp.MEAN, out, shares=shares, state=state.inner
+        )
+        # SUM of 1/n-scaled values and MEAN of true-scale ones mean the same.
+        return Aggregation(
+            result.values, result.report, MomentumState(tuple(momenta), result.state)
+        )
+
+    def apply(
+        self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
+    ) -> Aggregation:
+        return self.step(ReduceOp.MEAN, per_replica, state=state)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"aggregator": self.aggregator, "beta": self.beta}
+
+    def __repr__(self) -> str:
+        return f"WorkerMomentum({self.aggregator!r}, beta={self.beta})"
+
+
+def _spec(column) -> tf.TensorSpec:
+    first = column[0]
+    if isinstance(first, tf.IndexedSlices):
+        return tf.TensorSpec(None, first.values.dtype)
+    return tf.TensorSpec(first.shape, first.dtype)
+
+
+def _times(column, n):
+    return [
+        tf.IndexedSlices(v.values * n, v.indices, v.dense_shape)
+        if isinstance(v, tf.IndexedSlices)
+        else v * n
+        for v in column
+    ]
+
+
+_warned_sparse = False
+
+
+def _warn_sparse_once(value: tf.IndexedSlices) -> None:
+    global _warned_sparse
+    if _warned_sparse:
+        return
+    _warned_sparse = True
+    logging.warning(
+        "worker_momentum: sparse gradients (rows of shape %s, from an embedding "
+        "lookup) are aggregated without momentum; a momentum of them would be a "
+        "dense [replicas, rows, ...] table per replica set.",
+        value.values.shape[1:],
+    )
