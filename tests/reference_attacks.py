@@ -5,7 +5,15 @@ holding one variable's true-scale values of the n replicas, and the attacked
 replica ids, and returns the array the aggregator should see. The TF attacks
 must match them. Written independently of `keras_psdist.attacks`: the ALIE
 z comes from scipy, not `statistics.NormalDist`.
+
+The adaptive attacks (`ADAPTIVE`) search their factor over the whole model,
+so their references take `per_replica`, one such array per variable, and
+`rule`, a numpy rule from `tests/reference.py` (e.g.
+`functools.partial(reference.median, f=2)`), and return one array per
+variable.
 """
+
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy.stats import norm
@@ -65,6 +73,87 @@ def ipm(stacked, replicas, epsilon=0.1):
     )
 
 
+def mimic(stacked, replicas, target=None):
+    """Every attacked row becomes row `target` (default: the lowest honest id)."""
+    if target is None:
+        target = min(set(range(len(stacked))) - set(replicas))
+    return _replace(stacked, replicas, stacked[target].astype(np.float64))
+
+
+# ------------------------------------------------------ adaptive attacks
+
+
+def _factor_grid(low, high, num_candidates, default):
+    """0, `num_candidates` geometric steps from `low` to `high`, the default."""
+    grid = np.geomspace(low, high, num_candidates)
+    return np.unique(np.concatenate([[0.0], grid, [default]]))
+
+
+def factor_search(
+    per_replica: Sequence[np.ndarray],
+    replicas,
+    rule: Callable,
+    factors: np.ndarray,
+    forge: Callable[[np.ndarray, float], np.ndarray],
+):
+    """`(best factor, damages)`: each factor's squared distance between the
+    rule's output and the honest mean, summed over variables. The first
+    strictly largest wins; a NaN damage never does."""
+    honest = [_honest(x, replicas) for x in per_replica]
+    means = [h.mean(axis=0) for h in honest]
+    damages = []
+    best, best_damage = factors[0], -np.inf
+    for factor in factors:
+        attacked = [
+            _replace(x, replicas, forge(h, factor))
+            for x, h in zip(per_replica, honest, strict=True)
+        ]
+        out = rule(attacked)
+        damage = sum(
+            float(np.sum((np.asarray(v, np.float64) - m) ** 2))
+            for v, m in zip(out, means, strict=True)
+        )
+        damages.append(damage)
+        if damage > best_damage:
+            best, best_damage = factor, damage
+    return float(best), np.array(damages)
+
+
+def _alie_forge(honest, z):
+    return honest.mean(axis=0) - z * honest.std(axis=0, ddof=0)
+
+
+def _ipm_forge(honest, epsilon):
+    return -epsilon * honest.mean(axis=0)
+
+
+def optimal_alie_factors(n, f, min_z=0.1, max_z=10.0, num_candidates=16):
+    return _factor_grid(min_z, max_z, num_candidates, alie_z(n, f))
+
+
+def optimal_ipm_factors(n, f, min_epsilon=0.01, max_epsilon=100.0, num_candidates=16):
+    return _factor_grid(min_epsilon, max_epsilon, num_candidates, 0.1)
+
+
+def optimal_alie(per_replica, replicas, rule, **grid):
+    """ALIE with the z of largest damage against `rule` (see `factor_search`)."""
+    n, f = len(per_replica[0]), len(replicas)
+    factors = optimal_alie_factors(n, f, **grid)
+    z, _ = factor_search(per_replica, replicas, rule, factors, _alie_forge)
+    return [alie(x, replicas, z=z) for x in per_replica]
+
+
+def optimal_ipm(per_replica, replicas, rule, **grid):
+    """IPM with the epsilon of largest damage against `rule`."""
+    n, f = len(per_replica[0]), len(replicas)
+    factors = optimal_ipm_factors(n, f, **grid)
+    epsilon, _ = factor_search(per_replica, replicas, rule, factors, _ipm_forge)
+    return [
+        _replace(x, replicas, _ipm_forge(_honest(x, replicas), epsilon))
+        for x in per_replica
+    ]
+
+
 def label_flip(stacked, replicas, num_classes):
     """Gradients pass through: the attack is on the data (see `flip_labels`)."""
     return stacked.astype(np.float64)
@@ -87,5 +176,13 @@ REFERENCES = {
     "non_finite": non_finite,
     "alie": alie,
     "ipm": ipm,
+    "optimal_alie": optimal_alie,
+    "optimal_ipm": optimal_ipm,
+    "mimic": mimic,
     "label_flip": label_flip,
 }
+# References over the whole model that take the numpy `rule`.
+ADAPTIVE = {"optimal_alie", "optimal_ipm"}
+# Their candidate factors: `(n, f, **grid) -> ascending array`.
+FACTORS = {"optimal_alie": optimal_alie_factors, "optimal_ipm": optimal_ipm_factors}
+FORGE = {"optimal_alie": _alie_forge, "optimal_ipm": _ipm_forge}

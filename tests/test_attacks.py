@@ -1,10 +1,13 @@
 """Contract tests for every simulated attack, plus lookup and serialization."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_psdist import attacks
+import keras_psdist as kpd
+from keras_psdist import aggregators, attacks
+from tests import reference as ref_rules
 from tests import reference_attacks as ref
 
 N = 8
@@ -18,12 +21,18 @@ CASES = {
     "non_finite": {"value": "-inf"},
     "alie": {},
     "ipm": {"epsilon": 0.5},
+    "optimal_alie": {"min_z": 0.2, "max_z": 5.0, "num_candidates": 8},
+    "optimal_ipm": {"min_epsilon": 0.05, "max_epsilon": 50.0, "num_candidates": 8},
+    "mimic": {},
     "label_flip": {"num_classes": 10},
 }
 EXTRA_CASES = [
     ("alie", {"z": 1.5}),
     ("non_finite", {"value": "nan"}),
     ("sign_flip", {}),
+    ("optimal_alie", {}),
+    ("optimal_ipm", {}),
+    ("mimic", {"target": 4}),
 ]
 ALL_CASES = list(CASES.items()) + EXTRA_CASES
 # Matched value for value against their reference (noise only statistically).
@@ -36,12 +45,32 @@ def _case_id(case):
     return name + "".join(f"-{k}={v}" for k, v in kwargs.items())
 
 
-def _inputs(seed=0, shapes=SHAPES, n=N):
+def _inputs(seed=0, shapes=SHAPES, n=N, loc=0.0):
     """Per-variable stacked float32 arrays and the matching list of lists."""
     rng = np.random.default_rng(seed)
-    stacked = [rng.normal(size=(n, *s)).astype(np.float32) for s in shapes]
+    stacked = [rng.normal(loc=loc, size=(n, *s)).astype(np.float32) for s in shapes]
     per_replica = [[tf.constant(row) for row in values] for values in stacked]
     return stacked, per_replica
+
+
+# The rule adaptive attacks are tried against in the generic tests.
+def _tf_rule(n, name="median"):
+    return aggregators.get(name).bind(n, min(2, (n - 1) // 2))
+
+
+def _apply(attack, per_replica):
+    """`attack.apply`, handing adaptive attacks the median."""
+    if isinstance(attack, attacks.AdaptiveAttack):
+        return attack.apply(per_replica, rule=_tf_rule(len(per_replica[0])).aggregate)
+    return attack.apply(per_replica)
+
+
+def _expected(name, kwargs, stacked, replicas):
+    """The reference's arrays, one per variable (adaptive: against the median)."""
+    if name in ref.ADAPTIVE:
+        rule = ref_rules.reference_for(_tf_rule(len(stacked[0])))
+        return ref.REFERENCES[name](stacked, replicas, rule, **kwargs)
+    return [ref.REFERENCES[name](values, replicas, **kwargs) for values in stacked]
 
 
 def test_every_attack_has_a_case_and_a_reference():
@@ -56,11 +85,11 @@ def test_matches_numpy_reference(case, replicas):
     attack = attacks.get(
         {"class_name": name, "config": {"replicas": replicas, **kwargs}}
     )
-    out = attack.apply(per_replica)
-    for values, column in zip(stacked, out, strict=True):
-        expected = ref.REFERENCES[name](values, replicas, **kwargs)
+    out = _apply(attack, per_replica)
+    expected = _expected(name, kwargs, stacked, replicas)
+    for want, column in zip(expected, out, strict=True):
         got = np.stack([v.numpy() for v in column])
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=_case_id)
@@ -72,7 +101,7 @@ def test_honest_replicas_pass_through_and_inputs_are_not_edited(case):
     attack = attacks.get(
         {"class_name": name, "config": {"replicas": replicas, **kwargs}}
     )
-    out = attack.apply(per_replica)
+    out = _apply(attack, per_replica)
     assert out is not per_replica
     assert per_replica == outer
     for v, column in enumerate(per_replica):
@@ -100,10 +129,10 @@ def test_runs_in_a_graph_with_an_unknown_first_dimension(case):
 
     @tf.function(input_signature=spec)
     def run(*column):
-        return attack.apply([list(column)])[0]
+        return _apply(attack, [list(column)])[0]
 
     got = np.stack([v.numpy() for v in run(*per_replica[0])])
-    expected = ref.REFERENCES[name](stacked[0], replicas, **kwargs)
+    [expected] = _expected(name, kwargs, stacked, replicas)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -252,7 +281,7 @@ def test_attacking_every_replica_is_refused(name):
     _, per_replica = _inputs(n=2)
     if isinstance(attack, attacks.GradientAttack):
         with pytest.raises(ValueError, match="at least one must stay honest"):
-            attack.apply(per_replica)
+            _apply(attack, per_replica)
 
 
 @pytest.mark.parametrize(
@@ -269,6 +298,18 @@ def test_attacking_every_replica_is_refused(name):
         (attacks.LabelFlip, {"num_classes": 1}, "num_classes"),
         (attacks.LabelFlip, {"num_classes": 2.5}, "num_classes"),
         (attacks.LabelFlip, {"num_classes": True}, "num_classes"),
+        (attacks.OptimalALIE, {"min_z": 0.0}, "min_z"),
+        (attacks.OptimalALIE, {"max_z": float("inf")}, "max_z"),
+        (attacks.OptimalALIE, {"min_z": 2.0, "max_z": 1.0}, r"min_z=2.0, max_z=1.0"),
+        (attacks.OptimalALIE, {"num_candidates": 1}, "num_candidates"),
+        (attacks.OptimalALIE, {"num_candidates": 4.0}, "num_candidates"),
+        (attacks.OptimalIPM, {"min_epsilon": -1.0}, "min_epsilon"),
+        (attacks.OptimalIPM, {"max_epsilon": 0.001}, "max_epsilon"),
+        (attacks.OptimalIPM, {"num_candidates": True}, "num_candidates"),
+        (attacks.Mimic, {"target": -1}, "target"),
+        (attacks.Mimic, {"target": "1"}, "target"),
+        (attacks.Mimic, {"target": True}, "target"),
+        (attacks.Mimic, {"target": 0}, r"target=0, replicas=\[0\]"),
     ],
 )
 def test_bad_arguments(cls, kwargs, match):
@@ -323,3 +364,227 @@ def test_get():
         attacks.get({"class_name": "alie", "config": {"replicas": [7]}, "extra": 1})
     with pytest.raises(ValueError, match="not one of the registered"):
         attacks.serialize(attacks.Attack([0]))
+
+
+# -------------------------------------------------------------- mimic
+
+
+def test_mimic_copies_the_first_honest_replica_or_its_target():
+    stacked, per_replica = _inputs()
+    [out] = attacks.Mimic([0, 1, 5]).apply(per_replica[:1])
+    assert all(out[r] is per_replica[0][2] for r in (0, 1, 5))
+    [out] = attacks.Mimic([0, 1, 5], target=6).apply(per_replica[:1])
+    assert all(out[r] is per_replica[0][6] for r in (0, 1, 5))
+    np.testing.assert_array_equal(out[5].numpy(), stacked[0][6])
+
+
+def test_mimic_target_outside_the_replicas_is_refused_at_check():
+    attack = attacks.Mimic([0], target=8)
+    attack.check(9)
+    with pytest.raises(
+        ValueError,
+        match=r"copies replica 8.*valid ids: 0 to 7.*target=8, num_replicas=8.*"
+        r"Pick a target below 8",
+    ):
+        attack.check(8)
+    with pytest.raises(ValueError, match="copies replica 8"):
+        attack.apply(_inputs()[1])
+
+
+# ------------------------------------------------------ adaptive attacks
+
+# Rules of every kind the search is run against: coordinate-wise, by
+# distance, iterative, stateful (centered clipping) and a wrapper (NNM).
+SEARCH_RULES = [
+    "median",
+    "trimmed_mean",
+    "krum",
+    "multi_krum",
+    "geometric_median",
+    "centered_clipping",
+    "nnm",
+]
+ADAPTIVE_CASES = [
+    ("optimal_alie", {}),
+    ("optimal_ipm", {}),
+    ("optimal_alie", {"min_z": 0.5, "max_z": 3.0, "num_candidates": 5}),
+]
+
+
+@pytest.mark.parametrize("rule_name", SEARCH_RULES)
+@pytest.mark.parametrize("case", ADAPTIVE_CASES, ids=_case_id)
+def test_adaptive_search_matches_numpy_reference(case, rule_name):
+    name, kwargs = case
+    replicas = [6, 7]
+    stacked, per_replica = _inputs(seed=1, loc=0.3)
+    rule = aggregators.get(rule_name).bind(N, 2)
+    np_rule = ref_rules.reference_for(rule)
+    attack = attacks.get(
+        {"class_name": name, "config": {"replicas": replicas, **kwargs}}
+    )
+    factors, damages = attack.search(per_replica, rule=rule.aggregate)
+    want_factors = ref.FACTORS[name](N, len(replicas), **kwargs)
+    np.testing.assert_allclose(factors.numpy(), want_factors, rtol=1e-12)
+    _, want_damages = ref.factor_search(
+        stacked, replicas, np_rule, want_factors, ref.FORGE[name]
+    )
+    np.testing.assert_allclose(damages.numpy(), want_damages, rtol=1e-4, atol=1e-6)
+    # The search is not flat here: the factor it picks matters.
+    assert want_damages.max() > 1.05 * want_damages.min()
+    out = attack.apply(per_replica, rule=rule.aggregate)
+    expected = ref.REFERENCES[name](stacked, replicas, np_rule, **kwargs)
+    for want, column in zip(expected, out, strict=True):
+        got = np.stack([v.numpy() for v in column])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _damage(rule, per_replica, stacked, replicas):
+    """Squared distance (float64) of the rule's output from the honest mean."""
+    honest = [r for r in range(N) if r not in replicas]
+    out = rule.aggregate(per_replica)
+    return sum(
+        float(np.sum((v.numpy().astype(np.float64) - x[honest].mean(axis=0)) ** 2))
+        for v, x in zip(out, stacked, strict=True)
+    )
+
+
+@pytest.mark.parametrize("rule_name", ["median", "trimmed_mean"])
+@pytest.mark.parametrize(
+    "fixed, optimal",
+    [
+        (attacks.ALIE([6, 7]), attacks.OptimalALIE([6, 7])),
+        (attacks.IPM([6, 7]), attacks.OptimalIPM([6, 7])),
+    ],
+    ids=["alie", "ipm"],
+)
+def test_optimal_attack_does_at_least_the_fixed_attacks_damage(
+    fixed, optimal, rule_name
+):
+    rule = aggregators.get(rule_name).bind(N, 2)
+    default = fixed.z if isinstance(fixed, attacks.ALIE) else fixed.epsilon
+    if default is None:
+        default = attacks.ALIE.paper_z(N, 2)
+    gains = []
+    for seed in range(3):
+        stacked, per_replica = _inputs(seed=seed, loc=0.3)
+        by_fixed = _damage(rule, fixed.apply(per_replica), stacked, [6, 7])
+        by_optimal = _damage(
+            rule, optimal.apply(per_replica, rule=rule.aggregate), stacked, [6, 7]
+        )
+        assert by_fixed > 0
+        assert by_optimal >= by_fixed * (1 - 1e-6)
+        # The fixed attack's factor is a candidate, its damage measured alike.
+        factors, damages = optimal.search(per_replica, rule=rule.aggregate)
+        [at_default] = np.flatnonzero(np.isclose(factors.numpy(), default, rtol=1e-12))
+        assert damages.numpy()[at_default] == pytest.approx(by_fixed, rel=1e-5)
+        assert damages.numpy().max() == pytest.approx(by_optimal, rel=1e-5)
+        gains.append(by_optimal / by_fixed)
+    # Not vacuous: the search finds much more than the default factor does.
+    assert max(gains) > 1.5, gains
+
+
+def test_an_adaptive_attack_needs_the_rule():
+    _, per_replica = _inputs()
+    attack = attacks.OptimalIPM([7])
+    with pytest.raises(
+        ValueError, match=r"OptimalIPM\(replicas=\[7\].*needs it.*Received: rule=None"
+    ):
+        attack.apply(per_replica)
+    with pytest.raises(ValueError, match="Received: rule=3"):
+        attack.search(per_replica, rule=3)
+
+
+def test_search_takes_the_largest_damage_the_first_on_ties_never_nan():
+    # Against the mean the damage grows with z: the largest candidate wins.
+    stacked, per_replica = _inputs()
+    mean = aggregators.Mean()
+    attack = attacks.OptimalALIE([6, 7], min_z=1.0, max_z=4.0, num_candidates=3)
+    factors, damages = attack.search(per_replica, rule=mean.aggregate)
+    assert factors.numpy().tolist() == [0.0, ref.alie_z(N, 2), 1.0, 2.0, 4.0]
+    assert np.all(np.diff(damages.numpy()) > 0)
+    [out, _] = attack.apply(per_replica, rule=mean.aggregate)
+    want = ref.alie(stacked[0], [6, 7], z=4.0)[7]
+    np.testing.assert_allclose(out[7].numpy(), want, rtol=1e-5, atol=1e-6)
+    honest = stacked[0][:6].mean(axis=0)
+
+    # A rule that ignores the attackers: every damage equal, the first (0) wins.
+    def honest_only(values):
+        return [tf.reduce_mean(tf.stack(column[:6]), 0) for column in values]
+
+    [out, _] = attack.apply(per_replica, rule=honest_only)
+    np.testing.assert_allclose(out[7].numpy(), honest, rtol=1e-5, atol=1e-6)
+
+    # A rule that fails (NaN) when the attackers are far: those never win.
+    def nan_when_far(values):
+        return [
+            tf.where(tf.reduce_max(tf.abs(column[7])) > 1e3, np.nan, column[7])
+            for column in values
+        ]
+
+    attack = attacks.OptimalIPM(
+        [6, 7], min_epsilon=1.0, max_epsilon=1e6, num_candidates=2
+    )
+    factors, damages = attack.search(per_replica, rule=nan_when_far)
+    assert factors.numpy().tolist() == [0.0, 0.1, 1.0, 1e6]
+    assert np.isnan(damages.numpy()[-1])
+    [out, _] = attack.apply(per_replica, rule=nan_when_far)
+    np.testing.assert_allclose(out[7].numpy(), -honest, rtol=1e-5, atol=1e-6)
+
+
+def test_under_attack_hands_the_rule_its_state_of_the_step():
+    # A stateful rule (centered clipping's center) must be tried as it runs
+    # this step: every candidate is aggregated with the step's state.
+    seen = []
+
+    class Recording(aggregators.Aggregator):
+        def apply(self, per_replica, state=()):
+            seen.append(state)
+            values = [tf.reduce_mean(tf.stack(column), 0) for column in per_replica]
+            return aggregators.Aggregation(values, {}, state)
+
+    _, per_replica = _inputs()
+    state = {"center": tf.constant(3.0)}
+    attack = attacks.OptimalIPM([6, 7], num_candidates=4)
+    result = attacks.UnderAttack(Recording(), attack).apply(per_replica, state)
+    assert result.state is state
+    assert len(seen) == len(attack.candidates(N, 2)) + 1
+    assert all(s is state for s in seen)
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        attacks.OptimalIPM([3], num_candidates=4),
+        attacks.OptimalALIE([3], num_candidates=4),
+        attacks.Mimic([3]),
+    ],
+    ids=repr,
+)
+def test_runs_inside_a_strategy(cpu_devices, digits, attack):
+    x, y = digits[0][:256], digits[1][:256]
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:4],
+        aggregator="centered_clipping",
+        num_byzantine=1,
+        attack=attack,
+    )
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    history = model.fit(x, y, batch_size=64, epochs=2, verbose=0)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_sync_replicas_refuse_attacks_that_read_honest_gradients():
+    from keras_psdist.strategies.sync_replica import _resolve_worker_attack
+
+    for attack in (attacks.Mimic([1]), attacks.OptimalIPM([1])):
+        with pytest.raises(ValueError, match="cannot see"):
+            _resolve_worker_attack(attack, 4, 1)

@@ -64,6 +64,10 @@ _NAMED = {
         "keras_psdist.callbacks.AggregationReport",
         "keras_psdist.callbacks.SyncReplicaReport",
     ],
+    "api/heterogeneity": [
+        "keras_psdist.heterogeneity.dirichlet_split",
+        "keras_psdist.heterogeneity.per_replica_dataset",
+    ],
     "api/errors": [
         "keras_psdist.errors.TaskLostError",
         "keras_psdist.errors.WorkerLostError",

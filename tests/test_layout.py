@@ -108,6 +108,7 @@ def test_the_top_level_holds_only_the_public_api_and_the_tf_gate():
         "callbacks",
         "devices",
         "errors",
+        "heterogeneity",
         "partitioners",
         "placement",
         "routing",

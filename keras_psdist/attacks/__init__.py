@@ -2,9 +2,11 @@
 
 An attack names the replicas it controls (`replicas=[6, 7]`) and what they
 do: gradient attacks (`SignFlip`, `Scale`, `GaussianNoise`, `NonFinite`,
-`ALIE`, `IPM`) replace those replicas' gradients before aggregation; data
-attacks (`LabelFlip`) corrupt their batches. Attacks need their replicas, so
-`get` takes an instance or a config dict, not a bare string id.
+`ALIE`, `IPM`, `Mimic`) replace those replicas' gradients before
+aggregation; adaptive attacks (`OptimalALIE`, `OptimalIPM`) do too, tuned
+each step against the rule in use; data attacks (`LabelFlip`) corrupt their
+batches. Attacks need their replicas, so `get` takes an instance or a config
+dict, not a bare string id.
 
 Examples:
 
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_psdist.attacks.base import Attack, GradientAttack
-from keras_psdist.attacks.crafted import ALIE, IPM
+from keras_psdist.attacks.adaptive import OptimalALIE, OptimalIPM
+from keras_psdist.attacks.base import AdaptiveAttack, Attack, GradientAttack
+from keras_psdist.attacks.crafted import ALIE, IPM, Mimic
 from keras_psdist.attacks.data import LabelFlip
 from keras_psdist.attacks.gradient import GaussianNoise, NonFinite, Scale, SignFlip
 from keras_psdist.attacks.harness import UnderAttack
@@ -35,6 +38,9 @@ _REGISTRY: dict[str, type[Attack]] = {
     "non_finite": NonFinite,
     "alie": ALIE,
     "ipm": IPM,
+    "optimal_alie": OptimalALIE,
+    "optimal_ipm": OptimalIPM,
+    "mimic": Mimic,
     "label_flip": LabelFlip,
 }
 
@@ -122,11 +128,15 @@ def _lookup(name: Any) -> type[Attack]:
 __all__ = [
     "ALIE",
     "IPM",
+    "AdaptiveAttack",
     "Attack",
     "GaussianNoise",
     "GradientAttack",
     "LabelFlip",
+    "Mimic",
     "NonFinite",
+    "OptimalALIE",
+    "OptimalIPM",
     "Scale",
     "SignFlip",
     "UnderAttack",

@@ -8,6 +8,9 @@ so a robust aggregation rule can be evaluated against it:
   `harness.py`) calls `apply(dense)` with `dense[v][r]`, replica r's
   true-scale gradient of variable v, and the rule aggregates what `apply`
   returns;
+- an *adaptive attack* (`AdaptiveAttack`) is a gradient attack that also
+  gets the rule in use, `UnderAttack` calling `apply(dense, rule=...)`, and
+  forges its values to do the rule the most damage;
 - a *data attack* (e.g. `LabelFlip`) corrupts the attacked replicas' batches
   before the forward pass through `corrupt_batch`; their gradients are then
   honest gradients of bad data.
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 PerReplica = Sequence[Sequence[tf.Tensor]]
+# An aggregation rule as an adaptive attack sees it: `rule(values)`, with
+# `values[v][r]` replica r's value of variable v, is one tensor per variable.
+Rule = Callable[[list[list[tf.Tensor]]], Sequence[tf.Tensor]]
 
 
 class Attack:
@@ -203,13 +209,25 @@ class GradientAttack(Attack):
     def apply(self, per_replica: PerReplica) -> list[list[tf.Tensor]]:
         if not per_replica:
             return []
+        honest, own = self._split(per_replica)
+        return self._place(per_replica, self.forge(honest, own))
+
+    def _split(
+        self, per_replica: PerReplica
+    ) -> tuple[list[list[tf.Tensor]], list[list[tf.Tensor]]]:
+        """`(honest, own)` as `forge` takes them, after checking the count."""
         n = len(per_replica[0])
         self.check(n)
         attacked = set(self.replicas)
         honest_ids = [r for r in range(n) if r not in attacked]
         honest = [[column[r] for r in honest_ids] for column in per_replica]
         own = [[column[r] for r in self.replicas] for column in per_replica]
-        forged = self.forge(honest, own)
+        return honest, own
+
+    def _place(
+        self, per_replica: PerReplica, forged: Sequence[Sequence[tf.Tensor]]
+    ) -> list[list[tf.Tensor]]:
+        """A copy of `per_replica` with `forged` in the attacked replicas' places."""
         if len(forged) != len(per_replica) or any(
             len(values) != len(self.replicas) for values in forged
         ):
@@ -224,6 +242,96 @@ class GradientAttack(Attack):
             for r, value in zip(self.replicas, values, strict=True):
                 column[r] = value
         return out
+
+
+class AdaptiveAttack(GradientAttack):
+    """Base class of gradient attacks that forge their values against the rule.
+
+    An adaptive attacker knows the aggregation rule in use and tunes what it
+    sends to it. `apply` takes the rule as `rule`, a function from
+    per-replica values (`values[v][r]`) to the aggregated values (one tensor
+    per variable); `UnderAttack` passes the strategy's rule, with its state of
+    the step, so the `Aggregator` interface never hears of attacks. Called
+    directly, pass e.g. a bound rule's `aggregate`.
+
+    Subclasses implement `forge(honest, own, aggregate)`: as
+    `GradientAttack.forge`, plus `aggregate(forged)`, which returns what the
+    rule outputs when the attacked replicas send `forged` (one list per
+    variable, one value per attacked replica) and the honest replicas their
+    values.
+
+    Args:
+        replicas: The ids of the attacked replicas (see `Attack`).
+
+    Examples:
+
+    >>> import tensorflow as tf
+    >>> from keras_psdist import aggregators
+    >>> class Opposite(AdaptiveAttack):
+    ...     # Sends minus what the rule outputs when everyone is honest.
+    ...     def forge(self, honest, own, aggregate):
+    ...         clean = aggregate(own)
+    ...         return [[-v] * len(values) for v, values in zip(clean, own)]
+    >>> column = [tf.constant([1.0]), tf.constant([3.0]), tf.constant([5.0])]
+    >>> [out] = Opposite(replicas=[2]).apply([column], rule=aggregators.Mean().aggregate)
+    >>> out[2].numpy().tolist()
+    [-3.0]
+
+    References:
+        Allouah, Farhadkhani, Guerraoui, Gupta, Pinot, Stephan, "Fixing by
+        Mixing: A Recipe for Optimal Byzantine ML under Heterogeneity",
+        AISTATS 2023 (attacks that tune their factor against the rule in use,
+        as ByzFL's `Optimal_ALittleIsEnough` / `Optimal_InnerProductManipulation`).
+    """
+
+    def forge(
+        self,
+        honest: list[list[tf.Tensor]],
+        own: list[list[tf.Tensor]],
+        aggregate: Callable[[list[list[tf.Tensor]]], list[tf.Tensor]],
+    ) -> list[list[tf.Tensor]]:
+        """Forges the attacked replicas' values against the rule.
+
+        Args:
+            honest: As in `GradientAttack.forge`.
+            own: As in `GradientAttack.forge`.
+            aggregate: `aggregate(forged)`, the rule's output when the
+                attacked replicas send `forged` (structured as the return
+                value).
+
+        Returns:
+            As in `GradientAttack.forge`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement `forge`.")
+
+    def apply(
+        self, per_replica: PerReplica, rule: Rule | None = None
+    ) -> list[list[tf.Tensor]]:
+        """Returns the values the aggregator sees, forged against `rule`.
+
+        Args:
+            per_replica: As in `Attack.apply`. Not edited.
+            rule: The rule in use, as a function from per-replica values to
+                the aggregated values (e.g. a bound aggregator's
+                `aggregate`). Required.
+
+        Raises:
+            ValueError: if `rule` is missing.
+        """
+        check_rule(self, rule)
+        if not per_replica:
+            return []
+        honest, own, aggregate = self._against(per_replica, rule)
+        return self._place(per_replica, self.forge(honest, own, aggregate))
+
+    def _against(self, per_replica: PerReplica, rule: Rule):
+        """`(honest, own, aggregate)` as `forge` takes them."""
+        honest, own = self._split(per_replica)
+
+        def aggregate(forged):
+            return list(rule(self._place(per_replica, forged)))
+
+        return honest, own, aggregate
 
 
 def check_finite_number(
@@ -249,6 +357,19 @@ def check_finite_number(
             f"{owner}: `{name}` must be {kind}. Received: {name}={value!r}"
         )
     return float(value)
+
+
+def check_rule(attack: Attack, rule: Any) -> None:
+    """Raises `ValueError` unless `rule` is callable, naming `attack` and the fix."""
+    if not callable(rule):
+        raise ValueError(
+            f"{attack!r} forges its values against the aggregation rule in "
+            "use, so `apply` needs it: pass `rule=`, a function from "
+            "per-replica values to the aggregated values (e.g. "
+            "`aggregators.get('median').bind(n, f).aggregate`), or pass the "
+            "attack to a strategy (`attack=`), which hands it the rule. "
+            f"Received: rule={rule!r}"
+        )
 
 
 def _check_replicas(replicas: Any) -> tuple[int, ...]:

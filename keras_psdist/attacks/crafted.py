@@ -8,6 +8,7 @@ the papers. All attacked replicas send the same forged value.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from statistics import NormalDist
 from typing import Any
@@ -159,6 +160,98 @@ class IPM(GradientAttack):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "epsilon": self.epsilon}
+
+
+class Mimic(GradientAttack):
+    """Every attacked replica sends a copy of one honest replica's gradient.
+
+    No value is out of place, so no rule can single the copies out; what
+    they do is give one honest replica's data `1 + len(replicas)` votes.
+    Under heterogeneous (non-IID) data, that biases every step towards that
+    replica's data (see `keras_psdist.heterogeneity`).
+
+    The target is fixed, as in ByzFL's `Mimic(epsilon)` (which indexes the
+    honest vectors; `target` here is a replica id). The paper also picks the
+    target adaptively, by the honest gradients' direction of largest
+    variance; that choice is not implemented.
+
+    Args:
+        replicas: The ids of the attacked replicas.
+        target: The id of the honest replica to copy, an int not in
+            `replicas`, or `None` for the honest replica with the lowest id.
+            Defaults to `None`.
+
+    Raises:
+        ValueError: if `target` is not an int >= 0 or is an attacked
+            replica; `check` also refuses a target outside the strategy's
+            replicas.
+
+    Examples:
+
+    >>> import tensorflow as tf
+    >>> column = [tf.constant([1.0]), tf.constant([2.0]), tf.constant([3.0]), tf.constant([9.0])]
+    >>> [out] = Mimic(replicas=[0, 3]).apply([column])
+    >>> [v.numpy().tolist() for v in out]
+    [[2.0], [2.0], [3.0], [2.0]]
+    >>> [out] = Mimic(replicas=[0, 3], target=2).apply([column])
+    >>> [v.numpy().tolist() for v in out]
+    [[3.0], [2.0], [3.0], [3.0]]
+
+    References:
+        Karimireddy, He, Jaggi, "Byzantine-Robust Learning on Heterogeneous
+        Datasets via Bucketing", ICLR 2022 (the mimic attack: the Byzantine
+        workers all send one honest worker's gradient).
+    """
+
+    name = "mimic"
+
+    def __init__(self, replicas: Sequence[int], target: int | None = None):
+        super().__init__(replicas)
+        if target is not None:
+            if (
+                isinstance(target, bool)
+                or not isinstance(target, numbers.Integral)
+                or target < 0
+            ):
+                raise ValueError(
+                    "Mimic: `target` must be the id of the honest replica to "
+                    "copy (an int >= 0), or None for the first honest replica. "
+                    f"Received: target={target!r}"
+                )
+            target = int(target)
+            if target in self.replicas:
+                raise ValueError(
+                    f"Mimic: `target` must be an honest replica, but replica "
+                    f"{target} is one of the attacked replicas. Received: "
+                    f"target={target}, replicas={list(self.replicas)}. Pick a "
+                    "replica not in `replicas`, or None for the first honest one."
+                )
+        self.target = target
+
+    def check(self, num_replicas: int) -> None:
+        super().check(num_replicas)
+        if self.target is not None and self.target >= num_replicas:
+            raise ValueError(
+                f"{self!r} copies replica {self.target}, but there are only "
+                f"{num_replicas} replicas (valid ids: 0 to {num_replicas - 1}). "
+                f"Received: target={self.target}, num_replicas={num_replicas}. "
+                f"Pick a target below {num_replicas}, or None for the first "
+                "honest replica."
+            )
+
+    def forge(self, honest, own):
+        # `honest` lists the honest replicas in id order: the target's place
+        # is its id minus the attacked replicas before it.
+        index = 0
+        if self.target is not None:
+            index = self.target - sum(r < self.target for r in self.replicas)
+        return [
+            [honest_values[index]] * len(own_values)
+            for honest_values, own_values in zip(honest, own, strict=True)
+        ]
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "target": self.target}
 
 
 def _stats_dtype(dtype: tf.DType) -> tf.DType:

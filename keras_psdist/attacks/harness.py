@@ -3,7 +3,9 @@
 `UnderAttack(rule, attack)` is the rule as the strategy runs it when an
 attack is configured: each step, the replicas' values (true scale, sparse
 rows densified, replicas without data zeroed) first go through
-`attack.apply`, then the rule aggregates what the attack left. Neither the
+`attack.apply`, then the rule aggregates what the attack left. An adaptive
+attack (`AdaptiveAttack`) also gets the rule, as `apply(values,
+rule=...)`: a function running the rule with this step's state. Neither the
 rule nor the `Aggregator` interface knows attacks exist.
 
 `corrupting_batches(train_step, attack, replicas)` is the same for data
@@ -29,7 +31,7 @@ import tensorflow as tf
 
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import Aggregation, Aggregator
-from keras_psdist.attacks.base import Attack
+from keras_psdist.attacks.base import AdaptiveAttack, Attack
 
 
 class UnderAttack(Aggregator):
@@ -59,7 +61,16 @@ class UnderAttack(Aggregator):
     def apply(
         self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
     ) -> Aggregation:
-        return self.aggregator.apply(self.attack.apply(per_replica), state)
+        if isinstance(self.attack, AdaptiveAttack):
+            # The attack tries candidates against the rule as it will run
+            # this step: same state, output values only.
+            attacked = self.attack.apply(
+                per_replica,
+                rule=lambda values: self.aggregator.apply(values, state).values,
+            )
+        else:
+            attacked = self.attack.apply(per_replica)
+        return self.aggregator.apply(attacked, state)
 
     def initial_state(self, specs: Sequence[tf.TensorSpec]) -> Any:
         return self.aggregator.initial_state(specs)

@@ -11,8 +11,9 @@ _SPLIT_SEED = 0
 
 # What the demo's attacks send besides the replicas they control: strong
 # enough to wreck the mean (as in benchmarks/robustness.py: with 1 of 4
-# replicas sending -10 g, the mean is (3 - 10) / 4 g, an ascent step). ALIE
-# and IPM keep their own settings, which are aimed at the robust rules.
+# replicas sending -10 g, the mean is (3 - 10) / 4 g, an ascent step). ALIE,
+# IPM (optimal or not) and mimic keep their own settings, which are aimed at
+# the robust rules.
 ATTACK_SETTINGS: dict[str, dict[str, float | int]] = {
     "sign_flip": {"scale": 10.0},
     "scale": {"factor": 100.0},
@@ -20,6 +21,9 @@ ATTACK_SETTINGS: dict[str, dict[str, float | int]] = {
     "non_finite": {},
     "alie": {},
     "ipm": {},
+    "optimal_alie": {},
+    "optimal_ipm": {},
+    "mimic": {},
     "label_flip": {"num_classes": 10},
 }
 

@@ -44,6 +44,9 @@ ATTACK_IDS = (
     "non_finite",
     "alie",
     "ipm",
+    "optimal_alie",
+    "optimal_ipm",
+    "mimic",
     "label_flip",
 )
 

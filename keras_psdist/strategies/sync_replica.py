@@ -272,10 +272,11 @@ def _resolve_worker_attack(attack, num_workers, num_byzantine):
     if attack is None:
         return None
     from keras_psdist import attacks as attacks_lib
-    from keras_psdist.attacks.crafted import ALIE, IPM
+    from keras_psdist.attacks.base import AdaptiveAttack
+    from keras_psdist.attacks.crafted import ALIE, IPM, Mimic
 
     attack = attacks_lib.get(attack)
-    if isinstance(attack, (ALIE, IPM)):
+    if isinstance(attack, (ALIE, IPM, Mimic, AdaptiveAttack)):
         raise ValueError(
             f"{attack!r} forges its gradient from the honest workers' gradients, "
             "which a worker process of SyncReplicaStrategy cannot see. Use "
