@@ -31,6 +31,7 @@ import inspect
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -349,6 +350,69 @@ def bucketing(
     return _finish(values, {k: r[bucket_of] for k, r in inner_report.items()}, report)
 
 
+# A squared norm above this overflows float32: the replica counts as non-finite.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _clip_to(
+    per_replica: Values, threshold_of: Callable[[np.ndarray], float]
+) -> Values:
+    """Clipping and ARC: each replica scaled to norm <= the threshold.
+
+    A replica with a NaN/Inf anywhere, or whose squared full-vector norm
+    overflows float32, is non-finite: its norm counts as +inf and its values
+    become zeros. `threshold_of(norms)` picks the threshold from the norms.
+    """
+    n = per_replica[0].shape[0]
+    finite = _finite(per_replica)
+    zeroed = _zero_non_finite(per_replica, finite)
+    flat = _flatten(zeroed)
+    norms = np.sqrt((flat**2).sum(axis=1))
+    finite &= norms**2 <= _FLOAT32_MAX
+    norms[~finite] = np.inf
+    threshold = threshold_of(norms)
+    out = [np.zeros_like(x) for x in per_replica]
+    for r in range(n):
+        if not finite[r]:
+            continue  # zeros
+        factor = threshold / norms[r] if norms[r] > threshold else 1.0
+        for v, x in enumerate(zeroed):
+            out[v][r] = factor * x[r]
+    return out
+
+
+def clipping(
+    per_replica: Sequence[np.ndarray],
+    *,
+    f: int = 0,
+    inner: str | Callable = "trimmed_mean",
+    threshold: float = 1.0,
+    report: bool = False,
+):
+    """`inner` on the replicas scaled to full-vector norm <= `threshold`."""
+    clipped = _clip_to(_as_float64(per_replica), lambda norms: threshold)
+    return _inner(inner)(clipped, f=f, report=report)
+
+
+def arc_clipped_count(n: int, f: int) -> int:
+    """ARC's k = floor(2 * (f / n) * (n - f)), in exact arithmetic."""
+    return math.floor(Fraction(2 * f, n) * (n - f))
+
+
+def arc(
+    per_replica: Sequence[np.ndarray],
+    *,
+    f: int = 0,
+    inner: str | Callable = "trimmed_mean",
+    report: bool = False,
+):
+    """`inner` on the replicas clipped to the (k+1)-th largest norm, k = ARC's."""
+    x = _as_float64(per_replica)
+    k = arc_clipped_count(x[0].shape[0], f)
+    clipped = _clip_to(x, lambda norms: np.sort(norms)[::-1][k])
+    return _inner(inner)(clipped, f=f, report=report)
+
+
 REFERENCES: dict[str, Callable[..., Any]] = {
     "mean": mean,
     "median": median,
@@ -360,9 +424,11 @@ REFERENCES: dict[str, Callable[..., Any]] = {
     "centered_clipping": centered_clipping,
     "nnm": nnm,
     "bucketing": bucketing,
+    "clipping": clipping,
+    "arc": arc,
 }
 
-WRAPPERS = ("nnm", "bucketing")
+WRAPPERS = ("nnm", "bucketing", "clipping", "arc")
 
 
 def condition(name: str, n: int, f: int, **config: Any) -> bool:
@@ -387,6 +453,12 @@ def condition(name: str, n: int, f: int, **config: Any) -> bool:
         inner, inner_config = config.get("inner", ("trimmed_mean", {}))
         buckets = math.ceil(n / config.get("bucket_size", 2))
         return condition(inner, buckets, f, **inner_config)
+    if name == "clipping":
+        inner, inner_config = config.get("inner", ("trimmed_mean", {}))
+        return condition(inner, n, f, **inner_config)
+    if name == "arc":
+        inner, inner_config = config.get("inner", ("trimmed_mean", {}))
+        return n > 2 * f and condition(inner, n, f, **inner_config)
     raise KeyError(f"no condition for {name!r}")
 
 
@@ -439,6 +511,25 @@ def _build(name: str, config: dict[str, Any], f: int) -> Callable[..., Any]:
 def reference_for(rule: Any) -> Callable[..., Any]:
     """The reference with a (bound) TF rule's configuration and f."""
     return _build(*spec_config(rule), rule.f)
+
+
+def identical_output(rule: Any, value: Sequence[np.ndarray]) -> Values:
+    """What a rule returns when every replica sends `value` (one array per variable).
+
+    `value` itself, except that a static clipping anywhere in the chain of
+    wrappers scales it to norm <= its threshold (no other rule moves n
+    identical inputs; ARC's threshold is then their common norm).
+    """
+    out = _as_float64(value)
+    name, config = spec_config(rule)
+    while True:
+        if name == "clipping":
+            threshold = config.get("threshold", 1.0)
+            clipped = _clip_to([x[None] for x in out], lambda _, t=threshold: t)
+            out = [x[0] for x in clipped]
+        if name not in WRAPPERS:
+            return out
+        name, config = config.get("inner", ("trimmed_mean", {}))
 
 
 def bucket_orders(n: int, size: int) -> Iterator[list[int]]:

@@ -4,6 +4,8 @@ The contract every rule passes (and the comparison with the numpy references)
 lives in `test_aggregators.py`; here: what only these rules do.
 """
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -362,6 +364,10 @@ def test_bucketing_rejects_bad_bucket_size(size):
             aggregators.NearestNeighborMixing("geometric_median"), bucket_size=3, seed=4
         ),
         aggregators.Bucketing("centered_clipping", num_byzantine=1),
+        aggregators.Clipping("krum", threshold=0.25, jit_compile=False),
+        aggregators.ARC(
+            aggregators.Bucketing("median", bucket_size=3), num_byzantine=1
+        ),
     ],
 )
 def test_wrappers_serialize_round_trip(rule):
@@ -391,3 +397,133 @@ def test_wrapper_passes_the_inner_state_through():
     result = rule.apply(per_replica, initial)
     tf.nest.assert_same_structure(result.state, initial)
     assert result.state.has_center.numpy()
+
+
+# -------------------------------------------------------- clipping and ARC
+
+
+class _Keep(aggregators.Aggregator):
+    """An inner rule that returns every replica it is given, stacked."""
+
+    def aggregate(self, per_replica):
+        return [tf.stack(column) for column in per_replica]
+
+
+def _clipped_by(rule, *arrays):
+    """What the wrapper hands its inner rule, one `(n, ...)` array per variable."""
+    n = arrays[0].shape[0]
+    bound = type(rule).from_config({**rule.get_config(), "aggregator": _Keep()})
+    return [v.numpy() for v in bound.bind(n, rule.f).aggregate(_columns(*arrays))]
+
+
+def _full_norms(*arrays):
+    return np.linalg.norm(
+        np.concatenate([a.reshape(len(a), -1) for a in arrays], 1), axis=1
+    )
+
+
+def test_clipping_caps_full_vector_norms_and_keeps_directions():
+    rng = np.random.default_rng(9)
+    a = (
+        rng.normal(size=(6, 3)) * [[0.1], [1.0], [10.0], [0.5], [3.0], [100.0]]
+    ).astype(np.float32)
+    b = rng.normal(size=(6, 2, 2)).astype(np.float32)
+    out_a, out_b = _clipped_by(aggregators.Clipping(threshold=2.0), a, b)
+    before, after = _full_norms(a, b), _full_norms(out_a, out_b)
+    np.testing.assert_allclose(after, np.minimum(before, 2.0), rtol=1e-6)
+    # Every replica scaled by one factor over all its variables.
+    factor = np.minimum(1.0, 2.0 / before)
+    np.testing.assert_allclose(out_a, a * factor[:, None], rtol=1e-6)
+    np.testing.assert_allclose(out_b, b * factor[:, None, None], rtol=1e-6)
+
+
+def test_clipping_zeroes_non_finite_replicas():
+    x = np.array([[3.0, 4.0], [NAN, 1.0], [np.inf, 0.0], [1e30, 1e30]], np.float32)
+    [out] = _clipped_by(aggregators.Clipping(threshold=1.0), x)
+    np.testing.assert_allclose(out[0], [0.6, 0.8], rtol=1e-6)
+    np.testing.assert_array_equal(out[1:], 0.0)  # NaN, Inf, and an overflowing norm
+
+
+@pytest.mark.parametrize("n, f", [(3, 1), (7, 2), (8, 3), (12, 5)])
+def test_arc_clips_exactly_k_vectors_to_the_next_norm(n, f):
+    rng = np.random.default_rng(n)
+    x = (rng.normal(size=(n, 5)) * rng.uniform(0.1, 10, (n, 1))).astype(np.float32)
+    k = 2 * f * (n - f) // n
+    assert k == reference.arc_clipped_count(n, f) >= f
+    [out] = _clipped_by(aggregators.ARC(num_byzantine=f), x)
+    norms = _full_norms(x)
+    largest = np.argsort(norms)[::-1]
+    changed = ~np.all(out == x, axis=1)
+    assert changed.sum() == k and changed[largest[:k]].all()
+    threshold = norms[largest[k]]
+    np.testing.assert_allclose(_full_norms(out)[largest[:k]], threshold, rtol=1e-6)
+    cosine = (out * x).sum(axis=1) / (_full_norms(out) * norms)
+    np.testing.assert_allclose(cosine, 1.0, rtol=1e-6)  # directions kept
+
+
+def test_arc_with_f_0_clips_nothing():
+    rng = np.random.default_rng(10)
+    scales = [[1.0], [2.0], [50.0], [0.1], [1e3]]
+    x = (rng.normal(size=(5, 4)) * scales).astype(np.float32)
+    assert reference.arc_clipped_count(5, 0) == 0
+    [out] = _clipped_by(aggregators.ARC(), x)
+    np.testing.assert_array_equal(out, x)
+    [mean] = aggregators.ARC("mean").bind(5, 0).aggregate(_columns(x))
+    np.testing.assert_allclose(mean.numpy(), x.mean(axis=0), rtol=1e-6)
+
+
+def test_arc_ranks_non_finite_replicas_largest():
+    # n = 5, f = 1: k = 1, taken by the NaN replica; the finite ones keep their
+    # norms (the threshold is the largest finite norm).
+    x = np.array(
+        [[1.0, 0.0], [0.0, 2.0], [NAN, 0.0], [3.0, 4.0], [0.5, 0.5]], np.float32
+    )
+    [out] = _clipped_by(aggregators.ARC(num_byzantine=1), x)
+    np.testing.assert_array_equal(out[2], 0.0)
+    np.testing.assert_array_equal(out[[0, 1, 3, 4]], x[[0, 1, 3, 4]])
+
+
+def test_arc_then_trimmed_mean_is_the_reference_composition():
+    # ARC's clipping in numpy, then the numpy trimmed mean: the same as the
+    # TF rule, and as the `arc` reference with its default inner rule.
+    rng = np.random.default_rng(11)
+    a = rng.normal(size=(9, 4)).astype(np.float32)
+    b = rng.normal(size=(9, 3)).astype(np.float32)
+    a[2], b[2] = 40.0, -30.0
+    a[6, 1] = NAN
+    rule = aggregators.ARC("trimmed_mean").bind(9, 2)
+    got = [v.numpy() for v in rule.aggregate(_columns(a, b))]
+    clipped = reference.arc([a, b], f=2, inner=lambda values, **_: values)
+    composed = reference.trimmed_mean(clipped, f=2)
+    assert reference.same(got, composed, scale=2.0)
+    assert reference.same(got, reference.arc([a, b], f=2), scale=2.0)
+    # Clipping changed the result: the mean of the clipped outlier is not the
+    # plain trimmed mean's.
+    assert not reference.same(got, reference.trimmed_mean([a, b], f=2), scale=2.0)
+
+
+def test_arc_condition_names_arc():
+    with pytest.raises(
+        ValueError,
+        match=r"^ARC needs more than 2 \* num_byzantine = 4 replicas \(an honest "
+        r"majority\)\. Received: 4 replicas, num_byzantine=2\. Add replicas or lower "
+        r"num_byzantine\.$",
+    ):
+        aggregators.get("arc").bind(4, 2)
+
+
+@pytest.mark.parametrize(
+    "threshold", [0.0, -1.0, float("inf"), float("nan"), "1.0", True, None]
+)
+def test_clipping_rejects_bad_thresholds(threshold):
+    with pytest.raises(
+        ValueError,
+        match=rf"Clipping's `threshold` must be a finite number > 0\. Received: "
+        rf"threshold={re.escape(repr(threshold))}\. Pass the largest norm",
+    ):
+        aggregators.Clipping(threshold=threshold)
+
+
+def test_clipping_accepts_numpy_and_int_thresholds():
+    assert aggregators.Clipping(threshold=np.float32(0.5)).threshold == 0.5
+    assert aggregators.Clipping(threshold=2).get_config()["threshold"] == 2.0

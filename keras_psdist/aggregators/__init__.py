@@ -11,6 +11,7 @@ Mean()
 
 from __future__ import annotations
 
+from keras_psdist.aggregators.arc import ARC
 from keras_psdist.aggregators.base import Aggregation, Aggregator
 from keras_psdist.aggregators.bucketing import Bucketing
 from keras_psdist.aggregators.bulyan import Bulyan
@@ -18,6 +19,7 @@ from keras_psdist.aggregators.centered_clipping import (
     CenteredClipping,
     CenteredClippingState,
 )
+from keras_psdist.aggregators.clipping import Clipping
 from keras_psdist.aggregators.geometric_median import GeometricMedian
 from keras_psdist.aggregators.krum import Krum, MultiKrum
 from keras_psdist.aggregators.mean import Mean
@@ -43,17 +45,21 @@ for _name, _cls in (
     ("centered_clipping", CenteredClipping),
     ("nnm", NearestNeighborMixing),
     ("bucketing", Bucketing),
+    ("clipping", Clipping),
+    ("arc", ARC),
 ):
     register(_name, _cls)
 del _name, _cls
 
 __all__ = [
+    "ARC",
     "Aggregation",
     "Aggregator",
     "Bucketing",
     "Bulyan",
     "CenteredClipping",
     "CenteredClippingState",
+    "Clipping",
     "GeometricMedian",
     "Krum",
     "Mean",

@@ -22,7 +22,9 @@ class Bucketing(PreAggregation):
     with the same f. Averaging shrinks the honest replicas' spread under
     heterogeneous data, and at most f buckets hold a Byzantine replica
     (Karimireddy et al.). A bucket holding a NaN is NaN; the inner rule
-    handles it like any non-finite value.
+    handles it like any non-finite value. The shuffle moves no values (the
+    replicas are read in the new order) and each bucket's mean is one sum,
+    so every value is read once (`combine.bucket_means`).
 
     Condition: the inner rule's condition for ceil(n / bucket_size) values
     and the same f.
@@ -111,16 +113,12 @@ class Bucketing(PreAggregation):
         self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
     ) -> Aggregation:
         n = len(per_replica[0])
-        buckets = self.inner_replicas(n)
         order = tf.random.shuffle(tf.range(n), seed=self.seed)
         # bucket_of[r]: the bucket replica r falls in.
         bucket_of = tf.scatter_nd(order[:, None], tf.range(n) // self.bucket_size, [n])
-        sizes = [
-            min(self.bucket_size, n - b * self.bucket_size) for b in range(buckets)
-        ]
-        members = tf.one_hot(bucket_of, buckets, axis=0)  # [buckets, n]
-        weights = members / tf.constant(sizes, tf.float32)[:, None]
-        means = combine.weighted_sums(per_replica, weights, self.jit_compile)
+        means = combine.bucket_means(
+            per_replica, order, self.bucket_size, self.jit_compile
+        )
         result = self.inner_rule(n).apply(means, state)
         report = {
             name: tf.gather(value, bucket_of) for name, value in result.report.items()

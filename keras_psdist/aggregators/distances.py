@@ -1,7 +1,8 @@
 """Distances between whole replica vectors, shared by the whole-vector rules.
 
 Krum, Bulyan, the geometric median, centered clipping and nearest-neighbour
-mixing compare replicas as *full vectors*: every variable concatenated. They
+mixing compare replicas as *full vectors*: every variable concatenated (and
+static and adaptive clipping measure their norms, `squared_norms`). They
 need the squared distances `D[i, j] = sum_v ||x_i^v - x_j^v||^2`, or distances
 from each replica to a weighted combination of the replicas. Both follow from
 one `[n, n]` matrix of inner products (a Gram matrix), so the values are read
@@ -73,6 +74,32 @@ def finite_replicas(per_replica: Sequence[Sequence[tf.Tensor]]) -> tf.Tensor:
         ]
         flags.append(tf.reduce_all(tf.stack(per_variable)))
     return tf.stack(flags)
+
+
+def squared_norms(per_replica: Sequence[Sequence[tf.Tensor]]) -> tf.Tensor:
+    """Each replica's squared norm over the full vector, in float32.
+
+    A sum of squares per replica and variable, no Gram matrix. The spec's
+    non-finite rule, as for distances: a replica with a NaN or Inf anywhere,
+    or whose squared norm overflows float32 (a norm above about 1.8e19),
+    gets +inf.
+
+    Args:
+        per_replica: `per_replica[v][r]`.
+
+    Returns:
+        float32 `[n]`, +inf for the non-finite replicas (never NaN).
+    """
+    n = len(per_replica[0])
+    sums = []
+    for r in range(n):
+        parts = [
+            tf.reduce_sum(tf.square(tf.cast(column[r], tf.float32)))
+            for column in per_replica
+        ]
+        sums.append(tf.add_n(parts) if len(parts) > 1 else parts[0])
+    sums = tf.stack(sums)
+    return tf.where(tf.math.is_finite(sums), sums, _INF)
 
 
 def zero_nonfinite(

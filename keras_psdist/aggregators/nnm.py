@@ -23,6 +23,11 @@ class NearestNeighborMixing(PreAggregation):
     anywhere is at distance +inf from the others, so it is nobody's neighbour
     but its own, and its values count as zeros where it is.
 
+    The mixing is one product of the `[n, n]` weight matrix (1 / (n - f) for
+    each of a row's neighbours) with each variable's `[n, size]` stack of
+    replicas; the neighbours come from the distance matrix the whole-vector
+    rules share (`keras_psdist.aggregators.distances`).
+
     Condition: `num_replicas > 2 * num_byzantine` and the inner rule's
     condition for the same n and f.
 
@@ -37,7 +42,6 @@ class NearestNeighborMixing(PreAggregation):
             `Aggregator`. Defaults to `"trimmed_mean"`.
         num_byzantine: The *f* this rule is built for, or `None` to take the
             inner rule's, else the strategy's. Defaults to `None`.
-        jit_compile: Compile the mixing with XLA. Defaults to `True`.
 
     Examples:
 
@@ -61,10 +65,8 @@ class NearestNeighborMixing(PreAggregation):
         aggregator: str | dict[str, Any] | Aggregator = "trimmed_mean",
         *,
         num_byzantine: int | None = None,
-        jit_compile: bool = True,
     ):
         super().__init__(aggregator, num_byzantine)
-        self.jit_compile = bool(jit_compile)
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
         super().check(num_replicas, num_byzantine)
@@ -80,8 +82,5 @@ class NearestNeighborMixing(PreAggregation):
         # Weight 0 for a non-finite column: its values count as zeros.
         near = tf.logical_and(ranks < size, geom.finite[None, :])
         weights = tf.cast(near, tf.float32) / float(size)
-        mixed = combine.weighted_sums(per_replica, weights, self.jit_compile)
+        mixed = combine.matmul_sums(per_replica, weights, geom.finite)
         return self.inner_rule(n).apply(mixed, state)
-
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "jit_compile": self.jit_compile}

@@ -1,8 +1,8 @@
-"""The base of the pre-aggregation wrappers (NNM, bucketing).
+"""The base of the pre-aggregation wrappers (NNM, bucketing, clipping, ARC).
 
 A wrapper transforms the n replicas' values into new ones (mixed with their
-neighbours, or averaged in buckets) and hands them to an inner rule, which it
-holds, binds, serializes and whose report and state it passes on.
+neighbours, averaged in buckets, or clipped) and hands them to an inner rule,
+which it holds, binds, serializes and whose report and state it passes on.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The string ids of the aggregation rules: `get`, `register`, `serialize`.
 
 The built-in rules are registered by `keras_psdist.aggregators` when it is
-imported; rules that wrap another (bucketing, nearest-neighbour mixing) look
-their inner rule up here.
+imported; rules that wrap another (bucketing, nearest-neighbour mixing,
+clipping, ARC) look their inner rule up here.
 """
 
 from __future__ import annotations

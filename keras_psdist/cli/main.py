@@ -36,6 +36,8 @@ AGGREGATOR_IDS = (
     "centered_clipping",
     "nnm",
     "bucketing",
+    "clipping",
+    "arc",
 )
 ATTACK_IDS = (
     "sign_flip",
