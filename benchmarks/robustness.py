@@ -120,6 +120,12 @@ ATTACKS: dict[str, AttackSpec] = {
     "label_flip": AttackSpec(
         "label flip", lambda r, s: A.LabelFlip(replicas=r, num_classes=NUM_CLASSES)
     ),
+    # Adaptive: the factor that does the most damage against the rule in use,
+    # searched every step (ByzFL's optimal attacks); and copying one honest
+    # replica, which under non-IID data over-weights its part.
+    "optimal_alie": AttackSpec("opt. ALIE", lambda r, s: A.OptimalALIE(replicas=r)),
+    "optimal_ipm": AttackSpec("opt. IPM", lambda r, s: A.OptimalIPM(replicas=r)),
+    "mimic": AttackSpec("mimic", lambda r, s: A.Mimic(replicas=r)),
 }
 # Attacks that must break the undefended mean, or the table proves nothing.
 MUST_BREAK_MEAN = ("sign_flip", "ipm_large", "nan")
@@ -131,6 +137,53 @@ DEFAULT_DIAGNOSE = (
     "trimmed_mean:sign_flip",
     "centered_clipping:alie",
 )
+
+
+# ---------------------------------------------------------- configurations
+
+WORKER_MOMENTUM = 0.9
+PRE_AGGREGATIONS = ("nnm", "bucketing", "arc", "clipping")
+
+
+def parse_config(name: str) -> tuple[str, object, float]:
+    """`[pre>]rule[+wm]` -> (rule id, aggregator for PSStrategy, worker momentum).
+
+    `pre` is a pre-aggregation wrapped around the rule (`nnm`, `bucketing`,
+    `arc`); `+wm` adds worker momentum 0.9.
+
+    >>> parse_config("arc>median+wm")
+    ('median', {'class_name': 'arc', 'config': {'aggregator': 'median'}}, 0.9)
+    >>> parse_config("krum")
+    ('krum', 'krum', 0.0)
+    """
+    body, plus, suffix = name.partition("+")
+    if plus and suffix != "wm":
+        raise ValueError(f"unknown suffix +{suffix} in {name!r}; the one suffix is +wm")
+    pre, arrow, rule = body.rpartition(">")
+    if not arrow:
+        return body, body, WORKER_MOMENTUM if plus else 0.0
+    aggregator = {"class_name": pre, "config": {"aggregator": rule}}
+    return rule, aggregator, WORKER_MOMENTUM if plus else 0.0
+
+
+def config_names(text: str) -> list[str]:
+    """argparse type: comma-separated `[pre>]rule[+wm]` configurations."""
+    names = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    valid = kpd.aggregators.names()
+    for name in names:
+        try:
+            rule, aggregator, _ = parse_config(name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        pre = aggregator["class_name"] if isinstance(aggregator, dict) else None
+        if rule not in valid or (pre is not None and pre not in PRE_AGGREGATIONS):
+            raise argparse.ArgumentTypeError(
+                f"unknown configuration {name!r}: [pre>]rule[+wm] with rule one of "
+                f"{','.join(valid)} and pre one of {','.join(PRE_AGGREGATIONS)}"
+            )
+    if not names:
+        raise argparse.ArgumentTypeError("no configuration given")
+    return names
 
 
 # ------------------------------------------------------------------ setup
@@ -160,7 +213,26 @@ def make_dataset(x, y, batch: int, seed: int) -> tf.data.Dataset:
     )
 
 
-def build_model(hidden: int, lr: float, momentum: float) -> keras.Model:
+def make_input(x, y, args) -> tuple[tf.data.Dataset, int]:
+    """The run's dataset and steps per epoch: IID (every replica draws from
+    all of `x`), or `--data dirichlet:ALPHA` (replica r trains on its part of
+    a Dirichlet(ALPHA) label split, `keras_psdist.heterogeneity`)."""
+    if args.alpha is None:
+        return make_dataset(x, y, args.batch, args.seed), len(x) // args.batch
+    parts = kpd.heterogeneity.dirichlet_split(y, args.replicas, args.alpha, args.seed)
+    dataset = kpd.heterogeneity.per_replica_dataset(
+        x, y, parts, args.batch // args.replicas, seed=args.seed
+    ).repeat()
+    return dataset.prefetch(tf.data.AUTOTUNE), len(x) // args.batch
+
+
+def build_model(
+    hidden: int, lr: float, momentum: float, worker_momentum: float = 0.0
+) -> keras.Model:
+    """The MLP. With worker momentum beta, its SGD drops its own momentum and
+    takes `lr / (1 - beta)`: for `mean` the very same steps as SGD(lr, beta)."""
+    if worker_momentum:
+        lr, momentum = lr / (1 - worker_momentum), 0.0
     model = keras.Sequential(
         [
             keras.Input(shape=(64,)),
@@ -195,15 +267,15 @@ class Run:
     traceback: str | None = None
 
 
-def rule_f(rule: str, args) -> int:
+def rule_f(config: str, args) -> int:
     """The run's num_byzantine: 0 for the undefended mean, else --num-byzantine."""
-    return 0 if rule == "mean" else args.num_byzantine
+    return 0 if parse_config(config)[0] == "mean" else args.num_byzantine
 
 
-def condition_error(rule: str, n: int, f: int) -> str | None:
+def condition_error(config: str, n: int, f: int) -> str | None:
     """The rule's `bind` error for (n, f), or None when it can run."""
     try:
-        kpd.aggregators.get(rule).bind(n, f)
+        kpd.aggregators.get(parse_config(config)[1]).bind(n, f)
     except ValueError as e:
         return str(e)
     return None
@@ -221,19 +293,21 @@ def train_one(run: Run, data, eval_model: keras.Model, args) -> None:
     start = time.perf_counter()
     try:
         attack = ATTACKS[run.attack].build(list(args.attackers), args.seed)
+        _, aggregator, worker_momentum = parse_config(run.rule)
         strategy = kpd.PSStrategy(
             devices=args.devices,
-            aggregator=run.rule,
+            aggregator=aggregator,
             num_byzantine=f,
             attack=attack,
+            worker_momentum=worker_momentum,
         )
         keras.utils.set_random_seed(args.seed)
         with strategy.scope():
-            model = build_model(args.hidden, args.lr, args.momentum)
+            model = build_model(args.hidden, args.lr, args.momentum, worker_momentum)
         report = kpd.callbacks.AggregationReport()
-        steps = len(xt) // args.batch
+        dataset, steps = make_input(xt, yt, args)
         history = model.fit(
-            make_dataset(xt, yt, args.batch, args.seed),
+            dataset,
             epochs=args.epochs,
             steps_per_epoch=steps,
             verbose=0,
@@ -313,21 +387,21 @@ def verdicts(runs: list[Run], args) -> list[str]:
         return ["no clean mean run: checks skipped (add mean and none)"]
     lines = []
     for run in runs:
-        if run.rule != "mean" or run.attack not in MUST_BREAK_MEAN:
+        if not _undefended(run) or run.attack not in MUST_BREAK_MEAN:
             continue
         if run.status != "ok":
-            lines.append(f"mean x {run.attack}: {run.status}")
+            lines.append(f"{run.rule} x {run.attack}: {run.status}")
             continue
         drop = 100 * (base - run.accuracy)
         ok = drop >= args.broken_drop
         lines.append(
-            f"{'PASS' if ok else 'FAIL'} attack bites: mean x {run.attack} "
+            f"{'PASS' if ok else 'FAIL'} attack bites: {run.rule} x {run.attack} "
             f"accuracy {run.accuracy:.3f}, {_points(drop)} the clean run "
             f"(need >= {args.broken_drop:g} below)"
         )
     skipped = {}
     for run in runs:
-        if run.rule == "mean":
+        if _undefended(run):
             continue
         if run.status == "n/a":
             skipped.setdefault(run.rule, []).append(run.attack)
@@ -348,13 +422,79 @@ def verdicts(runs: list[Run], args) -> list[str]:
             f"n/a  {rule}: its condition fails for n={args.replicas}, "
             f"f={args.num_byzantine} ({len(attacks)} runs skipped)"
         )
-    robust_ok = [r for r in runs if r.rule != "mean" and r.status == "ok"]
+    robust_ok = [r for r in runs if not _undefended(r) and r.status == "ok"]
     misses = [r for r in robust_ok if 100 * (base - r.accuracy) > args.tolerance]
     lines.append(
         f"robust runs within {args.tolerance:g} points of the clean mean "
         f"({base:.3f}): {len(robust_ok) - len(misses)}/{len(robust_ok)}"
     )
     return lines
+
+
+def _undefended(run: Run) -> bool:
+    return parse_config(run.rule)[0] == "mean"
+
+
+def worst_case(runs: list[Run], config: str, attacks: list[str]) -> Run | None:
+    """The configuration's run with the lowest accuracy over every attack
+    (`none` left out); a failed run counts as the worst. None if n/a."""
+    attacked = [r for r in runs if r.rule == config and r.attack in attacks]
+    attacked = [r for r in attacked if r.attack != "none"]
+    if not attacked or any(r.status == "n/a" for r in attacked):
+        return None
+    failed = [r for r in attacked if r.status != "ok"]
+    if failed:
+        return failed[0]
+    return min(attacked, key=lambda r: r.accuracy)
+
+
+def _worst_cell(runs: list[Run], config: str, args) -> str:
+    worst = worst_case(runs, config, args.attacks)
+    if worst is None:
+        return "n/a"
+    if worst.status != "ok":
+        return f"failed ({ATTACKS[worst.attack].label})"
+    return f"{100 * worst.accuracy:.1f} ({ATTACKS[worst.attack].label})"
+
+
+def plot_heatmap(runs: list[Run], args, path: str) -> None:
+    """Accuracy per configuration (rows) and attack (columns), worst last."""
+    columns = list(args.attacks) + ["worst"]
+    grid = np.full((len(args.rules), len(columns)), np.nan)
+    by_key = {(r.rule, r.attack): r for r in runs}
+    for i, config in enumerate(args.rules):
+        for j, attack in enumerate(args.attacks):
+            run = by_key.get((config, attack))
+            if run is not None and run.status == "ok":
+                grid[i, j] = 100 * run.accuracy
+            elif run is not None and run.status == "failed":
+                grid[i, j] = 0.0
+        worst = worst_case(runs, config, args.attacks)
+        if worst is not None:
+            grid[i, -1] = 100 * worst.accuracy if worst.status == "ok" else 0.0
+    labels = [ATTACKS[a].label for a in args.attacks] + ["worst case"]
+    with harness.figure(
+        path, figsize=(1.0 + 0.8 * len(columns), 1.0 + 0.38 * len(args.rules))
+    ) as (fig, ax):
+        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=100, aspect="auto")
+        ax.set_xticks(range(len(columns)), labels, rotation=45, ha="right")
+        ax.set_yticks(range(len(args.rules)), args.rules)
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                if np.isfinite(grid[i, j]):
+                    ax.text(
+                        j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=7
+                    )
+        ax.axvline(len(columns) - 1.5, color="black", linewidth=1.5)
+        title = (
+            "IID" if args.alpha is None else f"non-IID, Dirichlet alpha={args.alpha:g}"
+        )
+        ax.set_title(
+            f"Held-out accuracy (%), digits, {args.replicas} replicas, "
+            f"{len(args.attackers)} attackers, {title}",
+            fontsize=9,
+        )
+        fig.colorbar(image, ax=ax, fraction=0.03)
 
 
 def _points(drop: float) -> str:
@@ -380,12 +520,13 @@ def _cell(run: Run, base: float | None, tolerance: float) -> str:
 def markdown_table(runs: list[Run], args) -> str:
     base = baseline(runs)
     by_key = {(r.rule, r.attack): r for r in runs}
-    header = ["rule (f)"] + [ATTACKS[a].label for a in args.attacks]
+    header = ["rule (f)"] + [ATTACKS[a].label for a in args.attacks] + ["worst case"]
     rows = []
     for rule in args.rules:
         f = rule_f(rule, args)
         cells = [f"`{rule}` ({f})"]
         cells += [_cell(by_key[(rule, a)], base, args.tolerance) for a in args.attacks]
+        cells.append(_worst_cell(runs, rule, args))
         rows.append(cells)
     return harness.markdown_table(rows, header)
 
@@ -394,8 +535,9 @@ def text_table(runs: list[Run], args) -> str:
     base = baseline(runs)
     by_key = {(r.rule, r.attack): r for r in runs}
     width = max(11, *(len(ATTACKS[a].label) for a in args.attacks))
-    columns = [Column("rule (f)", 22, "<")]
+    columns = [Column("rule (f)", max(22, *(len(r) + 5 for r in args.rules)), "<")]
     columns += [Column(ATTACKS[a].label, width + 1) for a in args.attacks]
+    columns.append(Column("worst case", 24))
     rows = []
     for rule in args.rules:
         row = [rule + f" ({rule_f(rule, args)})"]
@@ -405,6 +547,7 @@ def text_table(runs: list[Run], args) -> str:
             if run.status == "n/a":
                 cell = "n/a"
             row.append(cell)
+        row.append(_worst_cell(runs, rule, args))
         rows.append(row)
     lines = harness.text_table(columns, rows, sep="")
     lines.append(
@@ -452,7 +595,13 @@ def markdown_block(runs: list[Run], info: dict, args, wall_s: float, env: dict) 
         "",
         f"Held-out accuracy (%) on {info['held_out_samples']} digits after "
         f"{args.epochs} epochs x {info['steps_per_epoch']} steps; "
-        f"{args.replicas} replicas, attackers = replicas "
+        + (
+            "IID data"
+            if args.alpha is None
+            else f"non-IID data (replica r trains on part r of a Dirichlet("
+            f"{args.alpha:g}) split over labels)"
+        )
+        + f"; {args.replicas} replicas, attackers = replicas "
         f"{', '.join(map(str, args.attackers))}; f = `num_byzantine` in "
         f"parentheses. **Bold**: more than {args.tolerance:g} points below the "
         "clean `mean` run"
@@ -569,8 +718,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     what = parser.add_argument_group("what to run")
     what.add_argument(
         "--rules",
-        type=harness.name_list(kpd.aggregators.names, "rules"),
-        help="comma-separated rules (default: every registered rule)",
+        type=config_names,
+        help="comma-separated configurations [pre>]rule[+wm]: a registered rule, "
+        "optionally behind a pre-aggregation (nnm>, bucketing>, arc>) and with "
+        "worker momentum 0.9 (+wm); default: every registered rule",
     )
     what.add_argument(
         "--attacks",
@@ -584,6 +735,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "3 epochs; output under benchmarks/results/",
     )
     setup = parser.add_argument_group("setup")
+    setup.add_argument(
+        "--data",
+        default="iid",
+        help="iid (default), or dirichlet:ALPHA: replica r trains on its part of "
+        "a Dirichlet(ALPHA) split over labels (keras_psdist.heterogeneity)",
+    )
     setup.add_argument("--epochs", type=int, help="epochs per run (default 20)")
     setup.add_argument("--replicas", type=int, default=8, help="default 8")
     setup.add_argument("--attackers", type=_ints, default=[6, 7], help="default 6,7")
@@ -616,6 +773,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--section",
         help="name of the generated block to replace in --output, for a second "
         "table in the same file (default: the unnamed block)",
+    )
+    out.add_argument(
+        "--plot",
+        metavar="PATH.png",
+        help="a heatmap of the table, configurations x attacks, worst case last",
     )
     out.add_argument(
         "--diagnose",
@@ -662,6 +824,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.quick
         else str(REPO_ROOT / "docs/robustness.md")
     )
+    if args.data == "iid":
+        args.alpha = None
+    else:
+        kind, _, alpha = args.data.partition(":")
+        try:
+            args.alpha = float(alpha)
+        except ValueError:
+            args.alpha = None
+        if kind != "dirichlet" or args.alpha is None or not args.alpha > 0:
+            parser.error(
+                f"--data must be iid or dirichlet:ALPHA (ALPHA > 0); got {args.data!r}"
+            )
     if args.batch % args.replicas:
         parser.error(f"--batch ({args.batch}) must be a multiple of --replicas")
     if any(not 0 <= r < args.replicas for r in args.attackers):
@@ -683,6 +857,8 @@ def load_json(path: str, args) -> tuple[list[Run], dict, float, dict]:
 # What a table depends on; --from-json takes these from the file.
 RUN_PARAMETERS = (
     "argv",
+    "data",
+    "alpha",
     "rules",
     "attacks",
     "epochs",
@@ -725,6 +901,9 @@ def main(argv: list[str] | None = None) -> int:
         f"\nwall time: {wall_s / 60:.1f} min; load average (1/5/15 min) at start "
         f"{info['loadavg_start']}, at end {info['loadavg_end']}"
     )
+    if args.plot:
+        plot_heatmap(runs, args, args.plot)
+        print(f"wrote {args.plot}")
     block = markdown_block(runs, info, args, wall_s, env)
     write_markdown(args.output, block, args.section)
     if args.from_json:

@@ -56,6 +56,7 @@ reference), ``--mode fit|steps``, ``--replicas``, ``--num-byzantine``,
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import statistics
@@ -86,7 +87,28 @@ INPUT_DIM = 64
 NUM_CLASSES = 10
 NUM_SAMPLES = 8192
 DEFAULT_RULES = ("mean", "median", "trimmed_mean", "krum", "bulyan")
-TARGETS = {"median": 1.10, "trimmed_mean": 1.10, "krum": 1.25, "bulyan": 1.25}
+TARGETS = {
+    "median": 1.10,
+    "trimmed_mean": 1.10,
+    "krum": 1.25,
+    "bulyan": 1.25,
+    "mean+wm": 1.05,  # worker momentum's own cost
+}
+WORKER_MOMENTUM = 0.9
+
+
+def rule_names(text: str) -> list[str]:
+    """argparse type: registered rules, each optionally with `+wm` (worker
+    momentum 0.9)."""
+    names = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    valid = kpd.aggregators.names()
+    bad = [n for n in names if n.removesuffix("+wm") not in valid]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown rules {bad}; choose from {','.join(valid)}, each optionally "
+            "with +wm (worker momentum 0.9)"
+        )
+    return names
 
 
 @dataclass
@@ -140,9 +162,13 @@ def prepare(case: Case, devices, dataset, args) -> None:
     stage = "build"
     try:
         t0 = time.perf_counter()
-        case.f = largest_f(case.rule, len(devices), args.num_byzantine)
+        rule = case.rule.removesuffix("+wm")
+        case.f = largest_f(rule, len(devices), args.num_byzantine)
         strategy = kpd.PSStrategy(
-            devices=devices, aggregator=case.rule, num_byzantine=case.f
+            devices=devices,
+            aggregator=rule,
+            num_byzantine=case.f,
+            worker_momentum=WORKER_MOMENTUM if case.rule.endswith("+wm") else 0.0,
         )
         case.model = build_model(
             strategy, args.seed, hidden=args.hidden, num_classes=NUM_CLASSES
@@ -443,9 +469,10 @@ def parse_args(argv: list[str] | None = None):
     )
     parser.add_argument(
         "--rules",
-        type=harness.name_list(kpd.aggregators.names, "rules"),
+        type=rule_names,
         help=f"comma-separated rules (default: those of {','.join(DEFAULT_RULES)} "
-        "that are registered); mean is always included",
+        "that are registered), each optionally with +wm (worker momentum 0.9, "
+        "e.g. mean+wm: its cost); mean is always included",
     )
     parser.add_argument("--replicas", type=int, default=8, help="default 8")
     parser.add_argument(

@@ -78,11 +78,16 @@ class Aggregator:
             variable's values and the rule keeps no state and reports
             nothing; the strategy may then combine different variables on
             different parameter devices.
+        scale_equivariant: True when scaling every replica's values by
+            `c > 0` scales the result by `c` and leaves the report as it is
+            (order statistics). `step` then scales the result instead of
+            each replica's values, one elementwise pass instead of n.
     """
 
     name: str = "aggregator"
     report_names: tuple[str, ...] = ()
     per_variable: bool = False
+    scale_equivariant: bool = False
 
     def __init__(self, num_byzantine: int | None = None):
         if num_byzantine is not None:
@@ -228,14 +233,20 @@ class Aggregator:
         if not per_replica:
             return Aggregation([], {}, state)
         n = len(per_replica[0])
-        if reduce_op == ReduceOp.SUM:
+        # Values scaled by 1/n (SUM) are brought to true scale: the result
+        # once when the rule allows, else each replica's values.
+        scale_result = reduce_op == ReduceOp.SUM and self.scale_equivariant
+        if reduce_op == ReduceOp.SUM and not scale_result:
             per_replica = [[_scale(v, n) for v in vs] for vs in per_replica]
         blocks = [sparse_lib.to_dense_rows(vs) for vs in per_replica]
         dense = [b.values for b in blocks]
         if shares is not None:
             dense = _mask_replicas_without_data(dense, shares)
         result = self.apply(dense, state)
-        out = [b.restore(v) for b, v in zip(blocks, result.values, strict=True)]
+        values = result.values
+        if scale_result:
+            values = [_scale(v, n) for v in values]
+        out = [b.restore(v) for b, v in zip(blocks, values, strict=True)]
         return Aggregation(out, result.report, result.state)
 
     def reduce_sparse(

@@ -104,6 +104,8 @@ class OrderStatisticsMean(Aggregator):
     """
 
     report_names = (REPORT_NAME,)
+    # Order statistics commute with a positive scale; so does the report.
+    scale_equivariant = True
 
     def __init__(self, num_byzantine: int | None = None, jit_compile: bool = True):
         super().__init__(num_byzantine)
