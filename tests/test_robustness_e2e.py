@@ -33,6 +33,7 @@ ATTACKS = {
     "ipm": lambda: attacks.IPM(replicas=ATTACKERS, epsilon=100.0),
     "nan": lambda: attacks.NonFinite(replicas=ATTACKERS),
     "label_flip": lambda: attacks.LabelFlip(replicas=ATTACKERS, num_classes=10),
+    "optimal_alie": lambda: attacks.OptimalALIE(replicas=ATTACKERS),
 }
 # Bulyan (n >= 4f + 3) and bucketing (4 buckets for f = 2) cannot run here.
 ROBUST = [n for n in aggregators.names() if n not in ("mean", "bulyan", "bucketing")]
@@ -60,13 +61,16 @@ def accuracy_of(cpu_devices, digits):
     x_train, y_train, x_test, y_test = digits
 
     @functools.cache
-    def run(rule: str, attack: str) -> float:
+    def run(rule: str, attack: str, worker_momentum: float = 0.0) -> float:
         strategy = kpd.PSStrategy(
             devices=cpu_devices[:REPLICAS],
             aggregator=rule,
             num_byzantine=0 if rule == "mean" else F,
             attack=ATTACKS[attack](),
+            worker_momentum=worker_momentum,
         )
+        # With worker momentum, the same steps from a momentum-free SGD.
+        rate, momentum = (0.05, 0.9) if not worker_momentum else (0.5, 0.0)
         with strategy.scope():
             keras.utils.set_random_seed(0)
             model = keras.Sequential(
@@ -77,7 +81,7 @@ def accuracy_of(cpu_devices, digits):
                 ]
             )
             model.compile(
-                optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                optimizer=keras.optimizers.SGD(rate, momentum=momentum),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=["accuracy"],
             )
@@ -120,8 +124,19 @@ def test_robust_rule_holds(accuracy_of, rule, attack):
     assert accuracy_of(rule, attack) >= clean - TOLERANCE
 
 
+@pytest.mark.parametrize("attack", ["alie", "optimal_alie"])
+def test_worker_momentum_holds_where_raw_gradients_fall(accuracy_of, attack):
+    """The recommended configuration (docs/robustness.md): the trimmed mean of
+    the replicas' momenta holds against the small, hidden shifts that beat it
+    on raw gradients (measured: ALIE 89.7 -> 97.5, optimal ALIE 18.9 -> 96.4)."""
+    clean = accuracy_of("mean", "none")
+    assert accuracy_of("trimmed_mean", attack, 0.9) >= clean - TOLERANCE
+    assert accuracy_of("trimmed_mean", attack) < clean - TOLERANCE
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", list(ATTACKS))
+# The adaptive attack against every rule is benchmarks/robustness.py's table.
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if a != "optimal_alie"])
 @pytest.mark.parametrize("rule", ROBUST)
 def test_full_matrix(accuracy_of, rule, attack, request):
     if (rule, attack) in KNOWN_MISSES:

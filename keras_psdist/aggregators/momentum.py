@@ -22,7 +22,7 @@ step size of `SGD(learning_rate=lr, momentum=beta)`, use
 papers use worker momentum with momentum-free SGD.
 
 Where the buffers live: with the rule's state, on the reduction device, one
-`[n, *shape]` buffer per variable, updated from the gradients that arrive
+buffer per variable and replica, updated in one fused pass from the gradients that arrive
 there anyway (no extra traffic). For an honest replica this is exactly the
 momentum it would keep itself. A Byzantine replica could steer a momentum
 kept for it to any value by inverting the average, so simulated attacks
@@ -60,13 +60,13 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from keras_psdist.aggregators.base import Aggregation, Aggregator
+from keras_psdist.aggregators.base import Aggregation, Aggregator, column_spec
 
 ReduceOp = tf.distribute.ReduceOp
 
 
 class MomentumState(NamedTuple):
-    """The buffers (one `[n, *shape]` tensor per variable) and the rule's state."""
+    """The buffers (per variable, one per replica) and the rule's state."""
 
     momenta: tuple[tf.Tensor, ...]
     inner: Any
@@ -119,16 +119,16 @@ class WorkerMomentum(Aggregator):
         return bound
 
     def initial_state(self, specs: Sequence[tf.TensorSpec]) -> MomentumState:
-        """Zero momenta `[n, *shape]` (a `[0]` placeholder for sparse columns)."""
+        """Zero momenta, one per variable and replica (none for sparse columns)."""
         if self.num_replicas is None:
             raise ValueError(
                 "WorkerMomentum needs the replica count for its buffers: call "
                 "`bind(num_replicas)` first (the strategy does)."
             )
         momenta = tuple(
-            tf.zeros([self.num_replicas, *spec.shape], spec.dtype)
+            tuple(tf.zeros(spec.shape, spec.dtype) for _ in range(self.num_replicas))
             if spec.shape.is_fully_defined()
-            else tf.zeros([0], spec.dtype)
+            else ()
             for spec in specs
         )
         return MomentumState(momenta, self.aggregator.initial_state(specs))
@@ -144,26 +144,36 @@ class WorkerMomentum(Aggregator):
         if not per_replica:
             return Aggregation([], {}, state)
         if state is None or (isinstance(state, tuple) and not state):
-            state = self.initial_state([_spec(column) for column in per_replica])
+            state = self.initial_state([column_spec(column) for column in per_replica])
         state = MomentumState(*state)
         n = len(per_replica[0])
+        # Values scaled by 1/n (SUM) come to true scale in the same pass.
+        scale = float(n) if reduce_op == ReduceOp.SUM else 1.0
+        dense = [
+            v
+            for v, column in enumerate(per_replica)
+            if not isinstance(column[0], tf.IndexedSlices)
+        ]
+        olds = [old for v in dense for old in state.momenta[v]]
+        grads = [g for v in dense for g in per_replica[v]]
+        keep = [
+            tf.constant(True) if shares is None else shares[r] > 0
+            for _ in dense
+            for r in range(n)
+        ]
+        static = all(g.shape.is_fully_defined() for g in grads)
+        update = _moving_averages_xla if static and grads else _moving_averages
+        new = iter(update(olds, grads, keep, self.beta, scale) if grads else [])
         momenta, out = [], []
-        for column, buffer in zip(per_replica, state.momenta, strict=True):
-            if isinstance(column[0], tf.IndexedSlices):
+        for v, column in enumerate(per_replica):
+            if v not in dense:
                 _warn_sparse_once(column[0])
-                momenta.append(buffer)
-                out.append(column if reduce_op == ReduceOp.MEAN else _times(column, n))
+                momenta.append(state.momenta[v])
+                out.append(column if scale == 1.0 else _times(column, n))
                 continue
-            true_scale = column if reduce_op == ReduceOp.MEAN else _times(column, n)
-            new = []
-            for r, g in enumerate(true_scale):
-                old = buffer[r]
-                m = self.beta * old + (1.0 - self.beta) * tf.cast(g, old.dtype)
-                if shares is not None:
-                    m = tf.where(shares[r] > 0, m, old)
-                new.append(m)
-            momenta.append(tf.stack(new))
-            out.append(new)
+            column_momenta = [next(new) for _ in range(n)]
+            momenta.append(tuple(column_momenta))
+            out.append(column_momenta)
         result = self.aggregator.step(
             ReduceOp.MEAN, out, shares=shares, state=state.inner
         )
@@ -184,11 +194,20 @@ class WorkerMomentum(Aggregator):
         return f"WorkerMomentum({self.aggregator!r}, beta={self.beta})"
 
 
-def _spec(column) -> tf.TensorSpec:
-    first = column[0]
-    if isinstance(first, tf.IndexedSlices):
-        return tf.TensorSpec(None, first.values.dtype)
-    return tf.TensorSpec(first.shape, first.dtype)
+def _moving_averages(olds, grads, keep, beta, scale):
+    """`beta * old + (1 - beta) * scale * g` for each pair, `old` where not `keep`
+    (a replica without data keeps its momentum; its `g` may be NaN)."""
+    out = []
+    for old, g, k in zip(olds, grads, keep, strict=True):
+        m = beta * old + ((1.0 - beta) * scale) * tf.cast(g, old.dtype)
+        out.append(tf.where(k, m, old))
+    return out
+
+
+# One fused pass over every buffer (XLA), where the shapes are static.
+_moving_averages_xla = tf.function(
+    _moving_averages, autograph=False, jit_compile=True, reduce_retracing=True
+)
 
 
 def _times(column, n):
