@@ -149,11 +149,8 @@ class WorkerMomentum(Aggregator):
         n = len(per_replica[0])
         # Values scaled by 1/n (SUM) come to true scale in the same pass.
         scale = float(n) if reduce_op == ReduceOp.SUM else 1.0
-        dense = [
-            v
-            for v, column in enumerate(per_replica)
-            if not isinstance(column[0], tf.IndexedSlices)
-        ]
+        sparse = [isinstance(column[0], tf.IndexedSlices) for column in per_replica]
+        dense = [v for v, is_sparse in enumerate(sparse) if not is_sparse]
         olds = [old for v in dense for old in state.momenta[v]]
         grads = [g for v in dense for g in per_replica[v]]
         keep = [
@@ -162,11 +159,11 @@ class WorkerMomentum(Aggregator):
             for r in range(n)
         ]
         static = all(g.shape.is_fully_defined() for g in grads)
-        update = _moving_averages_xla if static and grads else _moving_averages
+        update = _moving_averages_xla if static and grads else moving_averages
         new = iter(update(olds, grads, keep, self.beta, scale) if grads else [])
         momenta, out = [], []
         for v, column in enumerate(per_replica):
-            if v not in dense:
+            if sparse[v]:
                 _warn_sparse_once(column[0])
                 momenta.append(state.momenta[v])
                 out.append(column if scale == 1.0 else _times(column, n))
@@ -194,7 +191,7 @@ class WorkerMomentum(Aggregator):
         return f"WorkerMomentum({self.aggregator!r}, beta={self.beta})"
 
 
-def _moving_averages(olds, grads, keep, beta, scale):
+def moving_averages(olds, grads, keep, beta, scale=1.0):
     """`beta * old + (1 - beta) * scale * g` for each pair, `old` where not `keep`
     (a replica without data keeps its momentum; its `g` may be NaN)."""
     out = []
@@ -206,7 +203,7 @@ def _moving_averages(olds, grads, keep, beta, scale):
 
 # One fused pass over every buffer (XLA), where the shapes are static.
 _moving_averages_xla = tf.function(
-    _moving_averages, autograph=False, jit_compile=True, reduce_retracing=True
+    moving_averages, autograph=False, jit_compile=True, reduce_retracing=True
 )
 
 

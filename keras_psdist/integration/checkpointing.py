@@ -77,12 +77,16 @@ def backup_with_training_state(save_model):
         result = save_model(self, *args, **kwargs)
         state = _training_state(self.model)
         if state is not None and state.variables:
+            directory = os.path.join(self.backup_dir, _STATE_DIRECTORY)
             manager = tf.train.CheckpointManager(
-                tf.train.Checkpoint(state=state),
-                os.path.join(self.backup_dir, _STATE_DIRECTORY),
-                max_to_keep=2,
+                tf.train.Checkpoint(state=state), directory, max_to_keep=2
             )
-            manager.save()
+            # A new file each time (a fresh manager would number every save
+            # 1 and overwrite the last good one in place); the pointer to
+            # the latest is replaced atomically once the files are whole.
+            latest = manager.latest_checkpoint
+            number = 1 if latest is None else int(latest.rsplit("-", 1)[1]) + 1
+            manager.save(checkpoint_number=number)
         return result
 
     return wrapper

@@ -152,9 +152,17 @@ class PSStrategy(distribute_lib.Strategy):
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
     ):
-        check_placement(placement)
-        worker_momentum = check_beta(worker_momentum)
-        partitioner = partitioners_lib.get(partitioner)
+        partitioner, aggregator, worker_momentum = check_shared_arguments(
+            placement=placement,
+            partitioner=partitioner,
+            aggregator=aggregator,
+            num_byzantine=num_byzantine,
+            worker_momentum=worker_momentum,
+            step_timeout=step_timeout,
+            connect_timeout=connect_timeout,
+            init_timeout=init_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+        )
         mode = runtime.resolve_mode(mode)
         if max_staleness is not None:
             check_count("max_staleness", max_staleness, minimum=0)
@@ -166,15 +174,6 @@ class PSStrategy(distribute_lib.Strategy):
                     f"max_staleness={max_staleness}. For synchronous training "
                     "with backup workers use SyncReplicaStrategy."
                 )
-        check_seconds(
-            step_timeout=step_timeout,
-            connect_timeout=connect_timeout,
-            init_timeout=init_timeout,
-            heartbeat_timeout=heartbeat_timeout,
-        )
-        if num_byzantine is not None:
-            check_count("num_byzantine", num_byzantine, minimum=0)
-        aggregator = aggregators_lib.get(aggregator)
         config = runtime.resolve_config(cluster_resolver)
         if config is None:
             if mode == "between-graph":
@@ -254,6 +253,27 @@ class PSStrategy(distribute_lib.Strategy):
             )
             + (f", mode={mode!r})" if mode != "local" else ")")
         )
+
+
+def check_shared_arguments(
+    *,
+    placement: Any,
+    partitioner: Any,
+    aggregator: Any,
+    num_byzantine: Any,
+    worker_momentum: Any,
+    **seconds: Any,
+) -> tuple[Any, aggregators_lib.Aggregator, float]:
+    """Checks the arguments every strategy front takes (`ValueError` naming
+    the fix); returns the partitioner, the (unbound) aggregator and the
+    worker momentum, resolved."""
+    check_placement(placement)
+    worker_momentum = check_beta(worker_momentum)
+    partitioner = partitioners_lib.get(partitioner)
+    check_seconds(**seconds)
+    if num_byzantine is not None:
+        check_count("num_byzantine", num_byzantine, minimum=0)
+    return partitioner, aggregators_lib.get(aggregator), worker_momentum
 
 
 def check_placement(placement: Any) -> None:

@@ -7,16 +7,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_psdist import aggregators as aggregators_lib
-from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
-from keras_psdist.aggregators.momentum import check_beta
 from keras_psdist.cluster import runtime, task_loss
 from keras_psdist.distribute.extended import PSExtended
 from keras_psdist.distribute.run import Run
 from keras_psdist.integration import keras_patches
-from keras_psdist.strategies.ps import check_placement, check_seconds, resolve_attack
+from keras_psdist.strategies.ps import check_shared_arguments, resolve_attack
 from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
 from keras_psdist.sync.training import SyncTraining
 
@@ -128,24 +126,23 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
     ):
-        worker_momentum = check_beta(worker_momentum)
         for name, value in (
             ("replicas_to_aggregate", replicas_to_aggregate),
             ("total_num_replicas", total_num_replicas),
         ):
             if value is not None:
                 check_count(name, value, minimum=1)
-        check_seconds(
+        partitioner, aggregator, worker_momentum = check_shared_arguments(
+            placement=placement,
+            partitioner=partitioner,
+            aggregator=aggregator,
+            num_byzantine=num_byzantine,
+            worker_momentum=worker_momentum,
             step_timeout=step_timeout,
             connect_timeout=connect_timeout,
             init_timeout=init_timeout,
             heartbeat_timeout=heartbeat_timeout,
         )
-        if num_byzantine is not None:
-            check_count("num_byzantine", num_byzantine, minimum=0)
-        check_placement(placement)
-        partitioner = partitioners_lib.get(partitioner)
-        aggregator = aggregators_lib.get(aggregator)
         config = runtime.resolve_config(cluster_resolver)
         if config is None:
             raise ValueError(

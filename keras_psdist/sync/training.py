@@ -46,6 +46,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist.aggregators.momentum import moving_averages
 from keras_psdist.cluster import task_loss
 from keras_psdist.distribute.reduction import GradientReduction, ReductionState
 from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
@@ -170,7 +171,6 @@ class SyncTraining:
 
     def _momentum_of(self, grads):
         """This worker's momenta, updated with `grads` (sparse ones pass)."""
-        beta = self.worker_momentum
         dense = [
             g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)
         ]
@@ -180,15 +180,18 @@ class SyncTraining:
                     self.momentum.kept.append(
                         protocol.local_variable(tf.zeros(g.shape, g.dtype), "momentum")
                     )
-        buffers = iter(self.momentum.kept)
-        out = []
-        for g in grads:
-            if g is None or isinstance(g, tf.IndexedSlices):
-                out.append(g)
-                continue
-            buffer = next(buffers)
-            out.append(buffer.assign(beta * buffer + (1.0 - beta) * g))
-        return out
+        buffers = self.momentum.kept
+        new = moving_averages(
+            [b.read_value() for b in buffers],
+            dense,
+            [True] * len(dense),
+            self.worker_momentum,
+        )
+        updated = iter(b.assign(m) for b, m in zip(buffers, new, strict=True))
+        return [
+            g if g is None or isinstance(g, tf.IndexedSlices) else next(updated)
+            for g in grads
+        ]
 
     # ------------------------------------------------------------ sessions
 
