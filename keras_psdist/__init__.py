@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
         partitioners,
         placement,
         routing,
+        synchronization,
     )
     from keras_psdist.strategies.ps import PSStrategy  # noqa: F401
     from keras_psdist.strategies.sync_replica import SyncReplicaStrategy  # noqa: F401
@@ -47,6 +48,7 @@ __all__ = [
     "partitioners",
     "placement",
     "routing",
+    "synchronization",
 ]
 
 # Public name -> the module that defines it.
@@ -65,6 +67,7 @@ _SUBMODULES = (
     "partitioners",
     "placement",
     "routing",
+    "synchronization",
 )
 
 

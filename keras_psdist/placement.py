@@ -109,6 +109,9 @@ class PlacedVariable:
         bytes: Its size.
         slot_of: For an optimizer slot, the name of its variable.
         shard: For a shard of a partitioned variable, which one.
+        synchronizer: `"ps"` (one copy, on `device`) or `"all_reduce"`
+            (one copy per replica; `device` is the first replica's).
+        replicas: For a replicated variable, the device of each copy.
     """
 
     name: str
@@ -118,6 +121,13 @@ class PlacedVariable:
     bytes: int
     slot_of: str | None = None
     shard: Shard | None = None
+    synchronizer: str = "ps"
+    replicas: tuple[str, ...] = ()
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Every device holding a copy."""
+        return self.replicas or (self.device,)
 
 
 class Placement:
@@ -150,6 +160,7 @@ class Placement:
             KeyError: if no variable of that name was placed, or if it is
                 partitioned (its shards have devices: see `shards_of`).
         """
+        name = _without_output_index(name)
         for row in self._rows:
             if row.name == name:
                 return row.device
@@ -165,18 +176,43 @@ class Placement:
             f"{', '.join(r.name for r in self._rows[:20])}"
         )
 
+    def synchronizer_of(self, name: str) -> str:
+        """`"ps"` or `"all_reduce"`: how the variable named `name` is kept in
+        sync (see `keras_psdist.synchronization`).
+
+        Raises:
+            KeyError: if no variable of that name was placed.
+        """
+        name = _without_output_index(name)
+        for row in self._rows:
+            if row.name == name or (
+                row.shard is not None and row.shard.variable == name
+            ):
+                return row.synchronizer
+        raise KeyError(
+            f"No variable named {name!r} was placed. Known: "
+            f"{', '.join(r.name for r in self._rows[:20])}"
+        )
+
+    def replicated(self) -> list[PlacedVariable]:
+        """The variables (slots included) kept on every replica."""
+        return [r for r in self._rows if r.synchronizer != "ps"]
+
     def shards_of(self, name: str) -> list[PlacedVariable]:
         """The shards of partitioned variable `name`, in row order ([] if it
         is not partitioned)."""
+        name = _without_output_index(name)
         return [
             r for r in self._rows if r.shard is not None and r.shard.variable == name
         ]
 
     def bytes_per_device(self) -> dict[str, int]:
-        """Total bytes of variables (slots included) on each device."""
+        """Total bytes of variables (slots included) on each device; a
+        replicated variable counts on each replica's device."""
         load = dict.fromkeys(self._devices, 0)
         for row in self._rows:
-            load[row.device] = load.get(row.device, 0) + row.bytes
+            for device in row.devices:
+                load[device] = load.get(device, 0) + row.bytes
         return load
 
     def __len__(self) -> int:
@@ -190,6 +226,8 @@ class Placement:
         for r in rows:
             shape = "x".join("?" if d is None else str(d) for d in r.shape) or "()"
             device = r.device
+            if r.replicas:
+                device = f"all-reduced, one copy on each of {len(r.replicas)} replicas"
             if r.shard is not None:
                 device += (
                     f"  (shard {r.shard.index + 1}/{r.shard.num_shards}, rows "
@@ -199,7 +237,14 @@ class Placement:
         lines.append(
             f"({slots} optimizer slot variables colocated with their variables)"
         )
-        lines.append("bytes per parameter device (slots included):")
+        kind = "" if self.replicated() else " parameter"
+        lines.append(f"bytes per{kind} device (slots included):")
         for device, nbytes in self.bytes_per_device().items():
             lines.append(f"  {device}: {nbytes}")
         return "\n".join(lines)
+
+
+def _without_output_index(name: str) -> str:
+    """`"dense/kernel"` for `"dense/kernel:0"` (a TF variable's `name`)."""
+    base, _, index = name.rpartition(":")
+    return base if base and index.isdigit() else name

@@ -3,7 +3,9 @@
 Every test takes the `strategy_factory` fixture, parametrized as `"ps"`
 (`keras_psdist.PSStrategy`), `"ps_partitioned"` (a `PSStrategy` whose
 partitioner splits every variable of 1 KiB or more into 3 row shards on 3
-parameter devices) and `"mirrored"` (`tf.distribute.MirroredStrategy`), all
+parameter devices), `"ps_all_reduce"` (a `PSStrategy(dense="all_reduce")`:
+dense trainable variables replicated on the replicas, embedding tables on the
+parameter device) and `"mirrored"` (`tf.distribute.MirroredStrategy`), all
 with 4 logical CPU replicas, so any difference in behaviour between them
 shows up as a test that passes for one and fails for another.
 
@@ -69,6 +71,10 @@ class StrategyFactory:
             )
             self.created.append(strategy)
             return strategy
+        if self.kind == "ps_all_reduce":
+            strategy = kpd.PSStrategy(devices=self.devices, dense="all_reduce")
+            self.created.append(strategy)
+            return strategy
         return _shared_mirrored_strategy(tuple(self.devices))
 
     def split_any_variable(self) -> bool:
@@ -79,11 +85,17 @@ class StrategyFactory:
             for row in strategy.extended.placement.variables
         )
 
+    def replicated_any_variable(self) -> bool:
+        """Whether some strategy this factory made replicated a variable."""
+        return any(
+            strategy.extended.placement.replicated() for strategy in self.created
+        )
+
     def __repr__(self) -> str:
         return f"StrategyFactory({self.kind!r})"
 
 
-@pytest.fixture(params=["ps", "ps_partitioned", "mirrored"])
+@pytest.fixture(params=["ps", "ps_partitioned", "ps_all_reduce", "mirrored"])
 def strategy_factory(request, cpu_devices):
     factory = StrategyFactory(
         request.param,
@@ -94,6 +106,9 @@ def strategy_factory(request, cpu_devices):
     if factory.kind == "ps_partitioned":
         # Else the test would pass without testing partitioned variables.
         assert factory.split_any_variable(), "no variable was partitioned"
+    if factory.kind == "ps_all_reduce" and factory.created:
+        # Else the test would pass without testing replicated variables.
+        assert factory.replicated_any_variable(), "no variable was replicated"
 
 
 def xfail_if_mirrored(request, factory: StrategyFactory, bug: str) -> None:

@@ -56,13 +56,9 @@ def mean_of_order_statistics(
 
 
 def _mean_of_order_statistics(columns, lo, hi, f):
-    n = len(columns[0])
     outputs = []
-    extreme = [tf.zeros([], tf.float32) for _ in range(n)]
-    total = tf.zeros([], tf.float32)
     for column in columns:
-        clean = [sanitize(v) for v in column]
-        ordered = sort_columns(clean)
+        ordered = sort_columns([sanitize(v) for v in column])
         kept = ordered[lo : hi + 1]
         out = (
             kept[0]
@@ -70,21 +66,34 @@ def _mean_of_order_statistics(columns, lo, hi, f):
             else tf.add_n(kept) / tf.cast(len(kept), kept[0].dtype)
         )
         outputs.append(out)
+    return outputs, _extreme_fractions(columns, f)
+
+
+def _extreme_fractions(columns, f):
+    """Each replica's weighted fraction of sampled coordinates outside the
+    f-trimmed range: every variable's sample in one `[n, S]` matrix, so the
+    sort network runs once and the counts are one matrix-vector product."""
+    n = len(columns[0])
+    if f <= 0:
+        return tf.zeros([n], tf.float32)
+    picked, weights = [[] for _ in range(n)], []
+    for column in columns:
         size = tf.size(column[0])
-        if f > 0:
-            stride = tf.maximum((size + REPORT_SAMPLE - 1) // REPORT_SAMPLE, 1)
-            picked = [sanitize(tf.reshape(v, [-1])[::stride]) for v in column]
-            sample = sort_columns(picked)
-            low, high = sample[f], sample[n - 1 - f]
-            weight = tf.cast(size, tf.float32) / tf.cast(
-                tf.maximum(tf.size(picked[0]), 1), tf.float32
-            )
-            for r, x in enumerate(picked):
-                outside = tf.logical_or(x < low, x > high)
-                extreme[r] += weight * tf.reduce_sum(tf.cast(outside, tf.float32))
-        total += tf.cast(size, tf.float32)
-    report = tf.stack(extreme) / tf.maximum(total, 1.0)
-    return outputs, report
+        stride = tf.maximum((size + REPORT_SAMPLE - 1) // REPORT_SAMPLE, 1)
+        for r, v in enumerate(column):
+            picked[r].append(tf.cast(tf.reshape(v, [-1])[::stride], tf.float32))
+        taken = tf.size(picked[0][-1])
+        weight = tf.cast(size, tf.float32) / tf.cast(tf.maximum(taken, 1), tf.float32)
+        weights.append(tf.fill([taken], weight))
+    sample = [sanitize(tf.concat(p, axis=0)) for p in picked]
+    ordered = sort_columns(sample)
+    low, high = ordered[f], ordered[n - 1 - f]
+    outside = tf.cast(
+        tf.logical_or(tf.stack(sample) < low, tf.stack(sample) > high), tf.float32
+    )
+    weights = tf.concat(weights, axis=0)
+    counts = tf.linalg.matvec(outside, weights)
+    return counts / tf.maximum(tf.reduce_sum(weights), 1.0)
 
 
 _kernel = tf.function(_mean_of_order_statistics, autograph=False)

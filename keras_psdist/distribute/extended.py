@@ -6,12 +6,16 @@
     _batch_reduce_to /     -> the aggregator over all replicas' values of a
     _reduce_to                step, computed on a parameter device
     _update                -> the optimizer update runs on the variable's device
+                              (on every copy of a replicated variable)
     optimizer_update       -> Keras's update step, the optimizer known (a
                               partitioned variable updates shard by shard)
 
 Variables exist once (a `PSVariable` on a parameter device); replicas read it
 there. There is no mirrored copy to keep in sync, so an update is one op per
-variable instead of one per replica.
+variable instead of one per replica. With `dense="all_reduce"` the dense
+trainable variables are instead `ReplicatedVariable`s, one copy per replica
+(see `keras_psdist.synchronization`): the reduced gradient reaches every
+replica and each updates its own copy.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import tensorflow as tf
 
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
+from keras_psdist import synchronization
 from keras_psdist._tf import (
     cross_device_ops_lib,
     distribute_lib,
@@ -54,6 +59,7 @@ from keras_psdist.variables.creation import VariableCreator
 from keras_psdist.variables.partitioned import PartitionedVariable
 from keras_psdist.variables.shard_updates import update_shards
 from keras_psdist.variables.staged_merge import StagedMerge
+from keras_psdist.variables.values import ReplicatedVariable
 
 ReduceOp = tf.distribute.ReduceOp
 
@@ -89,6 +95,7 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
             placement_lib.get_policy(run.placement, self._parameter_devices),
             partitioners_lib.get(run.partitioner),
             self._shared,
+            synchronization.get_chooser(run.dense),
         )
         self._reduction_device = topology.reduction_device
         self._reduction = GradientReduction(
@@ -236,6 +243,9 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
         distribute_utils.validate_colocate(colocate_with_variable, self)
 
     def value_container(self, val):
+        container = getattr(val, "_distributed_container", None)
+        if container is not None and isinstance(container(), ReplicatedVariable):
+            return container()
         if hasattr(val, "_aggregating_container") and not isinstance(
             val, ps_values.AggregatingVariable
         ):
@@ -362,6 +372,8 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
 
     def _update(self, var, fn, args, kwargs, group):
         inner = _unwrap(var)
+        if isinstance(inner, ReplicatedVariable):
+            return self._update_replicated(inner, fn, args, kwargs, group)
         if isinstance(inner, PartitionedVariable):
             results = update_shards(
                 inner,
@@ -379,6 +391,25 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
             if group:
                 return result
             return tf.nest.map_structure(self._local_results, result)
+
+    def _update_replicated(self, var, fn, args, kwargs, group):
+        """`fn` on every copy, each with its replica's value of the arguments
+        (as `MirroredStrategy`): the copies take the same update."""
+        updates = []
+        for i, component in enumerate(var.values):
+            with (
+                tf.device(component.device),
+                distribute_lib.UpdateContext(i),
+                tf.name_scope(f"update_{i}"),
+            ):
+                updates.append(
+                    fn(
+                        component,
+                        *distribute_utils.select_replica(i, args),
+                        **distribute_utils.select_replica(i, kwargs),
+                    )
+                )
+        return distribute_utils.update_regroup(self, updates, group)
 
     def optimizer_update(self, optimizer, grads_and_vars, learning_rate) -> None:
         """Keras's update step of `optimizer` (its `_distributed_tf_update_step`,
@@ -504,7 +535,7 @@ def _grouped(result, group):
 def _unwrap(var):
     if isinstance(var, ps_values.AggregatingVariable):
         return var.get()
-    if isinstance(var, PartitionedVariable):
+    if isinstance(var, (PartitionedVariable, ReplicatedVariable)):
         return var
     if hasattr(
         var, "_aggregating_container"

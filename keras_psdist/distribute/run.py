@@ -41,6 +41,9 @@ class Run:
         report_lost_workers: Between-graph, whether the chief logs lost and
             returning workers (`SyncReplicaStrategy`'s update service logs
             them itself).
+        dense: Which trainable variables are replicated and all-reduced
+            instead of kept on a parameter device (see
+            `keras_psdist.synchronization.get_chooser`).
     """
 
     topology: Topology
@@ -54,3 +57,4 @@ class Run:
     training: Callable[[Any], Any] | None = None
     report_lost_workers: bool = True
     worker_momentum: float = 0.0
+    dense: Any = "ps"

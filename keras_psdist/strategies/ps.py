@@ -10,6 +10,7 @@ from absl import logging
 from keras_psdist import aggregators as aggregators_lib
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
+from keras_psdist import synchronization
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.aggregators.momentum import check_beta
@@ -113,6 +114,15 @@ class PSStrategy(distribute_lib.Strategy):
             from the shards that own them; updates run on each shard's
             device; checkpoints hold unpartitioned values. See
             docs/partitioning.md. Defaults to `None` (no variable is split).
+        dense: How trainable variables are kept in sync. `"ps"`: each on a
+            parameter device, read by every replica each step. `"all_reduce"`:
+            dense ones replicated on every replica, their gradients reduced
+            across replicas and every copy updated, as `MirroredStrategy`;
+            embedding tables (and variables the partitioner splits) stay on
+            the parameter devices: the Parallax hybrid. Or a callable
+            `(name, shape, dtype) -> "ps" | "all_reduce"` per variable.
+            One host and `mode="in-graph"` only. See
+            docs/hybrid.md. Defaults to `"ps"`.
 
     Raises:
         ValueError: for unknown devices, placement or aggregator names, an
@@ -151,7 +161,9 @@ class PSStrategy(distribute_lib.Strategy):
         init_timeout: float = 120.0,
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
+        dense: str | synchronization.ChooserFn = "ps",
     ):
+        synchronization.get_chooser(dense)
         partitioner, aggregator, worker_momentum = check_shared_arguments(
             placement=placement,
             partitioner=partitioner,
@@ -174,6 +186,14 @@ class PSStrategy(distribute_lib.Strategy):
                     f"max_staleness={max_staleness}. For synchronous training "
                     "with backup workers use SyncReplicaStrategy."
                 )
+        if mode == "between-graph" and dense != synchronization.PS:
+            raise ValueError(
+                f"dense={dense!r} replicates variables on the replicas, which "
+                "needs one client that sees every replica: one host or "
+                "mode='in-graph'. Between-graph workers keep every variable "
+                "on the ps tasks. Received: mode='between-graph'; leave dense= "
+                "out, or train in-graph."
+            )
         config = runtime.resolve_config(cluster_resolver)
         if config is None:
             if mode == "between-graph":
@@ -225,6 +245,7 @@ class PSStrategy(distribute_lib.Strategy):
             heartbeat_timeout=heartbeat_timeout,
             training=training,
             worker_momentum=worker_momentum,
+            dense=dense,
         )
         super().__init__(PSExtended(self, run))
 

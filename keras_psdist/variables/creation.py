@@ -14,6 +14,9 @@ parameter-server strategy to a `VariableCreator`, which decides:
 |                                       | has its shape                            |
 | `ON_READ` (a metric's total, count)   | one copy per replica, on its compute     |
 |                                       | device, combined when read               |
+| a trainable variable the `dense=`     | a `ReplicatedVariable`: one copy per     |
+| chooser sends to `"all_reduce"`       | replica, on its compute device; its      |
+|                                       | slots replicated like it                 |
 
 Every placed variable and shard is recorded in the placement report. In
 between-graph each one is opened by name on its ps task, shared
@@ -29,6 +32,7 @@ import tensorflow as tf
 
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
+from keras_psdist import synchronization
 from keras_psdist._tf import (
     device_util,
     distribute_utils,
@@ -38,11 +42,19 @@ from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.variables.partitioned import PartitionedVariable
 from keras_psdist.variables.shard_layout import ShardLayout
-from keras_psdist.variables.values import PSVariable, ReplicaLocalVariable
+from keras_psdist.variables.values import (
+    PSVariable,
+    ReplicaLocalVariable,
+    ReplicatedVariable,
+)
 
 _REPLICA_LOCAL_CLASSES = {
     **distribute_utils.VARIABLE_CLASS_MAPPING,
     tf.VariableSynchronization.ON_READ: ReplicaLocalVariable,
+}
+_REPLICATED_CLASSES = {
+    **distribute_utils.VARIABLE_CLASS_MAPPING,
+    tf.VariableSynchronization.ON_WRITE: ReplicatedVariable,
 }
 _AGGREGATIONS = (
     tf.VariableAggregation.NONE,
@@ -62,6 +74,10 @@ class VariableCreator:
         partitioner: A `keras_psdist.partitioners.Partitioner`, or None.
         shared: Between-graph, the `SharedVariables` that open variables on
             the ps tasks; else None.
+        chooser: `(name, shape, dtype) -> "ps" | "all_reduce"` for each
+            trainable variable no partitioner splits (see
+            `keras_psdist.synchronization`). Defaults to every one on a
+            parameter device.
     """
 
     def __init__(
@@ -71,6 +87,7 @@ class VariableCreator:
         policy: placement_lib.PlacementFn,
         partitioner: partitioners_lib.Partitioner | None,
         shared: SharedVariables | None,
+        chooser: synchronization.ChooserFn = synchronization.all_on_ps,
     ):
         self._strategy_fn = strategy_fn
         self._compute_devices = topology.compute_devices
@@ -78,6 +95,7 @@ class VariableCreator:
         self._policy = policy
         self.partitioner = partitioner
         self._shared = shared
+        self._chooser = chooser
         self.placement = placement_lib.Placement(self._parameter_devices)
 
     def create(self, next_creator, **kwargs) -> tf.Variable:
@@ -107,12 +125,20 @@ class VariableCreator:
                 )
             # A slot of another shape (a factored moment) stays whole.
             colocate_with = colocate_with.shards[0]
+        if isinstance(colocate_with, ReplicatedVariable):
+            return self._create_replicated(
+                next_creator, kwargs, aggregation, shape, dtype, colocate_with.name
+            )
         if colocate_with is None:
             shards = self._num_shards(name, shape, dtype)
             if shards > 1:
                 layout = ShardLayout(partitioners_lib.shard_rows(shape[0], shards))
                 return self._create_partitioned(
                     next_creator, kwargs, dtype, aggregation, layout
+                )
+            if kwargs.get("trainable", True) and self._replicates(name, shape, dtype):
+                return self._create_replicated(
+                    next_creator, kwargs, aggregation, shape, dtype
                 )
             device = self._place(name, shape, dtype)
         elif isinstance(colocate_with, numpy_dataset.SingleDevice):
@@ -123,6 +149,12 @@ class VariableCreator:
         v = self._create_on(device, next_creator, kwargs, shape, dtype, name)
         self._record(v, slot_of)
         return PSVariable(self._strategy_fn(), v, aggregation)
+
+    def _replicates(self, name, shape, dtype):
+        """Whether the chooser keeps this variable on every replica."""
+        scope = tf.get_current_name_scope()
+        path = f"{scope}/{name}" if scope else name
+        return self._chooser(path, shape, dtype) == synchronization.ALL_REDUCE
 
     def _num_shards(self, name, shape, dtype):
         try:
@@ -222,6 +254,60 @@ class VariableCreator:
         return PartitionedVariable(
             self._strategy_fn(), shards, layout, aggregation, logical
         )
+
+    def _create_replicated(
+        self, next_creator, kwargs, aggregation, shape, dtype, slot_of=None
+    ):
+        """A `ReplicatedVariable`: one copy per replica, on its compute
+        device, all with the first copy's initial value (as `MirroredStrategy`).
+        """
+        if self._shared is not None:
+            raise ValueError(
+                "Replicated variables (dense='all_reduce') need one client "
+                "that sees every replica: one host or mode='in-graph'. "
+                "Between-graph workers (asynchronous PSStrategy, "
+                "SyncReplicaStrategy) keep every variable on the ps tasks; "
+                "leave dense= out there."
+            )
+        records = []
+
+        def create_components(**kw):
+            components = []
+            name = kw.get("name") or "Variable"
+            for i, device in enumerate(self._compute_devices):
+                component_kw = dict(kw)
+                if i > 0:
+                    component_kw["name"] = f"{name}/replica_{i}"
+                    component_kw["initial_value"] = components[0].value()
+                with tf.init_scope(), tf.device(None), tf.device(device):
+                    components.append(next_creator(**component_kw))
+            records.extend(components)
+            return components
+
+        kwargs = dict(kwargs)
+        kwargs["aggregation"] = aggregation
+        kwargs.setdefault("synchronization", tf.VariableSynchronization.ON_WRITE)
+        variable = distribute_utils.create_mirrored_variable(
+            self._strategy_fn(),
+            create_components,
+            _REPLICATED_CLASSES,
+            distribute_utils.VARIABLE_POLICY_MAPPING,
+            **kwargs,
+        )
+        first = records[0]
+        self.placement.record(
+            placement_lib.PlacedVariable(
+                name=first.name.split(":")[0],
+                device=device_util.canonicalize(first.device),
+                shape=tuple(shape.as_list()),
+                dtype=dtype.name,
+                bytes=placement_lib.variable_bytes(shape, dtype),
+                slot_of=slot_of,
+                synchronizer=synchronization.ALL_REDUCE,
+                replicas=tuple(device_util.canonicalize(v.device) for v in records),
+            )
+        )
+        return variable
 
     def _create_replica_local(self, next_creator, aggregation, kwargs):
         """An ON_READ variable (a metric's total and count): one copy per

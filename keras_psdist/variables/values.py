@@ -97,6 +97,16 @@ class PSVariable(ps_values.AggregatingVariable):
             return replica_context.merge_call(merge_fn, args=args, kwargs=kwargs)
 
 
+class ReplicatedVariable(values.MirroredVariable):
+    """A trainable variable kept on every replica (`PSStrategy(dense=
+    "all_reduce")`): one copy per compute device, as `MirroredStrategy`
+    keeps variables. Each replica reads its own copy; the optimizer's update
+    runs on every copy with the same reduced gradient
+    (`PSExtended.update`), so the copies stay equal. Checkpoints and saved
+    models hold one value.
+    """
+
+
 class ReplicaLocalVariable(values.SyncOnReadVariable):
     """An `ON_READ` variable (a metric's total or count): one copy per
     replica, summed when read, as TensorFlow's `SyncOnReadVariable`.

@@ -1,0 +1,200 @@
+"""`PSStrategy(dense=...)`: replicated, all-reduced dense variables beside
+parameter-server ones (the Parallax hybrid; `keras_psdist.synchronization`).
+
+The Keras contract (`test_keras_contract.py`, kind `ps_all_reduce`) checks
+fit / evaluate / predict, exactness against one device, saving and loading
+without the library under the hybrid; these tests check what is particular to
+it: which variable goes where, that the copies stay equal, that sparse
+gradients stay sparse, and the errors.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_psdist as kpd
+from keras_psdist.variables import row_separable
+from keras_psdist.variables.values import ReplicatedVariable
+
+NUM_REPLICAS = 4
+
+
+def wide_and_deep(vocab=200, dim=4, hidden=16, seed=0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((6,), dtype="int32")
+    embedded = keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(vocab, dim)(ids)
+    )
+    hidden_layer = keras.layers.Dense(hidden, activation="relu")(embedded)
+    return keras.Model(ids, keras.layers.Dense(3)(hidden_layer))
+
+
+def ids_data(n=256, vocab=200, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, vocab, size=(n, 6)).astype(np.int32)
+    y = (x[:, 0] % 3).astype(np.int32)
+    return x, y
+
+
+def compile_model(model, optimizer=None):
+    model.compile(
+        optimizer=optimizer or keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def copies_of(model):
+    """`{path: [copy values]}` for every replicated weight of `model`."""
+    out = {}
+    for weight in model.weights:
+        value = weight.value
+        if isinstance(value, ReplicatedVariable):
+            out[weight.path] = [c.numpy() for c in value.values]
+    return out
+
+
+def test_dense_variables_replicated_embedding_on_ps(cpu_devices):
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS], dense="all_reduce")
+    with strategy.scope():
+        model = compile_model(wide_and_deep())
+    x, y = ids_data()
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+
+    placement = strategy.extended.placement
+    embedding, kernel = model.weights[0].path, model.weights[1].path
+    assert placement.synchronizer_of(embedding) == "ps"
+    assert placement.synchronizer_of(kernel) == "all_reduce"
+    replicated = {row.name: row for row in placement.replicated()}
+    assert set(replicated[kernel].replicas) == {
+        tf.DeviceSpec.from_string(d).to_string()
+        for d in strategy.extended.worker_devices
+    }
+    # Adam's slots follow their variable: replicated with it, or on the ps.
+    slots = [r for r in placement.variables if r.slot_of is not None]
+    assert slots
+    for slot in slots:
+        assert slot.synchronizer == placement.synchronizer_of(slot.slot_of)
+    # Non-trainable state stays on the parameter device.
+    iterations = model.optimizer.iterations.path
+    assert placement.synchronizer_of(iterations) == "ps"
+    assert "all-reduced, one copy on each of 4 replicas" in str(placement)
+
+
+def test_copies_stay_equal_under_a_robust_rule_and_worker_momentum(cpu_devices):
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:NUM_REPLICAS],
+        dense="all_reduce",
+        aggregator="trimmed_mean",
+        num_byzantine=1,
+        worker_momentum=0.9,
+    )
+    with strategy.scope():
+        model = compile_model(wide_and_deep())
+    x, y = ids_data()
+    before = copies_of(model)
+    history = model.fit(x, y, batch_size=64, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    after = copies_of(model)
+    assert len(after) == 4  # two Dense layers, kernel and bias
+    for path, values in after.items():
+        assert not np.allclose(values[0], before[path][0]), path
+        for copy in values[1:]:
+            np.testing.assert_array_equal(copy, values[0], err_msg=path)
+
+
+def test_replicated_embedding_gets_sparse_updates(cpu_devices, monkeypatch):
+    """A table the chooser replicates is updated with `IndexedSlices` on each
+    copy (never a dense `[vocab, dim]` gradient), and matches one device."""
+    seen = []
+    update_step = row_separable.optimizer_update_step
+
+    def spy(variable, gradient, *args, **kwargs):
+        seen.append((variable.name, type(gradient).__name__))
+        return update_step(variable, gradient, *args, **kwargs)
+
+    monkeypatch.setattr(row_separable, "optimizer_update_step", spy)
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:NUM_REPLICAS],
+        dense=lambda name, shape, dtype: "all_reduce",
+    )
+    with strategy.scope():
+        model = compile_model(wide_and_deep(), keras.optimizers.SGD(0.5))
+    initial = model.get_weights()
+    x, y = ids_data()
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+
+    table = model.weights[0].path
+    assert strategy.extended.placement.synchronizer_of(table) == "all_reduce"
+    kinds = {kind for name, kind in seen if "embeddings" in name}
+    assert kinds == {"IndexedSlices"}
+    copies = copies_of(model)[table]
+    for copy in copies[1:]:
+        np.testing.assert_array_equal(copy, copies[0])
+
+    reference = compile_model(wide_and_deep(), keras.optimizers.SGD(0.5))
+    reference.set_weights(initial)
+    reference.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    for got, want in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_moves_between_hybrid_and_ps_only(cpu_devices, tmp_path):
+    devices = cpu_devices[:NUM_REPLICAS]
+    hybrid = kpd.PSStrategy(devices=devices, dense="all_reduce")
+    with hybrid.scope():
+        model = compile_model(wide_and_deep())
+    x, y = ids_data()
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+
+    plain = kpd.PSStrategy(devices=devices)
+    with plain.scope():
+        restored = compile_model(wide_and_deep(seed=1))
+    tf.train.Checkpoint(model=restored).restore(
+        path
+    ).assert_existing_objects_matched().expect_partial()
+    for got, want in zip(restored.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+    # And back: every copy of a replicated variable takes the restored value.
+    path = tf.train.Checkpoint(model=restored).save(str(tmp_path / "back"))
+    with hybrid.scope():
+        again = compile_model(wide_and_deep(seed=2))
+    tf.train.Checkpoint(model=again).restore(
+        path
+    ).assert_existing_objects_matched().expect_partial()
+    for values in copies_of(again).values():
+        for copy in values[1:]:
+            np.testing.assert_array_equal(copy, values[0])
+    for got, want in zip(again.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "dense, message",
+    [
+        ("mirrored", "Unknown dense='mirrored'. Expected one of: 'ps', 'all_reduce'"),
+        (3, "Unknown dense=3"),
+    ],
+)
+def test_unknown_dense_choice_is_refused(dense, message):
+    with pytest.raises(ValueError, match=message):
+        kpd.PSStrategy(dense=dense)
+
+
+def test_chooser_answer_is_checked(cpu_devices):
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:2], dense=lambda name, shape, dtype: "mirror"
+    )
+    with pytest.raises(ValueError, match="returned 'mirror' for variable"):
+        with strategy.scope():
+            keras.layers.Dense(2).build((None, 3))
+
+
+def test_between_graph_refuses_replicated_variables():
+    with pytest.raises(ValueError, match="needs one client that sees every replica"):
+        kpd.PSStrategy(mode="between-graph", dense="all_reduce")
