@@ -269,32 +269,11 @@ class VariableCreator:
                 "SyncReplicaStrategy) keep every variable on the ps tasks; "
                 "leave dense= out there."
             )
-        records = []
-
-        def create_components(**kw):
-            components = []
-            name = kw.get("name") or "Variable"
-            for i, device in enumerate(self._compute_devices):
-                component_kw = dict(kw)
-                if i > 0:
-                    component_kw["name"] = f"{name}/replica_{i}"
-                    component_kw["initial_value"] = components[0].value()
-                with tf.init_scope(), tf.device(None), tf.device(device):
-                    components.append(next_creator(**component_kw))
-            records.extend(components)
-            return components
-
-        kwargs = dict(kwargs)
-        kwargs["aggregation"] = aggregation
-        kwargs.setdefault("synchronization", tf.VariableSynchronization.ON_WRITE)
-        variable = distribute_utils.create_mirrored_variable(
-            self._strategy_fn(),
-            create_components,
-            _REPLICATED_CLASSES,
-            distribute_utils.VARIABLE_POLICY_MAPPING,
-            **kwargs,
+        kwargs = {**kwargs, "synchronization": tf.VariableSynchronization.ON_WRITE}
+        variable = self._create_per_replica(
+            next_creator, aggregation, kwargs, _REPLICATED_CLASSES
         )
-        first = records[0]
+        first = variable.values[0]
         self.placement.record(
             placement_lib.PlacedVariable(
                 name=first.name.split(":")[0],
@@ -304,7 +283,9 @@ class VariableCreator:
                 bytes=placement_lib.variable_bytes(shape, dtype),
                 slot_of=slot_of,
                 synchronizer=synchronization.ALL_REDUCE,
-                replicas=tuple(device_util.canonicalize(v.device) for v in records),
+                replicas=tuple(
+                    device_util.canonicalize(v.device) for v in variable.values
+                ),
             )
         )
         return variable
@@ -318,6 +299,14 @@ class VariableCreator:
         would sum the old value n times. These are not parameters, so they are
         not in the placement report.
         """
+        return self._create_per_replica(
+            next_creator, aggregation, kwargs, _REPLICA_LOCAL_CLASSES
+        )
+
+    def _create_per_replica(self, next_creator, aggregation, kwargs, classes):
+        """A distributed variable of `classes` (TF's mapping by
+        synchronization): one component per compute device, each with the
+        first one's initial value."""
 
         def create_components(**kw):
             components = []
@@ -331,13 +320,12 @@ class VariableCreator:
                     components.append(next_creator(**component_kw))
             return components
 
-        kwargs["aggregation"] = aggregation
         return distribute_utils.create_mirrored_variable(
             self._strategy_fn(),
             create_components,
-            _REPLICA_LOCAL_CLASSES,
+            classes,
             distribute_utils.VARIABLE_POLICY_MAPPING,
-            **kwargs,
+            **{**kwargs, "aggregation": aggregation},
         )
 
 
