@@ -128,6 +128,37 @@ def test_mean_with_worker_momentum_is_heavy_ball_sgd(cpu_devices):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_each_replica_keeps_its_momentum_on_its_own_device(cpu_devices):
+    """Replica r's buffers live on replica r's compute device (on GPUs, each
+    updates its own in parallel); the rest of the rule's state on the
+    reduction device."""
+    devices = cpu_devices[:4]
+    strategy = kpd.PSStrategy(
+        devices=devices,
+        parameter_devices=cpu_devices[4:5],
+        aggregator="centered_clipping",
+        worker_momentum=0.9,
+    )
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    x = np.ones((32, 5), np.float32)
+    model.fit(x, np.zeros((32, 3), np.float32), batch_size=16, verbose=0)
+
+    state = strategy.extended.training_state.reduction.kept
+    canonical = [tf.DeviceSpec.from_string(d) for d in strategy.extended.worker_devices]
+    placed = [tf.DeviceSpec.from_string(v.device) for v in state]
+    # Two variables (kernel, bias) x 4 replicas of buffers, then the centre.
+    momenta, centre = placed[:8], placed[8:]
+    assert [d.device_index for d in momenta] == [
+        d.device_index for _ in range(2) for d in canonical
+    ]
+    reduction = tf.DeviceSpec.from_string(strategy.extended.parameter_devices[0])
+    assert centre and all(d.device_index == reduction.device_index for d in centre)
+    for v in state[:8]:
+        assert np.any(v.numpy() != 0)
+
+
 @pytest.mark.parametrize("bad", [1.0, -0.1, 1.5, float("nan"), "0.9", True])
 def test_bad_worker_momentum_is_refused(bad, cpu_devices):
     with pytest.raises(ValueError, match=r"worker_momentum.*\[0, 1\).*Received"):

@@ -190,6 +190,13 @@ class Aggregator:
         """
         return ()
 
+    def state_devices(self, state: Any) -> Any:
+        """Where each part of `state` lives between steps: a device name, or
+        `None` for the reduction device (every part, unless a rule keeps
+        per-replica state, as `WorkerMomentum` does). Same structure as
+        `state`."""
+        return tf.nest.map_structure(lambda _: None, state)
+
     # ---------------------------------------------- tf.distribute adapters
 
     def reduce(

@@ -21,9 +21,13 @@ step size of `SGD(learning_rate=lr, momentum=beta)`, use
 (Adam, `SGD(momentum=...)`) compounds the two; it still trains, but the
 papers use worker momentum with momentum-free SGD.
 
-Where the buffers live: with the rule's state, on the reduction device, one
-buffer per variable and replica, updated in one fused pass from the gradients that arrive
-there anyway (no extra traffic). For an honest replica this is exactly the
+Where the buffers live: one buffer per variable and replica, kept by the
+strategy with the rule's state. Inside a strategy (`devices=` its compute
+devices), replica r's buffers live on replica r's device and are updated
+there, in one fused pass per replica, as soon as that replica's gradients
+exist: on GPUs each replica updates its own in parallel, and what travels
+to the reduction device is the momentum instead of the gradient (no extra
+traffic). Without `devices`, every buffer is updated where the rule runs. For an honest replica this is exactly the
 momentum it would keep itself. A Byzantine replica could steer a momentum
 kept for it to any value by inverting the average, so simulated attacks
 (`keras_psdist.attacks`) replace the momenta, not the gradients: the
@@ -95,6 +99,8 @@ class WorkerMomentum(Aggregator):
         aggregator: The rule (bound or not); with an attack, the rule behind
             it (`attacks.UnderAttack`), so the attack replaces momenta.
         beta: The momentum, in `[0, 1)`.
+        devices: Replica r's buffers live and are updated on `devices[r]`
+            (see `state_devices`). Defaults to none: where the rule runs.
 
     Attributes:
         aggregator: The inner rule.
@@ -102,10 +108,16 @@ class WorkerMomentum(Aggregator):
         report_names: The inner rule's.
     """
 
-    def __init__(self, aggregator: Aggregator, beta: float):
+    def __init__(
+        self,
+        aggregator: Aggregator,
+        beta: float,
+        devices: Sequence[str] | None = None,
+    ):
         super().__init__(aggregator.num_byzantine)
         self.aggregator = aggregator
         self.beta = check_beta(beta)
+        self.devices = None if devices is None else tuple(devices)
         self.num_replicas = aggregator.num_replicas
         # Its state spans every variable: never split by variable.
         self.per_variable = False
@@ -133,6 +145,19 @@ class WorkerMomentum(Aggregator):
         )
         return MomentumState(momenta, self.aggregator.initial_state(specs))
 
+    def state_devices(self, state: Any) -> MomentumState:
+        """Replica r's buffers on `devices[r]`; the inner rule's state where
+        the inner rule says."""
+        state = MomentumState(*state)
+        momenta = tuple(
+            tuple(
+                None if self.devices is None else self.devices[r]
+                for r in range(len(buffers))
+            )
+            for buffers in state.momenta
+        )
+        return MomentumState(momenta, self.aggregator.state_devices(state.inner))
+
     def step(
         self,
         reduce_op: tf.distribute.ReduceOp,
@@ -151,16 +176,7 @@ class WorkerMomentum(Aggregator):
         scale = float(n) if reduce_op == ReduceOp.SUM else 1.0
         sparse = [isinstance(column[0], tf.IndexedSlices) for column in per_replica]
         dense = [v for v, is_sparse in enumerate(sparse) if not is_sparse]
-        olds = [old for v in dense for old in state.momenta[v]]
-        grads = [g for v in dense for g in per_replica[v]]
-        keep = [
-            tf.constant(True) if shares is None else shares[r] > 0
-            for _ in dense
-            for r in range(n)
-        ]
-        static = all(g.shape.is_fully_defined() for g in grads)
-        update = _moving_averages_xla if static and grads else moving_averages
-        new = iter(update(olds, grads, keep, self.beta, scale) if grads else [])
+        new = self._update_momenta(state.momenta, per_replica, dense, shares, scale)
         momenta, out = [], []
         for v, column in enumerate(per_replica):
             if sparse[v]:
@@ -168,7 +184,7 @@ class WorkerMomentum(Aggregator):
                 momenta.append(state.momenta[v])
                 out.append(column if scale == 1.0 else _times(column, n))
                 continue
-            column_momenta = [next(new) for _ in range(n)]
+            column_momenta = new[v]
             momenta.append(tuple(column_momenta))
             out.append(column_momenta)
         result = self.aggregator.step(
@@ -179,13 +195,41 @@ class WorkerMomentum(Aggregator):
             result.values, result.report, MomentumState(tuple(momenta), result.state)
         )
 
+    def _update_momenta(self, momenta, per_replica, dense, shares, scale):
+        """`{variable: [new momentum per replica]}` for the dense columns:
+        one fused pass per replica on its device, or one over all of them."""
+        n = len(per_replica[0])
+        groups = [range(n)] if self.devices is None else [[r] for r in range(n)]
+        new = {v: [None] * n for v in dense}
+        for replicas in groups:
+            pairs = [(v, r) for r in replicas for v in dense]
+            if not pairs:
+                continue
+            olds = [momenta[v][r] for v, r in pairs]
+            grads = [per_replica[v][r] for v, r in pairs]
+            keep = [
+                tf.constant(True) if shares is None else shares[r] > 0 for _, r in pairs
+            ]
+            static = all(g.shape.is_fully_defined() for g in grads)
+            update = _moving_averages_xla if static else moving_averages
+            device = None if self.devices is None else self.devices[replicas[0]]
+            with tf.device(device):
+                results = update(olds, grads, keep, self.beta, scale)
+            for (v, r), m in zip(pairs, results, strict=True):
+                new[v][r] = m
+        return new
+
     def apply(
         self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
     ) -> Aggregation:
         return self.step(ReduceOp.MEAN, per_replica, state=state)
 
     def get_config(self) -> dict[str, Any]:
-        return {"aggregator": self.aggregator, "beta": self.beta}
+        return {
+            "aggregator": self.aggregator,
+            "beta": self.beta,
+            "devices": self.devices,
+        }
 
     def __repr__(self) -> str:
         return f"WorkerMomentum({self.aggregator!r}, beta={self.beta})"

@@ -106,6 +106,7 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
             # Between-graph, a worker combines its own replicas' gradients.
             spread_devices=() if topology.between_graph else self._parameter_devices,
             worker_momentum=run.worker_momentum,
+            replica_devices=self._compute_devices,
         )
         self._gather_ops = cross_device_ops_lib.ReductionToOneDevice(
             reduce_to_device=self._reduction_device

@@ -60,6 +60,9 @@ class GradientReduction:
         worker_momentum: Each replica's momentum, or 0 for none (see
             `aggregators.momentum`): the rule (behind the attack) then
             aggregates momenta, kept with the rule's state.
+        replica_devices: The compute devices, one per replica: each
+            replica's momentum lives and is updated on its own. Defaults to
+            none: on `device`.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class GradientReduction:
         num_replicas: int,
         spread_devices: Sequence[str] = (),
         worker_momentum: float = 0.0,
+        replica_devices: Sequence[str] | None = None,
     ):
         self.aggregator = aggregator
         self.attack = attack
@@ -77,7 +81,9 @@ class GradientReduction:
         # What runs each step: the rule, behind the attack if there is one.
         self._rule = aggregator if attack is None else UnderAttack(aggregator, attack)
         if worker_momentum:
-            self._rule = WorkerMomentum(self._rule, worker_momentum)
+            self._rule = WorkerMomentum(
+                self._rule, worker_momentum, devices=replica_devices
+            )
         self._device = device
         self._num_replicas = num_replicas
         spread = self._rule.per_variable
@@ -151,8 +157,11 @@ class GradientReduction:
             with tf.init_scope():
                 initial = self._rule.initial_state(list(specs))
             self._states[specs] = tf.nest.map_structure(
-                lambda t: _bookkeeping_variable(t, self._device, "aggregator_state"),
+                lambda t, device: _bookkeeping_variable(
+                    t, device or self._device, "aggregator_state"
+                ),
                 initial,
+                self._rule.state_devices(initial),
             )
             self.state.kept.extend(tf.nest.flatten(self._states[specs]))
         return self._states[specs]
