@@ -198,3 +198,40 @@ def test_chooser_answer_is_checked(cpu_devices):
 def test_between_graph_refuses_replicated_variables():
     with pytest.raises(ValueError, match="needs one client that sees every replica"):
         kpd.PSStrategy(mode="between-graph", dense="all_reduce")
+
+
+def test_mean_all_reduces_replicated_gradients_with_tf_cross_device_ops(
+    cpu_devices, monkeypatch
+):
+    """Under the plain mean, the dense gradients go through TensorFlow's own
+    all-reduce (NCCL among GPUs), not the aggregator; the table's sparse
+    gradient through the aggregator."""
+    from keras_psdist.distribute import all_reduce
+
+    reduced = []
+    call = all_reduce.ReplicatedAllReduce.__call__
+
+    def spy(self, reduce_op, columns, destinations, shares):
+        reduced.extend(tuple(c[0].shape) for c in columns)
+        return call(self, reduce_op, columns, destinations, shares)
+
+    monkeypatch.setattr(all_reduce.ReplicatedAllReduce, "__call__", spy)
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS], dense="all_reduce")
+    with strategy.scope():
+        model = compile_model(wide_and_deep(), keras.optimizers.SGD(0.5))
+    initial = model.get_weights()
+    x, y = ids_data()
+    model.fit(x[:200], y[:200], batch_size=64, epochs=1, shuffle=False, verbose=0)
+    # Every Dense weight's gradient (the table's is sparse: the aggregator's).
+    dense_shapes = sorted(tuple(w.shape) for w in model.trainable_weights[1:])
+    assert sorted(set(reduced)) == sorted(set(dense_shapes))
+    ops = strategy.extended._all_reduce.cross_device_ops
+    assert isinstance(ops, tf.distribute.CrossDeviceOps)
+
+    # 200 examples in batches of 64: the last batch of 8 leaves 2 replicas
+    # without data, and the weighting still gives the one-device weights.
+    reference = compile_model(wide_and_deep(), keras.optimizers.SGD(0.5))
+    reference.set_weights(initial)
+    reference.fit(x[:200], y[:200], batch_size=64, epochs=1, shuffle=False, verbose=0)
+    for got, want in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

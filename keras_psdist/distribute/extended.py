@@ -44,6 +44,7 @@ from keras_psdist.cluster import task_loss
 from keras_psdist.cluster.liveness import Heartbeats, LossReporter
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.distribute.all_reduce import ReplicatedAllReduce
 from keras_psdist.distribute.input import InputPipelines
 from keras_psdist.distribute.reduction import GradientReduction
 from keras_psdist.distribute.replica_batches import ReplicaBatches
@@ -107,6 +108,13 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
             spread_devices=() if topology.between_graph else self._parameter_devices,
             worker_momentum=run.worker_momentum,
             replica_devices=self._compute_devices,
+        )
+        # Replicated variables' gradients under the plain mean: TF's own
+        # all-reduce (NCCL among GPUs), no central rule needed.
+        self._all_reduce = (
+            ReplicatedAllReduce(self._compute_devices)
+            if self._reduction.is_plain_mean
+            else None
         )
         self._gather_ops = cross_device_ops_lib.ReductionToOneDevice(
             reduce_to_device=self._reduction_device
@@ -327,21 +335,44 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
         reduce_op = as_reduce_op(reduce_op)
         pairs = list(value_destination_pairs)
         results = [None] * len(pairs)
-        dense, sparse = [], []
-        for i, (value, _) in enumerate(pairs):
+        dense, sparse, all_reduced = [], [], []
+        for i, (value, destination) in enumerate(pairs):
             per_replica = per_replica_values(value, self._num_replicas_in_sync)
             if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
                 sparse.append((i, per_replica))
+            elif self._all_reduces(destination):
+                all_reduced.append((i, per_replica))
             else:
                 dense.append((i, per_replica))
+        if all_reduced:
+            columns = [vs for _, vs in all_reduced]
+            reduced = self._all_reduce(
+                reduce_op,
+                columns,
+                [pairs[i][1] for i, _ in all_reduced],
+                self._float_shares(columns),
+            )
+            for (i, _), r in zip(all_reduced, reduced, strict=True):
+                results[i] = r
+            if not dense and not sparse:
+                return results
         columns = [vs for _, vs in dense] + [vs for _, vs in sparse]
         reduced = self._reduction(reduce_op, columns, self._float_shares(columns))
         for (i, _), r in zip(dense + sparse, reduced, strict=True):
-            results[i] = r
-        return [
-            self._to_destinations(r, dest)
-            for r, (_, dest) in zip(results, pairs, strict=True)
-        ]
+            results[i] = self._to_destinations(r, pairs[i][1])
+        return results
+
+    def _all_reduces(self, destination) -> bool:
+        """Whether a dense value for `destination` goes through TF's
+        all-reduce: under the plain mean, once some variable is replicated,
+        for an all-reduce among the replicas (Keras's gradients) or a
+        replicated variable. A parameter-server variable's update then reads
+        one replica's copy of the sum."""
+        return (
+            self._all_reduce is not None
+            and bool(self._creator.placement.replicated())
+            and isinstance(destination, values.DistributedValues)
+        )
 
     def _to_destinations(self, tensor, destinations):
         """Packs one reduced tensor the way `destinations` expects it."""

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.aggregators.base import Aggregator, column_spec
+from keras_psdist.aggregators.mean import Mean
 from keras_psdist.aggregators.momentum import WorkerMomentum
 from keras_psdist.attacks.harness import UnderAttack
 
@@ -141,6 +142,12 @@ class GradientReduction:
                 for i, value in zip(indices, result.values, strict=True):
                     out[i] = _identity(value)
         return out
+
+    @property
+    def is_plain_mean(self) -> bool:
+        """Whether each step is the `mean` of the gradients as they are (no
+        attack, no worker momentum): an all-reduce computes it anywhere."""
+        return type(self._rule) is Mean
 
     def report(self) -> dict[str, np.ndarray]:
         """The last step's per-replica report, `name -> array of shape [n]`."""

@@ -1,0 +1,85 @@
+"""The all-reduce of replicated variables' gradients, by TensorFlow's own
+cross-device ops.
+
+With `dense="all_reduce"` and the plain `mean` aggregator (no attack, no
+worker momentum), the gradients need no central rule: each replica needs the
+sum, which TensorFlow's `CrossDeviceOps` compute where they are
+(`select_cross_device_ops`: NCCL's all-reduce among local GPUs, else a
+reduction to one device and a broadcast, as `MirroredStrategy` does). Keras
+all-reduces a step's gradients before it knows which update each is for, so
+every dense gradient of the step takes this path; a parameter-server
+variable's update then reads one replica's copy of the sum. Every other rule
+needs every replica's value in one place and goes through
+`GradientReduction` instead.
+
+A partial last batch weighs each replica's gradient by its share of the
+global batch, as `aggregators.Mean` does; a replica without data (its values
+possibly NaN) adds zeros. Full batches are summed as they are, so the result
+is the `mean` aggregator's, to the summation order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from keras_psdist._tf import cross_device_ops_lib, values
+
+ReduceOp = tf.distribute.ReduceOp
+
+
+class ReplicatedAllReduce:
+    """Sums the replicas' values of replicated variables onto every replica.
+
+    Args:
+        devices: The compute devices, one per replica.
+    """
+
+    def __init__(self, devices: Sequence[str]):
+        self._devices = tuple(devices)
+        self._ops = None
+
+    @property
+    def cross_device_ops(self) -> tf.distribute.CrossDeviceOps:
+        """TensorFlow's choice for these devices (made on first use)."""
+        if self._ops is None:
+            self._ops = cross_device_ops_lib.select_cross_device_ops(self._devices)
+        return self._ops
+
+    def __call__(
+        self,
+        reduce_op: tf.distribute.ReduceOp,
+        columns: Sequence[Sequence[tf.Tensor]],
+        destinations: Sequence[object],
+        shares: Sequence[tf.Tensor] | None,
+    ) -> list[values.Mirrored]:
+        """One `Mirrored` (a value per replica) per column, with the meaning
+        `reduce_op` asks for (see `Aggregator.step`)."""
+        n = len(self._devices)
+        if shares is not None:
+            columns = [_weighted(column, shares, n) for column in columns]
+        pairs = [
+            (values.PerReplica(tuple(column)), destination)
+            for column, destination in zip(columns, destinations, strict=True)
+        ]
+        reduced = self.cross_device_ops.batch_reduce(ReduceOp.SUM, pairs)
+        if reduce_op == ReduceOp.MEAN:
+            reduced = [
+                values.Mirrored(tuple(v / n for v in mirrored.values))
+                for mirrored in reduced
+            ]
+        return reduced
+
+
+def _weighted(column, shares, n):
+    """Each replica's value times `n * share` (1 when every share is 1/n), on
+    its own device; zeros for a replica without data."""
+    even = tf.reduce_all(tf.abs(tf.stack(shares) - 1.0 / n) < 1e-6 / n)
+    out = []
+    for value, share in zip(column, shares, strict=True):
+        with tf.device(value.device):
+            share = tf.cast(share, value.dtype)
+            weight = tf.where(even, tf.ones_like(share), share * n)
+            out.append(tf.where(share > 0, value * weight, tf.zeros_like(value)))
+    return out
