@@ -235,3 +235,47 @@ def test_mean_all_reduces_replicated_gradients_with_tf_cross_device_ops(
     reference.fit(x[:200], y[:200], batch_size=64, epochs=1, shuffle=False, verbose=0)
     for got, want in zip(model.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_in_graph_cluster_replicates_on_workers_and_equals_one_process(
+    cpu_devices, tmp_path
+):
+    """Chief + 2 workers + 1 ps: the dense layers are copied on the worker
+    tasks, the table stays on the ps task, every copy stays equal, and the
+    weights are those of the same replicas in one process."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import launching  # tests/cluster_jobs, see conftest.py
+
+    job_path = Path(__file__).parent / "cluster_jobs" / "hybrid_job.py"
+    code, log = launching.launch_job(
+        job_path, [tmp_path], num_ps=1, num_workers=2, mode="in-graph", timeout_s=300
+    )
+    assert code == 0, f"launch exited {code}:\n{log[-6000:]}"
+    report = json.loads((tmp_path / "hybrid.json").read_text())
+    assert report["copies_equal"]
+    rows = {name: (sync, devices) for name, sync, devices in report["variables"]}
+    table = next(name for name in rows if name.endswith("embeddings"))
+    assert rows[table][0] == "ps"
+    assert all("/job:ps/" in d for d in rows[table][1])
+    kernels = [name for name in rows if name.endswith("kernel")]
+    assert kernels
+    for name in kernels:
+        sync, devices = rows[name]
+        assert sync == "all_reduce"
+        assert sorted(d.split("/device")[0] for d in devices) == [
+            "/job:worker/replica:0/task:0",
+            "/job:worker/replica:0/task:1",
+        ]
+
+    spec = importlib.util.spec_from_file_location("hybrid_job", job_path)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    model = job.build(kpd.PSStrategy(devices=cpu_devices[:2], dense="all_reduce"))
+    job.train(model)
+    weights = np.load(tmp_path / "weights.npz")
+    for i, w in enumerate(model.weights):
+        np.testing.assert_allclose(weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5)
