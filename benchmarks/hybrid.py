@@ -23,7 +23,17 @@ which every configuration runs ``--steps`` calls of its compiled
 between rounds. Reported per configuration: median examples/s, and the
 median over rounds of its step time relative to ``ps`` in the same round.
 
-What it cannot show here: the replicas are logical devices of one CPU, so
+Then (``--topology cluster``, on by default) the same model on an in-graph
+cluster on localhost: this script as the chief, 2 worker tasks (the
+replicas, one each) and 2 ps tasks, every task its own process, over gRPC
+(``keras_psdist.cluster.launch``). A chief process holds one strategy, so
+each configuration is its own launch: ``ps`` and ``hybrid`` alternate for
+``--cluster-rounds`` rounds (MirroredStrategy cannot span tasks from one
+client). Per launch: median ms/step over ``--timed`` blocks of ``--steps``
+steps, and the bytes that crossed the loopback interface per step
+(``/proc/net/dev``: run it on an otherwise idle machine).
+
+What one host cannot show: its replicas are logical devices of one CPU, so
 no byte crosses a bus or a network, and a replicated variable costs an
 optimizer update per replica instead of one. On GPUs (not run: this
 project's machines have none) the parameter-server path reads every dense
@@ -36,15 +46,20 @@ From the repository root::
     python benchmarks/hybrid.py --json benchmarks/results/hybrid.json
     python benchmarks/hybrid.py --quick     # smoke run, seconds
 
-Options: ``--replicas``, ``--rows``, ``--dim``, ``--seq``, ``--hidden``,
-``--layers``, ``--batch``, ``--steps``, ``--repeats``, ``--quick``,
+Options: ``--topology local,cluster``, ``--replicas``, ``--rows``,
+``--dim``, ``--seq``, ``--hidden``, ``--layers``, ``--batch``, ``--steps``,
+``--repeats``, ``--cluster-rounds``, ``--timed``, ``--quick``,
 ``--json PATH``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import harness
 from harness import Column
@@ -61,7 +76,9 @@ import keras_psdist as kpd  # noqa: E402
 from keras_psdist.devices import split_host_cpu  # noqa: E402
 
 CONFIGS = ("ps", "hybrid", "mirrored")
+CLUSTER_CONFIGS = ("ps", "hybrid")
 DENSE_FEATURES = 64
+CLUSTER_TIMEOUT_S = 600
 
 
 def make_dataset(args) -> tf.data.Dataset:
@@ -122,6 +139,107 @@ class Case:
         return (time.perf_counter() - start) / steps
 
 
+def loopback_bytes() -> int | None:
+    """Bytes received on the loopback interface so far (None if unknown)."""
+    try:
+        with open("/proc/net/dev") as f:
+            for line in f:
+                name, _, counters = line.partition(":")
+                if name.strip() == "lo":
+                    return int(counters.split()[0])
+    except OSError:
+        pass
+    return None
+
+
+def cluster_child(args) -> int:
+    """The chief of one launch: one configuration, timed blocks of steps."""
+    strategy = (
+        kpd.PSStrategy(mode="in-graph")
+        if args.config == "ps"
+        else kpd.PSStrategy(mode="in-graph", dense="all_reduce")
+    )
+    # After the strategy: a dataset made before it connected would live on
+    # the process's local device, which the cluster does not know.
+    dataset = make_dataset(args)
+    model = build(strategy, args)
+    model.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0, shuffle=False)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    train_function = model.train_function
+    train_function(iterator)
+    blocks = []
+    for _ in range(args.timed):
+        before, start = loopback_bytes(), time.perf_counter()
+        for _ in range(args.steps):
+            train_function(iterator)
+        seconds = (time.perf_counter() - start) / args.steps
+        after = loopback_bytes()
+        moved = None if before is None else (after - before) / args.steps
+        blocks.append({"s_per_step": seconds, "bytes_per_step": moved})
+    report = {
+        "config": args.config,
+        "s_per_step": harness.median_or_none(b["s_per_step"] for b in blocks),
+        "bytes_per_step": harness.median_or_none(
+            b["bytes_per_step"] for b in blocks if b["bytes_per_step"] is not None
+        ),
+        "replicated": len(strategy.extended.placement.replicated()),
+    }
+    (Path(args.out_dir) / "chief.json").write_text(json.dumps(report))
+    return 0
+
+
+def run_cluster(args) -> harness.Rounds:
+    from keras_psdist.cluster import launch
+
+    work = Path(tempfile.mkdtemp(prefix="hybrid_cluster_"))
+
+    def one(config, round_):
+        out_dir, log = harness.run_dir(work, f"{config}_{round_}_")
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--role",
+            "chief",
+            "--out-dir",
+            str(out_dir),
+            "--config",
+            config,
+            *_model_flags(args),
+        ]
+        _log(f"cluster round {round_ + 1}: {config} ...")
+        with open(log, "w") as f:
+            code = launch(
+                command,
+                num_ps=2,
+                num_workers=2,
+                mode="in-graph",
+                timeout_s=CLUSTER_TIMEOUT_S,
+                out=f,
+            )
+        (report,) = harness.read_reports(out_dir, 1, log, code)
+        return report
+
+    return harness.interleaved_rounds(
+        CLUSTER_CONFIGS,
+        one,
+        args.cluster_rounds,
+        on_error=harness.log_failure,
+    )
+
+
+def _model_flags(args) -> list[str]:
+    return [
+        f"--rows={args.rows}",
+        f"--dim={args.dim}",
+        f"--seq={args.seq}",
+        f"--hidden={args.hidden}",
+        f"--layers={args.layers}",
+        f"--batch={args.batch}",
+        f"--steps={args.steps}",
+        f"--timed={args.timed}",
+    ]
+
+
 def parse_args(argv):
     parser = harness.BenchmarkParser(
         __doc__.split("\n\n")[0],
@@ -138,18 +256,26 @@ def parse_args(argv):
     parser.add_argument("--batch", type=harness.positive, default=256)
     parser.add_argument("--steps", type=harness.positive, default=5)
     parser.add_rounds(30, "interleaved rounds (default 30)", flag="--repeats")
+    parser.add_argument(
+        "--topology",
+        type=harness.name_list(("local", "cluster"), "topology"),
+        default=["local", "cluster"],
+    )
+    parser.add_argument("--cluster-rounds", type=harness.positive, default=3)
+    parser.add_argument("--timed", type=harness.positive, default=5)
+    parser.add_child_role(("chief",))
+    parser.add_argument("--config", choices=CLUSTER_CONFIGS, help=argparse.SUPPRESS)
+
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.hidden, args.layers, args.repeats = 4096, 64, 2, 3
+        args.cluster_rounds, args.timed = 1, 2
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def run_local(args) -> tuple[list[str], dict]:
     devices = split_host_cpu(args.replicas)
     dataset = make_dataset(args)
-    wall = time.perf_counter()
-    load_start = harness.loadavg()
     cases = {}
     for name in CONFIGS:
         _log(f"building + warming up {name} ...")
@@ -159,43 +285,96 @@ def main(argv=None) -> int:
     )
     medians = rounds.medians()
     vs_ps = rounds.ratio_medians("ps")
-    columns = [
-        Column("config", 10, "<"),
-        Column("ms/step", 8),
-        Column("examples/s", 11),
-        Column("step vs ps", 10),
-    ]
     rows = [
         [
             name,
             harness.fmt(1e3 * medians[name], ".1f"),
             harness.fmt(args.batch / medians[name], ".0f"),
             harness.times(vs_ps[name]),
+            "",
         ]
         for name in CONFIGS
     ]
-    print(
+    title = (
         f"one host, {args.replicas} logical CPU replicas; table {args.rows} x "
         f"{args.dim}, dense tower {cases['ps'].dense_params:,} parameters; "
         f"global batch {args.batch}; {args.repeats} interleaved rounds of "
         f"{args.steps} steps, medians"
     )
-    print("\n".join(harness.text_table(columns, rows)))
+    return [title, *harness.text_table(COLUMNS, rows)], {
+        "medians_s": medians,
+        "step_vs_ps": vs_ps,
+        "rounds": rounds.entries(),
+    }
+
+
+def cluster_table(args, rounds: harness.Rounds) -> tuple[list[str], dict]:
+    medians = rounds.medians("s_per_step")
+    bytes_ = rounds.medians("bytes_per_step")
+    vs_ps = rounds.ratio_medians("ps", "s_per_step")
+    rows = []
+    for name in CLUSTER_CONFIGS:
+        if medians[name] is None:
+            rows.append(f"{name}: failed in every round")
+            continue
+        rows.append(
+            [
+                name,
+                harness.fmt(1e3 * medians[name], ".1f"),
+                harness.fmt(args.batch / medians[name], ".0f"),
+                harness.times(vs_ps[name]),
+                harness.fmt(
+                    None if bytes_[name] is None else bytes_[name] / 1e6, ".1f"
+                ),
+            ]
+        )
+    title = (
+        "in-graph cluster on localhost: chief + 2 workers (the replicas) + 2 ps; "
+        f"{args.cluster_rounds} rounds of one launch per configuration, each "
+        f"the median of {args.timed} blocks of {args.steps} steps"
+    )
+    return [title, *harness.text_table(COLUMNS, rows)], {
+        "cluster_medians_s": medians,
+        "cluster_bytes_per_step": bytes_,
+        "cluster_step_vs_ps": vs_ps,
+        "cluster_rounds": rounds.entries(),
+    }
+
+
+COLUMNS = [
+    Column("config", 10, "<"),
+    Column("ms/step", 8),
+    Column("examples/s", 11),
+    Column("step vs ps", 10),
+    Column("MB/step", 8),
+]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.role == "chief":
+        return cluster_child(args)
+    wall = time.perf_counter()
+    load_start = harness.loadavg()
+    lines, payload = [], {}
+    if "local" in args.topology:
+        table, results = run_local(args)
+        lines += [*table, ""]
+        payload.update(results)
+    if "cluster" in args.topology:
+        table, results = cluster_table(args, run_cluster(args))
+        lines += [*table, ""]
+        payload.update(results)
+    print("\n".join(lines))
     wall = time.perf_counter() - wall
     print(
-        f"\nwall time: {wall:.1f}s; load average at start {load_start}, at end "
+        f"wall time: {wall:.1f}s; load average at start {load_start}, at end "
         f"{harness.loadavg()}"
     )
     if args.json:
         harness.save_json(
             args.json,
-            {
-                "args": vars(args),
-                "environment": harness.environment(),
-                "medians_s": medians,
-                "step_vs_ps": vs_ps,
-                "rounds": rounds.entries(),
-            },
+            {"args": vars(args), "environment": harness.environment(), **payload},
         )
     return 0
 

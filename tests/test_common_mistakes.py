@@ -136,3 +136,37 @@ def test_splitting_the_cpu_after_tensorflow_initialised_names_both_counts():
         split_host_cpu(count + 1)
     with pytest.raises(ValueError, match="count=0"):
         split_host_cpu(0)
+
+
+@pytest.mark.parametrize(
+    "said, expected",
+    [
+        (
+            "/job:localhost/replica:0/task:0/device:CPU:0 unknown device.",
+            "built before the strategy connected to the cluster",
+        ),
+        ("Cannot serialize py_function", "built on Python code"),
+    ],
+)
+def test_in_graph_dataset_that_cannot_reach_the_workers_says_why(
+    monkeypatch, said, expected
+):
+    """A dataset made before `PSStrategy(mode="in-graph")` connected lives on
+    `/job:localhost`, which the cluster does not know: the error says to build
+    the strategy first, not that the pipeline is Python code."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from keras_psdist.distribute.input import pipelines
+
+    def replicate(dataset, hosts):
+        raise tf.errors.NotFoundError(None, None, said)
+
+    monkeypatch.setattr(pipelines.data_distribute, "replicate", replicate)
+    inputs = pipelines.InputPipelines.__new__(pipelines.InputPipelines)
+    inputs._topology = SimpleNamespace(
+        input_workers=[("/job:worker/task:0", ()), ("/job:worker/task:1", ())]
+    )
+    with pytest.raises(ValueError, match=expected):
+        inputs._clone_to_workers(tf.data.Dataset.range(4))

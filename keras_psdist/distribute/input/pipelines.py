@@ -123,6 +123,14 @@ class InputPipelines:
         try:
             clones = data_distribute.replicate(dataset, hosts)
         except (tf.errors.OpError, ValueError, TypeError) as e:
+            if "/job:localhost" in str(e) and "unknown device" in str(e):
+                raise ValueError(
+                    "This dataset was built before the strategy connected to the "
+                    "cluster, on the process's local device, which the cluster "
+                    "does not know. Build the strategy first, then the dataset "
+                    "(`strategy = kpd.PSStrategy(...)` before "
+                    f"`tf.data.Dataset...`). TensorFlow said: {e}"
+                ) from None
             raise ValueError(
                 "In-graph training runs the input pipeline on every worker task, "
                 "and this one cannot be sent to them: it is built on Python code "
