@@ -174,10 +174,67 @@ def test_checkpoint_moves_between_hybrid_and_ps_only(cpu_devices, tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
+def test_auto_keeps_variables_on_ps_where_replicas_share_memory(cpu_devices):
+    """4 logical CPUs of one process: no byte would be saved (measured in
+    benchmarks/hybrid.py: replicating is 1.09x slower here)."""
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS], dense="auto")
+    with strategy.scope():
+        model = compile_model(wide_and_deep())
+    assert not strategy.extended.placement.replicated()
+    decisions = {d.name: d for d in strategy.extended.dense_decisions}
+    kernel = decisions[model.weights[1].path]
+    assert kernel.choice == "ps" and "share memory" in kernel.reason
+    table = decisions[model.weights[0].path]
+    assert table.choice == "ps" and "embedding table" in table.reason
+
+
+def test_auto_keeps_variables_on_ps_under_a_robust_rule(cpu_devices):
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:NUM_REPLICAS],
+        dense="auto",
+        aggregator="median",
+        num_byzantine=1,
+    )
+    with strategy.scope():
+        compile_model(wide_and_deep())
+    reasons = {d.reason for d in strategy.extended.dense_decisions}
+    assert strategy.extended.dense_decisions
+    assert all("not the plain mean" in r or "embedding" in r for r in reasons)
+
+
+@pytest.mark.parametrize(
+    "compute, parameter, expected",
+    [
+        # GPUs of one host: a replicated variable is read from the GPU itself.
+        (["/gpu:0", "/gpu:1"], ["/cpu:0"], "all_reduce"),
+        # Worker tasks and ps tasks: every read crosses the network.
+        (
+            ["/job:worker/task:0/cpu:0", "/job:worker/task:1/cpu:0"],
+            ["/job:ps/task:0/cpu:0"],
+            "all_reduce",
+        ),
+        (["/cpu:0", "/cpu:1"], ["/cpu:0"], "ps"),
+        (["/gpu:0"], ["/cpu:0"], "ps"),  # one replica
+    ],
+)
+def test_auto_counts_bytes_by_topology(compute, parameter, expected):
+    from keras_psdist.synchronization import AutoChoice
+
+    choose = AutoChoice(compute, parameter, plain_mean=True)
+    assert choose("dense/kernel", tf.TensorShape([512, 512]), tf.float32) == expected
+    assert choose("embedding/embeddings", tf.TensorShape([9, 4]), tf.float32) == "ps"
+    assert [d.choice for d in choose.decisions] == [expected, "ps"]
+    between = AutoChoice(compute, parameter, plain_mean=True, between_graph=True)
+    assert between("dense/kernel", tf.TensorShape([4]), tf.float32) == "ps"
+
+
 @pytest.mark.parametrize(
     "dense, message",
     [
-        ("mirrored", "Unknown dense='mirrored'. Expected one of: 'ps', 'all_reduce'"),
+        (
+            "mirrored",
+            "Unknown dense='mirrored'. Expected one of: 'ps', 'all_reduce', 'auto'",
+        ),
         (3, "Unknown dense=3"),
     ],
 )

@@ -90,14 +90,6 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
                 chief=topology.chief_name,
                 init_timeout=run.init_timeout,
             )
-        self._creator = VariableCreator(
-            self._container_strategy,
-            topology,
-            placement_lib.get_policy(run.placement, self._parameter_devices),
-            partitioners_lib.get(run.partitioner),
-            self._shared,
-            synchronization.get_chooser(run.dense),
-        )
         self._reduction_device = topology.reduction_device
         self._reduction = GradientReduction(
             run.aggregator,
@@ -108,6 +100,20 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
             spread_devices=() if topology.between_graph else self._parameter_devices,
             worker_momentum=run.worker_momentum,
             replica_devices=self._compute_devices,
+        )
+        self._creator = VariableCreator(
+            self._container_strategy,
+            topology,
+            placement_lib.get_policy(run.placement, self._parameter_devices),
+            partitioners_lib.get(run.partitioner),
+            self._shared,
+            synchronization.get_chooser(
+                run.dense,
+                self._compute_devices,
+                self._parameter_devices,
+                plain_mean=self._reduction.is_plain_mean,
+                between_graph=topology.between_graph,
+            ),
         )
         # Replicated variables' gradients under the plain mean: TF's own
         # all-reduce (NCCL among GPUs), no central rule needed.
@@ -167,6 +173,11 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
     def placement(self) -> placement_lib.Placement:
         """Where each variable was placed and the bytes per device."""
         return self._creator.placement
+
+    @property
+    def dense_decisions(self) -> list[synchronization.Decision]:
+        """Under `dense="auto"`, each variable's choice and why; else []."""
+        return list(getattr(self._creator.chooser, "decisions", []))
 
     @property
     def partitioner(self) -> partitioners_lib.Partitioner | None:

@@ -119,9 +119,12 @@ class PSStrategy(distribute_lib.Strategy):
             dense ones replicated on every replica, their gradients reduced
             across replicas and every copy updated, as `MirroredStrategy`;
             embedding tables (and variables the partitioner splits) stay on
-            the parameter devices: the Parallax hybrid. Or a callable
+            the parameter devices: the Parallax hybrid. `"auto"`: per
+            variable, whichever moves fewer bytes per step, logged with the
+            reason (`keras_psdist.synchronization.AutoChoice`;
+            `strategy.extended.dense_decisions`). Or a callable
             `(name, shape, dtype) -> "ps" | "all_reduce"` per variable.
-            One host and `mode="in-graph"` only. See
+            Replication needs one host or `mode="in-graph"`. See
             docs/hybrid.md. Defaults to `"ps"`.
 
     Raises:
@@ -186,7 +189,10 @@ class PSStrategy(distribute_lib.Strategy):
                     f"max_staleness={max_staleness}. For synchronous training "
                     "with backup workers use SyncReplicaStrategy."
                 )
-        if mode == "between-graph" and dense != synchronization.PS:
+        if mode == "between-graph" and dense not in (
+            synchronization.PS,
+            synchronization.AUTO,
+        ):
             raise ValueError(
                 f"dense={dense!r} replicates variables on the replicas, which "
                 "needs one client that sees every replica: one host or "

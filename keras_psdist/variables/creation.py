@@ -95,7 +95,7 @@ class VariableCreator:
         self._policy = policy
         self.partitioner = partitioner
         self._shared = shared
-        self._chooser = chooser
+        self.chooser = chooser
         self.placement = placement_lib.Placement(self._parameter_devices)
 
     def create(self, next_creator, **kwargs) -> tf.Variable:
@@ -154,7 +154,7 @@ class VariableCreator:
         """Whether the chooser keeps this variable on every replica."""
         scope = tf.get_current_name_scope()
         path = f"{scope}/{name}" if scope else name
-        return self._chooser(path, shape, dtype) == synchronization.ALL_REDUCE
+        return self.chooser(path, shape, dtype) == synchronization.ALL_REDUCE
 
     def _num_shards(self, name, shape, dtype):
         try:
