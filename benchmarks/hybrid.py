@@ -75,8 +75,13 @@ import tensorflow as tf  # noqa: E402
 import keras_psdist as kpd  # noqa: E402
 from keras_psdist.devices import split_host_cpu  # noqa: E402
 
-CONFIGS = ("ps", "hybrid", "mirrored")
-CLUSTER_CONFIGS = ("ps", "hybrid")
+CONFIGS = ("ps", "hybrid", "auto", "mirrored")
+CLUSTER_CONFIGS = ("ps", "hybrid", "auto")
+# dense= for each keras_psdist configuration.
+DENSE = {"ps": "ps", "hybrid": "all_reduce", "auto": "auto"}
+# "auto" passes when its step is within this factor of the best other
+# configuration's (it makes one of their choices, so it ties within noise).
+AUTO_TOLERANCE = 1.05
 DENSE_FEATURES = 64
 CLUSTER_TIMEOUT_S = 600
 
@@ -111,12 +116,24 @@ def build(strategy, args) -> keras.Model:
     return model
 
 
-def strategy_for(name, devices):
-    if name == "ps":
-        return kpd.PSStrategy(devices=devices)
-    if name == "hybrid":
-        return kpd.PSStrategy(devices=devices, dense="all_reduce")
-    return tf.distribute.MirroredStrategy(devices=devices)
+def strategy_for(name, devices=None):
+    """The strategy of configuration `name`: on `devices` of this host, or on
+    the in-graph cluster this process was launched into (`devices=None`)."""
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(devices=devices)
+    if devices is None:
+        return kpd.PSStrategy(mode="in-graph", dense=DENSE[name])
+    return kpd.PSStrategy(devices=devices, dense=DENSE[name])
+
+
+def auto_summary(strategy) -> str:
+    """What `dense="auto"` chose, variable by variable, in one line."""
+    decisions = strategy.extended.dense_decisions
+    replicated = sum(d.choice == "all_reduce" for d in decisions)
+    reasons = sorted({d.reason.split(" (")[0] for d in decisions})
+    return f"auto replicated {replicated} of {len(decisions)} variables; " + "; ".join(
+        reasons
+    )
 
 
 class Case:
@@ -124,6 +141,7 @@ class Case:
         self.name = name
         strategy = strategy_for(name, devices)
         self.model = build(strategy, args)
+        self.auto = auto_summary(strategy) if name == "auto" else None
         self.dense_params = sum(
             int(np.prod(w.shape)) for w in self.model.trainable_weights[1:]
         )
@@ -137,6 +155,21 @@ class Case:
         for _ in range(steps):
             train_function(self.iterator)
         return (time.perf_counter() - start) / steps
+
+
+def auto_check(step_vs_ps: dict, summary: str | None) -> list[str]:
+    """The issue's target: "auto" at least as fast as the best other
+    configuration (within `AUTO_TOLERANCE`), and what it chose."""
+    others = {k: v for k, v in step_vs_ps.items() if k != "auto" and v is not None}
+    if step_vs_ps.get("auto") is None or not others:
+        return ["auto: no measurement"]
+    best = min(others, key=others.get)
+    ok = step_vs_ps["auto"] <= others[best] * AUTO_TOLERANCE
+    return [
+        f"{'PASS' if ok else 'FAIL'} auto: step {step_vs_ps['auto']:.2f}x ps, the "
+        f"best other ({best}) {others[best]:.2f}x (bar: within {AUTO_TOLERANCE:.2f}x)",
+        f"  {summary}",
+    ]
 
 
 def loopback_bytes() -> int | None:
@@ -154,11 +187,7 @@ def loopback_bytes() -> int | None:
 
 def cluster_child(args) -> int:
     """The chief of one launch: one configuration, timed blocks of steps."""
-    strategy = (
-        kpd.PSStrategy(mode="in-graph")
-        if args.config == "ps"
-        else kpd.PSStrategy(mode="in-graph", dense="all_reduce")
-    )
+    strategy = strategy_for(args.config)
     # After the strategy: a dataset made before it connected would live on
     # the process's local device, which the cluster does not know.
     dataset = make_dataset(args)
@@ -183,6 +212,7 @@ def cluster_child(args) -> int:
             b["bytes_per_step"] for b in blocks if b["bytes_per_step"] is not None
         ),
         "replicated": len(strategy.extended.placement.replicated()),
+        "auto": auto_summary(strategy) if args.config == "auto" else None,
     }
     (Path(args.out_dir) / "chief.json").write_text(json.dumps(report))
     return 0
@@ -248,7 +278,7 @@ def parse_args(argv):
         quick_json=True,
     )
     parser.add_argument("--replicas", type=harness.positive, default=4)
-    parser.add_argument("--rows", type=harness.positive, default=1 << 18)
+    parser.add_argument("--rows", type=harness.positive, default=1 << 20)
     parser.add_argument("--dim", type=harness.positive, default=64)
     parser.add_argument("--seq", type=harness.positive, default=8)
     parser.add_argument("--hidden", type=harness.positive, default=1024)
@@ -295,13 +325,14 @@ def run_local(args) -> tuple[list[str], dict]:
         ]
         for name in CONFIGS
     ]
+    checks = auto_check(vs_ps, cases["auto"].auto)
     title = (
         f"one host, {args.replicas} logical CPU replicas; table {args.rows} x "
         f"{args.dim}, dense tower {cases['ps'].dense_params:,} parameters; "
         f"global batch {args.batch}; {args.repeats} interleaved rounds of "
         f"{args.steps} steps, medians"
     )
-    return [title, *harness.text_table(COLUMNS, rows)], {
+    return [title, *harness.text_table(COLUMNS, rows), *checks], {
         "medians_s": medians,
         "step_vs_ps": vs_ps,
         "rounds": rounds.entries(),
@@ -333,7 +364,13 @@ def cluster_table(args, rounds: harness.Rounds) -> tuple[list[str], dict]:
         f"{args.cluster_rounds} rounds of one launch per configuration, each "
         f"the median of {args.timed} blocks of {args.steps} steps"
     )
-    return [title, *harness.text_table(COLUMNS, rows)], {
+    summaries = [
+        res["auto"].get("auto")
+        for res in rounds.results
+        if isinstance(res.get("auto"), dict)
+    ]
+    checks = auto_check(vs_ps, next((s for s in summaries if s), None))
+    return [title, *harness.text_table(COLUMNS, rows), *checks], {
         "cluster_medians_s": medians,
         "cluster_bytes_per_step": bytes_,
         "cluster_step_vs_ps": vs_ps,

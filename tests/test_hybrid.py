@@ -174,6 +174,18 @@ def test_checkpoint_moves_between_hybrid_and_ps_only(cpu_devices, tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
+def test_plain_tf_variables_follow_the_chooser(cpu_devices):
+    """A custom loop's `tf.Variable` (trainable=None, which means True) is
+    replicated like a Keras weight; trainable=False stays on the ps."""
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS], dense="all_reduce")
+    with strategy.scope():
+        kernel = tf.Variable(tf.ones([3, 2]), name="kernel")
+        frozen = tf.Variable(tf.ones([3, 2]), name="frozen", trainable=False)
+    assert isinstance(kernel, ReplicatedVariable)
+    assert len(kernel.values) == NUM_REPLICAS
+    assert not isinstance(frozen, ReplicatedVariable)
+
+
 def test_auto_keeps_variables_on_ps_where_replicas_share_memory(cpu_devices):
     """4 logical CPUs of one process: no byte would be saved (measured in
     benchmarks/hybrid.py: replicating is 1.09x slower here)."""

@@ -136,7 +136,9 @@ class VariableCreator:
                 return self._create_partitioned(
                     next_creator, kwargs, dtype, aggregation, layout
                 )
-            if kwargs.get("trainable", True) and self._replicates(name, shape, dtype):
+            # tf.Variable's trainable=None means True (ON_READ is handled above).
+            trainable = kwargs.get("trainable") is not False
+            if trainable and self._replicates(name, shape, dtype):
                 return self._create_replicated(
                     next_creator, kwargs, aggregation, shape, dtype
                 )
