@@ -276,6 +276,7 @@ def parse_args(argv):
         name="hybrid",
         quick="tiny model, 3 rounds",
         quick_json=True,
+        plot="write a PNG bar chart of examples/s per configuration and topology",
     )
     parser.add_argument("--replicas", type=harness.positive, default=4)
     parser.add_argument("--rows", type=harness.positive, default=1 << 20)
@@ -378,6 +379,33 @@ def cluster_table(args, rounds: harness.Rounds) -> tuple[list[str], dict]:
     }
 
 
+def write_plot(path: str, args, payload: dict) -> None:
+    """Examples/s per configuration, one panel per topology measured."""
+    panels = [
+        (f"one host, {args.replicas} logical CPU replicas", payload.get("medians_s")),
+        (
+            "in-graph cluster: 2 workers + 2 ps on localhost",
+            payload.get("cluster_medians_s"),
+        ),
+    ]
+    panels = [(title, m) for title, m in panels if m]
+    with harness.figure(path, 1, len(panels), figsize=(5 * len(panels), 3.6)) as (
+        fig,
+        axes,
+    ):
+        for ax, (title, medians) in zip(np.atleast_1d(axes), panels, strict=True):
+            names = [n for n in medians if medians[n]]
+            rates = [args.batch / medians[n] for n in names]
+            ax.bar(names, rates, color=["C0" if n != "auto" else "C2" for n in names])
+            ax.set_title(title, fontsize=10)
+            ax.set_ylabel("examples/s (higher is better)")
+        fig.suptitle(
+            f"table {args.rows:,} x {args.dim}, dense tower of {args.layers} x "
+            f"{args.hidden}; global batch {args.batch}",
+            fontsize=10,
+        )
+
+
 COLUMNS = [
     Column("config", 10, "<"),
     Column("ms/step", 8),
@@ -408,6 +436,9 @@ def main(argv=None) -> int:
         f"wall time: {wall:.1f}s; load average at start {load_start}, at end "
         f"{harness.loadavg()}"
     )
+    if args.plot:
+        write_plot(args.plot, args, payload)
+        print(f"wrote {args.plot}")
     if args.json:
         harness.save_json(
             args.json,

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import harness
-from harness import RunFailed, read_reports, run_dir, use_checkout
+from harness import RunFailed, parse_config, read_reports, run_dir, use_checkout
 from harness import log as _log
 
 harness.prepare_tensorflow()
@@ -48,7 +48,6 @@ harness.prepare_tensorflow()
 JOB = Path(__file__).resolve().parent / "_sync_byzantine_job.py"
 RUN_TIMEOUT_S = 600.0
 SERVER_CRASH = "(server) exited with SIGSEGV"
-WORKER_MOMENTUM = 0.9
 ATTACKS = {
     "sign_flip": lambda w: {
         "class_name": "sign_flip",
@@ -70,21 +69,21 @@ ATTACKS = {
 }
 
 
-def run_one(work: Path, name: str, attack: dict | None, args) -> dict:
+def run_one(work: Path, name: str, attack: dict | None, args, seed: int) -> dict:
     """One `launch`; the chief's report."""
     from keras_psdist.cluster import launch
 
-    rule = name.removesuffix("+wm")
+    rule, aggregator, worker_momentum = parse_config(name)
     config = {
-        "aggregator": rule,
+        "aggregator": aggregator,
         "num_byzantine": 0 if rule == "mean" else args.num_byzantine,
-        "worker_momentum": WORKER_MOMENTUM if name.endswith("+wm") else 0.0,
+        "worker_momentum": worker_momentum,
         "attack": attack,
         "epochs": args.epochs,
         "batch": args.batch,
         "lr": args.lr,
         "momentum": 0.9,
-        "seed": args.seed,
+        "seed": seed,
     }
     start = time.perf_counter()
     for attempt in (1, 2):
@@ -124,8 +123,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--rules",
         default="mean,median+wm,centered_clipping+wm",
-        help="comma-separated rules, each optionally with +wm (worker momentum "
-        "0.9); default mean,median+wm,centered_clipping+wm",
+        help="comma-separated configurations [pre>]rule[+wm[BETA]] (as "
+        "robustness.py: e.g. arc>geometric_median+wm); default "
+        "mean,median+wm,centered_clipping+wm",
     )
     parser.add_argument("--attack", choices=sorted(ATTACKS), default="sign_flip")
     parser.add_argument("--workers", type=harness.positive, default=5, help="(5)")
@@ -137,9 +137,21 @@ def parse_args(argv=None):
     parser.add_argument(
         "--lr", type=harness.positive_float, default=0.05, help="(0.05)"
     )
+    parser.add_argument(
+        "--seeds",
+        type=harness.int_list,
+        help="several seeds (e.g. 0,1,2): every configuration runs clean and "
+        "attacked with each, and the table shows the means over seeds "
+        "(default: --seed alone)",
+    )
     args = parser.parse_args(argv)
     args.rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    args.seeds = args.seeds or [args.seed]
     return args
+
+
+def _mean(values: list[float | None]) -> float | None:
+    return None if not values or None in values else sum(values) / len(values)
 
 
 def main(argv=None) -> int:
@@ -151,26 +163,51 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     results = {}
     with tempfile.TemporaryDirectory(prefix="sync_byzantine_") as work:
-        for name in args.rules:
-            for attacked in (False, True):
-                key = f"{name} {'attacked' if attacked else 'clean'}"
-                attack = ATTACKS[args.attack](args.workers - 1) if attacked else None
-                try:
-                    results[key] = run_one(Path(work), name, attack, args)
-                    _log(f"{key}: accuracy {results[key]['accuracy']:.3f}")
-                except RunFailed as e:
-                    results[key] = {"error": str(e)}
-                    _log(f"{key}: failed: {e}")
+        for seed in args.seeds:
+            for name in args.rules:
+                for attacked in (False, True):
+                    key = f"{name} {'attacked' if attacked else 'clean'} seed {seed}"
+                    attack = (
+                        ATTACKS[args.attack](args.workers - 1) if attacked else None
+                    )
+                    try:
+                        results[key] = run_one(Path(work), name, attack, args, seed)
+                        _log(f"{key}: accuracy {results[key]['accuracy']:.3f}")
+                    except RunFailed as e:
+                        results[key] = {"error": str(e)}
+                        _log(f"{key}: failed: {e}")
+    seeds = ",".join(str(s) for s in args.seeds)
     print()
-    print(f"{'rule':<24}{'clean':>8}{'attacked':>10}{'drop (points)':>16}")
+    print(
+        f"{'rule':<32}{'clean':>8}{'attacked':>10}{'drop (points)':>16}"
+        f"   per seed ({seeds}): clean/attacked"
+    )
     summary = {}
     for name in args.rules:
-        clean = results[f"{name} clean"].get("accuracy")
-        attacked = results[f"{name} attacked"].get("accuracy")
+        per_seed = [
+            (
+                results[f"{name} clean seed {s}"].get("accuracy"),
+                results[f"{name} attacked seed {s}"].get("accuracy"),
+            )
+            for s in args.seeds
+        ]
+        clean = _mean([c for c, _ in per_seed])
+        attacked = _mean([a for _, a in per_seed])
         drop = None if None in (clean, attacked) else 100 * (clean - attacked)
-        summary[name] = {"clean": clean, "attacked": attacked, "drop_points": drop}
+        summary[name] = {
+            "clean": clean,
+            "attacked": attacked,
+            "drop_points": drop,
+            "per_seed": per_seed,
+        }
         cells = [harness.fmt(v, ".3f") for v in (clean, attacked)]
-        print(f"{name:<24}{cells[0]:>8}{cells[1]:>10}{harness.fmt(drop, '.1f'):>16}")
+        detail = " ".join(
+            f"{harness.fmt(c, '.3f')}/{harness.fmt(a, '.3f')}" for c, a in per_seed
+        )
+        print(
+            f"{name:<32}{cells[0]:>8}{cells[1]:>10}{harness.fmt(drop, '.1f'):>16}"
+            f"   {detail}"
+        )
     print(
         f"\n{args.workers} workers + 1 ps, worker {args.workers - 1} runs "
         f"{args.attack}; f = {args.num_byzantine} (mean: 0)"
@@ -185,7 +222,7 @@ def main(argv=None) -> int:
             "epochs",
             "batch",
             "lr",
-            "seed",
+            "seeds",
         ),
         load_start,
         time.perf_counter() - start,

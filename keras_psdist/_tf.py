@@ -10,8 +10,9 @@ below.
 
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import distribute as data_distribute
-from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import (
+    collective_util,
+    cross_device_utils,
     device_util,
     distribute_lib,
     distribute_utils,
@@ -23,6 +24,7 @@ from tensorflow.python.distribute import (
     reduce_util,
     values,
 )
+from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute.v1 import input_lib as input_lib_v1
 from tensorflow.python.eager import context
 from tensorflow.python.framework import (
@@ -65,10 +67,12 @@ def _check_versions() -> None:
 _check_versions()
 
 __all__ = [
+    "collective_util",
     "composite_tensor",
     "composite_tensor_gradient",
     "context",
     "cross_device_ops_lib",
+    "cross_device_utils",
     "data_distribute",
     "device_util",
     "dispatch",

@@ -326,6 +326,8 @@ def test_in_graph_cluster_replicates_on_workers_and_equals_one_process(
     assert code == 0, f"launch exited {code}:\n{log[-6000:]}"
     report = json.loads((tmp_path / "hybrid.json").read_text())
     assert report["copies_equal"]
+    # Across the worker tasks, TensorFlow's collective all-reduce over gRPC.
+    assert report["all_reduce"] == "CollectiveAllReduce"
     rows = {name: (sync, devices) for name, sync, devices in report["variables"]}
     table = next(name for name in rows if name.endswith("embeddings"))
     assert rows[table][0] == "ps"

@@ -3,9 +3,12 @@ cross-device ops.
 
 With `dense="all_reduce"` and the plain `mean` aggregator (no attack, no
 worker momentum), the gradients need no central rule: each replica needs the
-sum, which TensorFlow's `CrossDeviceOps` compute where they are
-(`select_cross_device_ops`: NCCL's all-reduce among local GPUs, else a
-reduction to one device and a broadcast, as `MirroredStrategy` does). Keras
+sum, which TensorFlow's `CrossDeviceOps` compute where they are: among the
+worker tasks of an in-graph cluster, TensorFlow's collective all-reduce over
+its gRPC runtime (`CollectiveAllReduce`, as `MultiWorkerMirroredStrategy`
+uses, here driven by the one client); on one host, `select_cross_device_ops`'s
+choice (NCCL's all-reduce among local GPUs, else a reduction to one device
+and a broadcast, as `MirroredStrategy` does). Keras
 all-reduces a step's gradients before it knows which update each is for, so
 every dense gradient of the step takes this path; a parameter-server
 variable's update then reads one replica's copy of the sum. Every other rule
@@ -24,13 +27,21 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from keras_psdist._tf import cross_device_ops_lib, values
+from keras_psdist._tf import (
+    collective_util,
+    cross_device_ops_lib,
+    cross_device_utils,
+    values,
+)
 
 ReduceOp = tf.distribute.ReduceOp
 
 
 class ReplicatedAllReduce:
     """Sums the replicas' values of replicated variables onto every replica.
+
+    Build it eagerly, outside any strategy scope: across tasks, TensorFlow's
+    collective all-reduce makes a small ordering variable on each device.
 
     Args:
         devices: The compute devices, one per replica.
@@ -39,10 +50,18 @@ class ReplicatedAllReduce:
     def __init__(self, devices: Sequence[str]):
         self._devices = tuple(devices)
         self._ops = None
+        if spans_tasks(self._devices):
+            self._ops = cross_device_ops_lib.CollectiveAllReduce(
+                devices=self._devices,
+                group_size=len(self._devices),
+                options=collective_util.Options(),
+                collective_keys=cross_device_utils.CollectiveKeys(),
+            )
 
     @property
     def cross_device_ops(self) -> tf.distribute.CrossDeviceOps:
-        """TensorFlow's choice for these devices (made on first use)."""
+        """TensorFlow's all-reduce for these devices: collective across tasks,
+        else `select_cross_device_ops`'s choice (made on first use)."""
         if self._ops is None:
             self._ops = cross_device_ops_lib.select_cross_device_ops(self._devices)
         return self._ops
@@ -70,6 +89,12 @@ class ReplicatedAllReduce:
                 for mirrored in reduced
             ]
         return reduced
+
+
+def spans_tasks(devices: Sequence[str]) -> bool:
+    """Whether `devices` belong to more than one task (job, replica, task)."""
+    specs = [tf.DeviceSpec.from_string(d) for d in devices]
+    return len({(s.job, s.replica, s.task) for s in specs}) > 1
 
 
 def _weighted(column, shares, n):

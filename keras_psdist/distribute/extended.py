@@ -119,7 +119,7 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
         # all-reduce (NCCL among GPUs), no central rule needed.
         self._all_reduce = (
             ReplicatedAllReduce(self._compute_devices)
-            if self._reduction.is_plain_mean
+            if self._reduction.is_plain_mean and run.dense != synchronization.PS
             else None
         )
         self._gather_ops = cross_device_ops_lib.ReductionToOneDevice(
@@ -173,6 +173,15 @@ class PSExtended(ReplicaWrites, distribute_lib.StrategyExtendedV1):
     def placement(self) -> placement_lib.Placement:
         """Where each variable was placed and the bytes per device."""
         return self._creator.placement
+
+    @property
+    def all_reduce_ops(self) -> tf.distribute.CrossDeviceOps | None:
+        """TensorFlow's cross-device ops that sum the replicated variables'
+        gradients under the plain mean (`CollectiveAllReduce` across the
+        worker tasks of an in-graph cluster, NCCL among local GPUs, else a
+        reduction to one device); None when nothing can be replicated or a
+        robust rule reduces."""
+        return None if self._all_reduce is None else self._all_reduce.cross_device_ops
 
     @property
     def dense_decisions(self) -> list[synchronization.Decision]:

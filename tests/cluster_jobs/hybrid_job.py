@@ -70,6 +70,7 @@ def main(out_dir):
             for row in strategy.extended.placement.variables
         ],
         "copies_equal": copies_equal,
+        "all_reduce": type(strategy.extended.all_reduce_ops).__name__,
         "losses": history.history["loss"],
     }
     with open(os.path.join(out_dir, "hybrid.json"), "w") as f:
