@@ -436,14 +436,14 @@ def main(argv=None) -> int:
         f"wall time: {wall:.1f}s; load average at start {load_start}, at end "
         f"{harness.loadavg()}"
     )
-    if args.plot:
-        write_plot(args.plot, args, payload)
-        print(f"wrote {args.plot}")
     if args.json:
         harness.save_json(
             args.json,
             {"args": vars(args), "environment": harness.environment(), **payload},
         )
+    if args.plot:
+        write_plot(args.plot, args, payload)
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -85,7 +85,8 @@ def get_chooser(
         dense: `"ps"` (every variable on a parameter device; the default),
             `"all_reduce"` (dense trainable variables replicated, embedding
             tables on parameter devices), `"auto"` (`AutoChoice`), or a
-            callable `(name, shape, dtype) -> "ps" | "all_reduce"`.
+            callable `(name, shape, dtype) -> "ps" | "all_reduce" | "auto"`
+            (`UserChoice`: `"auto"` leaves that variable to `AutoChoice`).
         compute_devices: The replicas' devices (for `"auto"`).
         parameter_devices: The parameter devices (for `"auto"`).
         plain_mean: Whether the strategy's gradients are plainly averaged
@@ -97,8 +98,11 @@ def get_chooser(
     Raises:
         ValueError: for anything else, naming the choices.
     """
-    if callable(dense):
-        return checked(dense)
+    if callable(dense) and not isinstance(dense, str):
+        return UserChoice(
+            dense,
+            AutoChoice(compute_devices, parameter_devices, plain_mean, between_graph),
+        )
     if dense == PS:
         return all_on_ps
     if dense == ALL_REDUCE:
@@ -108,7 +112,7 @@ def get_chooser(
     raise ValueError(
         f"Unknown dense={dense!r}. Expected one of: "
         f"{', '.join(repr(c) for c in DENSE_CHOICES)}, or a callable "
-        "(name, shape, dtype) -> 'ps' | 'all_reduce'."
+        "(name, shape, dtype) -> 'ps' | 'all_reduce' | 'auto'."
     )
 
 
@@ -221,16 +225,46 @@ class AutoChoice:
         return ALL_REDUCE, f"fewer bytes through the busiest link ({counts})"
 
 
-def checked(chooser: ChooserFn) -> ChooserFn:
-    """`chooser`, with its answer checked."""
+class UserChoice:
+    """A user's `dense=` callable, its answers checked; `"auto"` hands the
+    variable to `AutoChoice`.
 
-    def choose(name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:
-        choice = chooser(name, shape, dtype)
+    Args:
+        chooser: `(name, shape, dtype) -> "ps" | "all_reduce" | "auto"`.
+        auto: The `AutoChoice` for the variables it hands on.
+
+    Examples:
+
+    >>> import tensorflow as tf
+    >>> auto = AutoChoice(["/gpu:0", "/gpu:1"], ["/cpu:0"], plain_mean=True)
+    >>> choose = UserChoice(
+    ...     lambda name, shape, dtype: "ps" if name.startswith("tower") else "auto",
+    ...     auto,
+    ... )
+    >>> choose("tower/kernel", tf.TensorShape([8, 8]), tf.float32)
+    'ps'
+    >>> choose("head/kernel", tf.TensorShape([8, 8]), tf.float32)
+    'all_reduce'
+    >>> [d.name for d in choose.decisions]
+    ['head/kernel']
+    """
+
+    def __init__(self, chooser: ChooserFn, auto: AutoChoice):
+        self.chooser = chooser
+        self.auto = auto
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """The decisions of the variables handed to `AutoChoice`."""
+        return self.auto.decisions
+
+    def __call__(self, name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:
+        choice = self.chooser(name, shape, dtype)
+        if choice == AUTO:
+            return self.auto(name, shape, dtype)
         if choice not in SYNCHRONIZERS:
             raise ValueError(
                 f"The dense= chooser returned {choice!r} for variable {name!r}. "
-                f"Expected one of: {', '.join(repr(s) for s in SYNCHRONIZERS)}."
+                f"Expected one of: {', '.join(repr(s) for s in DENSE_CHOICES)}."
             )
         return choice
-
-    return choose

@@ -214,6 +214,24 @@ def test_auto_keeps_variables_on_ps_under_a_robust_rule(cpu_devices):
     assert all("not the plain mean" in r or "embedding" in r for r in reasons)
 
 
+def test_a_callable_overrides_auto_per_variable(cpu_devices):
+    """The callable decides some variables and hands the rest to "auto"."""
+
+    def choose(name, shape, dtype):
+        # The hidden layer's kernel (dim 4 x hidden 16): replicated.
+        return "all_reduce" if tuple(shape) == (4, 16) else "auto"
+
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS], dense=choose)
+    with strategy.scope():
+        model = compile_model(wide_and_deep())
+    kernel, head = model.weights[1].path, model.weights[3].path
+    replicated = strategy.extended.placement.replicated()
+    assert [r.name for r in replicated if r.slot_of is None] == [kernel]
+    decided = {d.name: d.choice for d in strategy.extended.dense_decisions}
+    assert kernel not in decided
+    assert decided[head] == "ps"  # auto: logical CPUs share memory
+
+
 @pytest.mark.parametrize(
     "compute, parameter, expected",
     [
@@ -310,9 +328,10 @@ def test_mean_all_reduces_replicated_gradients_with_tf_cross_device_ops(
 def test_in_graph_cluster_replicates_on_workers_and_equals_one_process(
     cpu_devices, tmp_path
 ):
-    """Chief + 2 workers + 1 ps: the dense layers are copied on the worker
-    tasks, the table stays on the ps task, every copy stays equal, and the
-    weights are those of the same replicas in one process."""
+    """Chief + 3 workers + 1 ps: the dense layers are copied on the worker
+    tasks, the table stays on the ps task, the gradients are all-reduced by
+    TensorFlow's collective ops (3 tasks or more), every copy stays equal,
+    and the weights are those of the same replicas in one process."""
     import importlib.util
     import json
     from pathlib import Path
@@ -321,12 +340,12 @@ def test_in_graph_cluster_replicates_on_workers_and_equals_one_process(
 
     job_path = Path(__file__).parent / "cluster_jobs" / "hybrid_job.py"
     code, log = launching.launch_job(
-        job_path, [tmp_path], num_ps=1, num_workers=2, mode="in-graph", timeout_s=300
+        job_path, [tmp_path], num_ps=1, num_workers=3, mode="in-graph", timeout_s=300
     )
     assert code == 0, f"launch exited {code}:\n{log[-6000:]}"
     report = json.loads((tmp_path / "hybrid.json").read_text())
     assert report["copies_equal"]
-    # Across the worker tasks, TensorFlow's collective all-reduce over gRPC.
+    # Across 3 worker tasks, TensorFlow's collective all-reduce over gRPC.
     assert report["all_reduce"] == "CollectiveAllReduce"
     rows = {name: (sync, devices) for name, sync, devices in report["variables"]}
     table = next(name for name in rows if name.endswith("embeddings"))
@@ -340,12 +359,13 @@ def test_in_graph_cluster_replicates_on_workers_and_equals_one_process(
         assert sorted(d.split("/device")[0] for d in devices) == [
             "/job:worker/replica:0/task:0",
             "/job:worker/replica:0/task:1",
+            "/job:worker/replica:0/task:2",
         ]
 
     spec = importlib.util.spec_from_file_location("hybrid_job", job_path)
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
-    model = job.build(kpd.PSStrategy(devices=cpu_devices[:2], dense="all_reduce"))
+    model = job.build(kpd.PSStrategy(devices=cpu_devices[:3], dense="all_reduce"))
     job.train(model)
     weights = np.load(tmp_path / "weights.npz")
     for i, w in enumerate(model.weights):

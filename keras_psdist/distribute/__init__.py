@@ -7,8 +7,12 @@
                         `reduce_to` / `batch_reduce_to`, `update`,
                         `colocate_vars_with`, distributed datasets
     replica_writes.py   how writes made in replica context reach the one copy
+    cross_replica.py    `reduce_to` / `batch_reduce_to`, gathers, broadcasts:
+                        which path each value of a step takes
     reduction.py        `batch_reduce_to`'s policy: one aggregator over every
                         gradient of a step, then the attack harness
+    all_reduce.py       TensorFlow's all-reduce for replicated variables
+                        (`dense=`) under the plain mean
     replica_batches.py  what a replica does with its piece of the batch, an
                         empty piece included
     input/              where each replica's batches come from

@@ -123,7 +123,8 @@ class PSStrategy(distribute_lib.Strategy):
             variable, whichever moves fewer bytes per step, logged with the
             reason (`keras_psdist.synchronization.AutoChoice`;
             `strategy.extended.dense_decisions`). Or a callable
-            `(name, shape, dtype) -> "ps" | "all_reduce"` per variable.
+            `(name, shape, dtype) -> "ps" | "all_reduce" | "auto"` per
+            variable (`"auto"`: leave that one to the automatic choice).
             Replication needs one host or `mode="in-graph"`. See
             docs/hybrid.md. Defaults to `"ps"`.
 
