@@ -3,7 +3,8 @@
 * arguments: `BenchmarkParser` (``--json``, ``--plot``, ``--quick``,
   ``--seed``, ``--rounds`` / ``--repeats``, the children's ``--role``) and
   the argparse types `positive`, `positive_float`, `non_negative_float`,
-  `int_list`;
+  `int_list`, `seed_list`; the rule configurations of the robustness
+  benchmarks, `parse_config`;
 * measuring: `interleaved_rounds` runs configurations in alternating rounds
   (A B, B A, ... or A B, A B, ...) and returns a `Rounds`: per-configuration
   samples, medians, ratios to a baseline paired round by round;
@@ -116,6 +117,23 @@ def int_list(text: str) -> list[int]:
     [5, 40, 400]
     """
     return [positive(t) for t in text.split(",") if t.strip()]
+
+
+def seed_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers >= 0 (seeds).
+
+    >>> seed_list("0,1,2")
+    [0, 1, 2]
+    """
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"seeds must be >= 0, got {text!r}")
+    return seeds
 
 
 def name_list(choices: Callable[[], Sequence[str]] | Sequence[str], what: str):

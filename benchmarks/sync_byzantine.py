@@ -139,7 +139,7 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--seeds",
-        type=harness.int_list,
+        type=harness.seed_list,
         help="several seeds (e.g. 0,1,2): every configuration runs clean and "
         "attacked with each, and the table shows the means over seeds "
         "(default: --seed alone)",
