@@ -1,5 +1,6 @@
 """The hybrid (dense variables all-reduced, embeddings on parameter servers)
-against parameter servers only and MirroredStrategy, on one host.
+and ``dense="auto"`` against parameter servers only and MirroredStrategy, on
+one host and on an in-graph cluster.
 
 What it measures
 ----------------
@@ -13,6 +14,11 @@ squared error, plain SGD (a sparse update of the table). Trained on
   CPU), read by every replica each step;
 * ``hybrid``: ``PSStrategy(dense="all_reduce")``: the dense tower replicated
   on the replicas, the table on the parameter device;
+* ``auto``: ``PSStrategy(dense="auto")``: per variable, whichever moves
+  fewer bytes (``keras_psdist.synchronization.AutoChoice``); the script
+  prints what it chose and checks the target: at least as fast as the best
+  other configuration, within ``AUTO_TOLERANCE`` (it runs one of their
+  placements, so a tie within noise);
 * ``mirrored``: ``tf.distribute.MirroredStrategy``: everything replicated,
   the table too (one copy per replica).
 
@@ -27,7 +33,7 @@ Then (``--topology cluster``, on by default) the same model on an in-graph
 cluster on localhost: this script as the chief, 2 worker tasks (the
 replicas, one each) and 2 ps tasks, every task its own process, over gRPC
 (``keras_psdist.cluster.launch``). A chief process holds one strategy, so
-each configuration is its own launch: ``ps`` and ``hybrid`` alternate for
+each configuration is its own launch: ``ps``, ``hybrid`` and ``auto`` alternate for
 ``--cluster-rounds`` rounds (MirroredStrategy cannot span tasks from one
 client). Per launch: median ms/step over ``--timed`` blocks of ``--steps``
 steps, and the bytes that crossed the loopback interface per step
@@ -43,13 +49,14 @@ How to run
 ----------
 From the repository root::
 
-    python benchmarks/hybrid.py --json benchmarks/results/hybrid.json
-    python benchmarks/hybrid.py --quick     # smoke run, seconds
+    python benchmarks/hybrid.py --json benchmarks/results/hybrid.json \
+        --plot docs/images/hybrid.png
+    python benchmarks/hybrid.py --quick     # smoke run, about a minute
 
 Options: ``--topology local,cluster``, ``--replicas``, ``--rows``,
 ``--dim``, ``--seq``, ``--hidden``, ``--layers``, ``--batch``, ``--steps``,
 ``--repeats``, ``--cluster-rounds``, ``--timed``, ``--quick``,
-``--json PATH``.
+``--json PATH``, ``--plot PATH``.
 """
 
 from __future__ import annotations
