@@ -134,9 +134,10 @@ class AutoChoice:
     - on a parameter device, every replica reads it and sends its gradient:
       2 n B through that device's link each step, one optimizer update;
     - replicated, the gradients are all-reduced: a reduction to one replica
-      and a broadcast move 2 (n - 1) B through that replica's link (NCCL's
-      ring among local GPUs, 2 (n - 1) / n B per GPU), and every replica
-      runs the update.
+      and a broadcast move 2 (n - 1) B through that replica's link (a ring,
+      NCCL's among local GPUs or TensorFlow's collective across 3 or more
+      worker tasks, 2 (n - 1) / n B through each), and every replica runs
+      the update.
 
     Hence, in order:
 
@@ -160,6 +161,21 @@ class AutoChoice:
         parameter_devices: The parameter devices.
         plain_mean: Whether the gradients are plainly averaged.
         between_graph: Whether each worker process is its own client.
+
+    Examples:
+
+    >>> import tensorflow as tf
+    >>> workers = ["/job:worker/task:0/cpu:0", "/job:worker/task:1/cpu:0"]
+    >>> choose = AutoChoice(workers, ["/job:ps/task:0/cpu:0"], plain_mean=True)
+    >>> choose("dense/kernel", tf.TensorShape([1024, 1024]), tf.float32)
+    'all_reduce'
+    >>> choose("embedding/embeddings", tf.TensorShape([10**6, 64]), tf.float32)
+    'ps'
+    >>> print(choose.decisions[0].reason)
+    fewer bytes through the busiest link (4,194,304 bytes: 16,777,216 per step through a parameter device, 8,388,608 all-reduced among 2 replicas)
+    >>> AutoChoice(["/cpu:0", "/cpu:1"], ["/cpu:0"], True)(
+    ...     "dense/kernel", tf.TensorShape([8, 8]), tf.float32)
+    'ps'
     """
 
     def __init__(
