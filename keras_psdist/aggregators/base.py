@@ -246,15 +246,51 @@ class Aggregator:
         if reduce_op == ReduceOp.SUM and not scale_result:
             per_replica = [[_scale(v, n) for v in vs] for vs in per_replica]
         blocks = [sparse_lib.to_dense_rows(vs) for vs in per_replica]
-        dense = [b.values for b in blocks]
+        has_data = None
         if shares is not None:
-            dense = _mask_replicas_without_data(dense, shares)
-        result = self.apply(dense, state)
-        values = result.values
-        if scale_result:
-            values = [_scale(v, n) for v in values]
-        out = [b.restore(v) for b, v in zip(blocks, values, strict=True)]
+            has_data = tf.stack([tf.convert_to_tensor(s) > 0 for s in shares])
+        result = self.apply_step(
+            [b.values for b in blocks],
+            state,
+            has_data=has_data,
+            scale=float(n) if scale_result else None,
+        )
+        out = [b.restore(v) for b, v in zip(blocks, result.values, strict=True)]
         return Aggregation(out, result.report, result.state)
+
+    def apply_step(
+        self,
+        per_replica: Sequence[Sequence[tf.Tensor]],
+        state: Any = (),
+        *,
+        has_data: tf.Tensor | None = None,
+        scale: float | None = None,
+    ) -> Aggregation:
+        """`apply`, with the two passes `step` wraps around it.
+
+        Replicas without data get zeros in place of their values (which may
+        be NaN) before `apply`, and the result is multiplied by `scale`
+        after it. A rule whose kernel can do both in its own pass over the
+        values overrides this (`OrderStatisticsMean` does), saving two
+        passes over the inputs and one over the result.
+
+        Args:
+            per_replica: Dense values, as in `apply`.
+            state: As in `apply`.
+            has_data: A bool `[n]` tensor, False for the replicas without
+                data in this step, or `None` when every replica has data.
+            scale: A factor for the result (only for `scale_equivariant`
+                rules), or `None`.
+
+        Returns:
+            `apply`'s `Aggregation`, its values multiplied by `scale`.
+        """
+        if has_data is not None:
+            per_replica = _mask_replicas_without_data(per_replica, has_data)
+        result = self.apply(per_replica, state)
+        if scale is None:
+            return result
+        return result._replace(values=[_scale(v, scale) for v in result.values])
 
     def reduce_sparse(
         self,
@@ -316,25 +352,20 @@ def weighted_sum(column: Sequence[tf.Tensor], shares: Sequence[tf.Tensor]) -> tf
     return tf.add_n(terms)
 
 
-def _mask_replicas_without_data(dense, shares):
-    """Zeros for replicas with share 0 (their values may be NaN).
+def _mask_replicas_without_data(dense, has_data):
+    """Zeros for replicas without data (their values may be NaN).
 
     Every replica has data in all but a partial last batch, so the masking
-    pass over all values runs only when some share is 0.
+    pass over all values runs only when some replica has none.
     """
-    shares = [tf.convert_to_tensor(s) for s in shares]
 
     def masked():
         return [
-            [
-                tf.where(tf.cast(s, v.dtype) > 0, v, tf.zeros_like(v))
-                for v, s in zip(vs, shares, strict=True)
-            ]
+            [tf.where(has_data[r], v, tf.zeros_like(v)) for r, v in enumerate(vs)]
             for vs in dense
         ]
 
-    every_replica_has_data = tf.reduce_all(tf.stack(shares) > 0)
-    return tf.cond(every_replica_has_data, lambda: dense, masked)
+    return tf.cond(tf.reduce_all(has_data), lambda: dense, masked)
 
 
 def _scale(value, n):

@@ -1,11 +1,14 @@
 """The shared kernel of the coordinate-wise rules (median, trimmed mean).
 
 Both keep, at each coordinate, the order statistics `lo..hi` of the n
-replicas' values and average them; they differ only in `lo` and `hi`. One
-XLA-compiled function does every variable of a step in one pass (see
-`order_statistics.py`) and, for the report, counts per replica how many of its
-coordinates fell outside the `f`-trimmed range `[x_(f), x_(n-1-f)]` (strictly,
-so ties are not counted): a replica that is always extreme stands out.
+replicas' values and average them; they differ only in `lo` and `hi`. An
+XLA-compiled function does this in one pass over the values (see
+`order_statistics.py`): one call for each large variable, so that its result
+is ready as soon as its gradients are, and one for all the small ones. Another
+kernel, for the report, counts per replica how many of its coordinates fell
+outside the `f`-trimmed range `[x_(f), x_(n-1-f)]` (strictly, so ties are not
+counted): a replica that is always extreme stands out. Nothing waits for the
+report but its variable, so it no longer holds up the optimizer's update.
 
 The report is estimated on an evenly strided sample of at most
 `REPORT_SAMPLE` coordinates per variable, weighted by variable size: counting
@@ -25,6 +28,8 @@ from keras_psdist.aggregators.order_statistics import sanitize, sort_columns
 
 REPORT_NAME = "extreme_fraction"
 REPORT_SAMPLE = 4096
+# Variables with fewer values share one kernel call (see `_kernel_groups`).
+OWN_KERNEL_MIN_SIZE = 16384
 
 
 def mean_of_order_statistics(
@@ -33,6 +38,9 @@ def mean_of_order_statistics(
     hi: int,
     f: int,
     jit_compile: bool = True,
+    *,
+    has_data: tf.Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[list[tf.Tensor], tf.Tensor]:
     """Averages the order statistics `lo..hi` of every variable's column.
 
@@ -44,32 +52,92 @@ def mean_of_order_statistics(
         jit_compile: Compile with XLA (much faster; see module doc). Only
             when every shape is known: XLA would recompile for each new
             shape, and sparse gradients' row blocks change size every step.
+        has_data: A bool `[n]` tensor: replicas marked False count as zeros
+            (see `Aggregator.apply_step`). Defaults to `None`: all have data.
+        scale: A factor applied to the results. Defaults to `None`: 1.
+            Applied inside the kernel only when `hi - lo + 1` is a power of
+            two: XLA divides by a multiplication by the reciprocal and may
+            reassociate it with the factor, which is exact only then; other
+            counts are scaled after the kernel, as `Aggregator.apply_step`
+            does.
 
     Returns:
         The per-variable results and the report: a float32 `[n]` tensor, the
         fraction of each replica's coordinates outside the f-trimmed range.
     """
     columns = [list(vs) for vs in per_replica]
+    n = len(columns[0])
     static = all(v.shape.is_fully_defined() for vs in columns for v in vs)
-    kernel = _kernel_xla if jit_compile and static else _kernel
-    return kernel(columns, lo, hi, f)
+    count = hi - lo + 1
+    after = None
+    if scale is not None and count & (count - 1):
+        scale, after = None, scale
+    if not (jit_compile and static):
+        values, report = _kernel(columns, lo, hi, f, has_data, scale)
+        return _scaled(values, after), report
+    values = [None] * len(columns)
+    for group in _kernel_groups(columns):
+        results = _values_xla([columns[i] for i in group], lo, hi, has_data, scale)
+        for i, value in zip(group, results, strict=True):
+            values[i] = _scaled([value], after)[0]
+    if f <= 0:
+        return values, tf.zeros([n], tf.float32)
+    return values, _extreme_fractions_xla(columns, f, has_data)
 
 
-def _mean_of_order_statistics(columns, lo, hi, f):
+def _kernel_groups(columns):
+    """Which variables share a kernel call: each large one has its own, so
+    that its aggregation (and the optimizer's update of it) starts as soon
+    as every replica's gradient for it exists, while the backward pass of
+    earlier layers still runs, as the mean's per-variable sums do; the small
+    ones share one call, so that a model with many does not pay a launch for
+    each."""
+    large, small = [], []
+    for i, column in enumerate(columns):
+        if column[0].shape.num_elements() >= OWN_KERNEL_MIN_SIZE:
+            large.append([i])
+        else:
+            small.append(i)
+    return large + ([small] if small else [])
+
+
+def _mean_of_order_statistics(columns, lo, hi, f, has_data=None, scale=None):
+    return (
+        _order_statistics_means(columns, lo, hi, has_data, scale),
+        _extreme_fractions(columns, f, has_data),
+    )
+
+
+def _order_statistics_means(columns, lo, hi, has_data=None, scale=None):
     outputs = []
     for column in columns:
-        ordered = sort_columns([sanitize(v) for v in column])
+        ordered = sort_columns([sanitize(v) for v in _masked(column, has_data)])
         kept = ordered[lo : hi + 1]
         out = (
             kept[0]
             if len(kept) == 1
             else tf.add_n(kept) / tf.cast(len(kept), kept[0].dtype)
         )
+        if scale is not None:
+            out = out * tf.cast(scale, out.dtype)
         outputs.append(out)
-    return outputs, _extreme_fractions(columns, f)
+    return outputs
 
 
-def _extreme_fractions(columns, f):
+def _scaled(values, scale):
+    if scale is None:
+        return values
+    return [v * tf.cast(scale, v.dtype) for v in values]
+
+
+def _masked(values, has_data):
+    """Zeros for the replicas without data (inside a kernel: fused, free)."""
+    if has_data is None:
+        return list(values)
+    return [tf.where(has_data[r], v, tf.zeros_like(v)) for r, v in enumerate(values)]
+
+
+def _extreme_fractions(columns, f, has_data=None):
     """Each replica's weighted fraction of sampled coordinates outside the
     f-trimmed range: every variable's sample in one `[n, S]` matrix, so the
     sort network runs once and the counts are one matrix-vector product."""
@@ -85,7 +153,9 @@ def _extreme_fractions(columns, f):
         taken = tf.size(picked[0][-1])
         weight = tf.cast(size, tf.float32) / tf.cast(tf.maximum(taken, 1), tf.float32)
         weights.append(tf.fill([taken], weight))
-    sample = [sanitize(tf.concat(p, axis=0)) for p in picked]
+    sample = [
+        sanitize(s) for s in _masked([tf.concat(p, axis=0) for p in picked], has_data)
+    ]
     ordered = sort_columns(sample)
     low, high = ordered[f], ordered[n - 1 - f]
     outside = tf.cast(
@@ -97,7 +167,10 @@ def _extreme_fractions(columns, f):
 
 
 _kernel = tf.function(_mean_of_order_statistics, autograph=False)
-_kernel_xla = tf.function(_mean_of_order_statistics, autograph=False, jit_compile=True)
+_values_xla = tf.function(_order_statistics_means, autograph=False, jit_compile=True)
+_extreme_fractions_xla = tf.function(
+    _extreme_fractions, autograph=False, jit_compile=True
+)
 
 
 class OrderStatisticsMean(Aggregator):
@@ -135,10 +208,27 @@ class OrderStatisticsMean(Aggregator):
     def apply(
         self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
     ) -> Aggregation:
+        return self.apply_step(per_replica, state)
+
+    def apply_step(
+        self,
+        per_replica: Sequence[Sequence[tf.Tensor]],
+        state: Any = (),
+        *,
+        has_data: tf.Tensor | None = None,
+        scale: float | None = None,
+    ) -> Aggregation:
+        # The masking and the scaling happen inside the kernel's one pass.
         n = len(per_replica[0])
         lo, hi = self.kept(n)
         values, extreme = mean_of_order_statistics(
-            per_replica, lo, hi, self.report_depth(n), self.jit_compile
+            per_replica,
+            lo,
+            hi,
+            self.report_depth(n),
+            self.jit_compile,
+            has_data=has_data,
+            scale=scale,
         )
         return Aggregation(values, {REPORT_NAME: extreme}, state)
 

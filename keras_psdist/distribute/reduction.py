@@ -112,14 +112,14 @@ class GradientReduction:
             state_vars = self._state_variables(per_replica)
             state = tf.nest.map_structure(lambda v: v.read_value(), state_vars)
             result = self._rule.step(reduce_op, per_replica, shares=shares, state=state)
-            writes = [
+            # The writes gate nothing: a step function runs every one of them
+            # anyway (automatic control dependencies, which also order them
+            # against the next step's reads), so the optimizer's update does
+            # not wait for the state and the report to be stored.
+            for var, value in zip(
+                tf.nest.flatten(state_vars), tf.nest.flatten(result.state), strict=True
+            ):
                 var.assign(tf.cast(value, var.dtype))
-                for var, value in zip(
-                    tf.nest.flatten(state_vars),
-                    tf.nest.flatten(result.state),
-                    strict=True,
-                )
-            ]
             for name, value in result.report.items():
                 if name not in self._report:
                     raise ValueError(
@@ -127,9 +127,8 @@ class GradientReduction:
                         f"is not in its report_names {tuple(self._report)}. Add it "
                         "to `report_names`."
                     )
-                writes.append(self._report[name].assign(tf.cast(value, tf.float32)))
-            with tf.control_dependencies(writes):
-                return [_identity(v) for v in result.values]
+                self._report[name].assign(tf.cast(value, tf.float32))
+            return [_identity(v) for v in result.values]
 
     def _spread(self, reduce_op, per_replica, shares):
         out = [None] * len(per_replica)
