@@ -50,6 +50,27 @@ def test_distances_are_over_the_full_vector(path, monkeypatch):
     assert np.isinf(got[3, [0, 1, 2, 4]]).all() and got[3, 3] == 0
 
 
+@pytest.mark.parametrize("centered", [False, True])
+def test_batched_gram_pieces_cover_the_full_vector(centered, monkeypatch):
+    # Batches of 3-value pieces in chunks of 7 (6 used), a rest of 2, and a
+    # small variable that shares a block.
+    monkeypatch.setattr(distances, "DIRECT_LIMIT", 0)
+    monkeypatch.setattr(distances, "BATCHED_FROM", 4)
+    monkeypatch.setattr(distances, "PIECE", 3)
+    monkeypatch.setattr(distances, "CHUNK", 7)
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(5, 4, 5)).astype(np.float32)  # 20 = 3 * 6 + 2
+    b = rng.normal(size=(5, 2)).astype(np.float32)
+    center = [np.median(a, axis=0), np.median(b, axis=0)] if centered else None
+    geom = distances.geometry(
+        _columns(a, b), None if center is None else [tf.constant(c) for c in center]
+    )
+    flat = np.concatenate([a.reshape(5, -1), b], 1).astype(np.float64)
+    if centered:
+        flat -= np.concatenate([center[0].reshape(-1), center[1]])
+    np.testing.assert_allclose(geom.gram.numpy(), flat @ flat.T, rtol=1e-5, atol=1e-5)
+
+
 def test_finite_replicas_and_zeroing():
     per_replica = _columns(
         np.array([[1.0, 2.0], [NAN, 0.0], [3.0, 4.0]], np.float32),

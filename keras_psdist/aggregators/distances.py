@@ -8,19 +8,23 @@ from each replica to a weighted combination of the replicas. Both follow from
 one `[n, n]` matrix of inner products (a Gram matrix), so the values are read
 once, whatever the rule does next.
 
-How the Gram matrix is computed: a variable of at least `BLOCK` values is
-cut into `BLOCK`-coordinate pieces, stacked as `[c, n, BLOCK]` batches of at
-most `CHUNK` coordinates, and each batch contributes the sum over its c pieces
-of `X @ X^T`, one batched matrix product; the rest of it, and the small
-variables together, form `[n, m]` blocks of at most `BLOCK` coordinates that
-contribute `X @ X^T`. Measured at n = 32, d = 1e6 float32 on two CPU cores:
-3.6x to 3.9x the `mean` rule (of which the stacking copy is 1.5x to 1.9x),
-against 9x to 14x for `[n, 2**15]` blocks, one `tf.matmul` each: TensorFlow's
-CPU kernel splits a product of two `[32, K]` matrices poorly, while a batch of
-small ones keeps both cores busy. For reference, OpenBLAS's `x @ x.T` on
-the stacked `[32, d]` NumPy array takes 2.7x `numpy.sum`. At n = 8 the Gram
-matrix costs about 1.5x to 2.7x the `mean` rule (quiet to loaded machine);
-XLA's dot is slower, a float64 Gram matrix much slower.
+How the Gram matrix is computed: each variable's replicas are stacked as
+`[n, m]` blocks of at most `BLOCK` coordinates (small variables share a
+block) and each block contributes `X @ X^T`. A block fits in the L2 cache, so
+the matmul reads what the stack just wrote: at n = 8, d = 2**20 float32 on
+two CPU cores the whole Gram matrix costs 1.5x to 2.7x the `mean` rule
+(quiet to loaded machine); one `[n, d]` stack costs 3-4x, XLA's dot about
+8x, a float64 Gram matrix about 9x. From `BATCHED_FROM` replicas on, a
+large variable is cut into `PIECE`-coordinate pieces stacked as
+`[c, n, PIECE]` batches of at most `CHUNK` coordinates, and each batch
+contributes the sum over c of `X @ X^T`, one batched matrix product:
+TensorFlow's CPU kernel splits a product of two `[32, K]` matrices poorly,
+while a batch of small ones keeps both cores busy. Measured at n = 32,
+d = 1e6: 3.6x to 3.9x the `mean` rule (of which the stacking copy is 1.5x
+to 1.9x), against 9x to 14x for `[n, BLOCK]` blocks (OpenBLAS's `x @ x.T`
+of the stacked `[32, d]` NumPy array: 2.7x `numpy.sum`); at n = 8 the
+batches are slower than the blocks (Krum 3.2x the `mean` rule against
+2.1x).
 
 Round-off: `D[i, j] = G[i, i] + G[j, j] - 2 G[i, j]` loses about
 `1e-7 * (||x_i||^2 + ||x_j||^2)` to cancellation, which matters only for
@@ -54,10 +58,13 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-# Coordinates per Gram block: the inner dimension of each small matrix product.
-BLOCK = 2**12
-# Coordinates per stacked batch of blocks, which bounds the stacking's extra
-# memory (n * CHUNK float32 values: 16 MB at n = 32).
+# Coordinates per Gram block: n * BLOCK float32 values stay in a 2 MB L2 cache.
+BLOCK = 2**15
+# From this many replicas on, a large variable's Gram matrix is a batch of
+# `[n, PIECE]` products in chunks of `CHUNK` coordinates (n * CHUNK float32
+# values: 16 MB at n = 32), which bounds the stacking's extra memory.
+BATCHED_FROM = 16
+PIECE = 2**12
 CHUNK = 2**17
 # At most this many values in all (n times the full vector's length), the
 # replicas are kept as one matrix and distances are exact differences.
@@ -299,14 +306,16 @@ def _block_gram(x):
 
 
 def _blocks(per_replica, centers) -> Iterator[tf.Tensor]:
-    """float32 blocks covering the full vector: `[c, n, BLOCK]` batches of a
-    large variable's pieces, `[n, m]` blocks (`m <= BLOCK` mostly) of the rest."""
+    """float32 blocks covering the full vector: `[n, m]` blocks (`m <= BLOCK`
+    mostly) and, from `BATCHED_FROM` replicas on, `[c, n, PIECE]` batches of
+    a large variable's pieces."""
+    batched = len(per_replica[0]) >= BATCHED_FROM
     pending, pending_size = [], 0
     for column, center in zip(per_replica, centers, strict=True):
         size = column[0].shape.num_elements()
         if size is None:  # a sparse block: rows known only at run time
             yield _stack(column, center)
-        elif size < BLOCK:
+        elif size < (PIECE if batched else BLOCK):
             pending.append(_stack(column, center))
             pending_size += size
             if pending_size >= BLOCK:
@@ -315,25 +324,27 @@ def _blocks(per_replica, centers) -> Iterator[tf.Tensor]:
         else:
             flat = [tf.reshape(x, [-1]) for x in column]
             flat_center = None if center is None else tf.reshape(center, [-1])
-            whole = size - size % BLOCK
-            step = max(CHUNK - CHUNK % BLOCK, BLOCK)
+            whole = size - size % PIECE if batched else 0
+            step = max(CHUNK - CHUNK % PIECE, PIECE)
             for start in range(0, whole, step):
                 stop = min(start + step, whole)
                 part = [x[start:stop] for x in flat]
                 part_center = None if center is None else flat_center[start:stop]
-                yield _stack_batch(part, part_center, (stop - start) // BLOCK)
-            if whole < size:
-                part = [x[whole:] for x in flat]
-                part_center = None if center is None else flat_center[whole:]
+                yield _stack_batch(part, part_center, (stop - start) // PIECE)
+            for start in range(whole, size, BLOCK):
+                part = [x[start : start + BLOCK] for x in flat]
+                part_center = (
+                    None if center is None else flat_center[start : start + BLOCK]
+                )
                 yield _stack(part, part_center)
     if pending:
         yield tf.concat(pending, 1) if len(pending) > 1 else pending[0]
 
 
 def _stack_batch(part, center, count):
-    """Flat pieces of `count * BLOCK` values as float32 `[count, n, BLOCK]`."""
-    x = tf.stack([tf.reshape(v, [count, BLOCK]) for v in part], axis=1)
+    """Flat pieces of `count * PIECE` values as float32 `[count, n, PIECE]`."""
+    x = tf.stack([tf.reshape(v, [count, PIECE]) for v in part], axis=1)
     x = tf.cast(x, tf.float32)
     if center is not None:
-        x = x - tf.cast(tf.reshape(center, [count, 1, BLOCK]), tf.float32)
+        x = x - tf.cast(tf.reshape(center, [count, 1, PIECE]), tf.float32)
     return x
