@@ -116,6 +116,12 @@ def get_chooser(
     )
 
 
+def num_tasks(devices: Sequence[str]) -> int:
+    """How many tasks (job, replica, task) `devices` belong to."""
+    specs = [tf.DeviceSpec.from_string(d) for d in devices]
+    return len({(s.job, s.replica, s.task) for s in specs})
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
     """What `AutoChoice` chose for one variable, and why."""
@@ -194,13 +200,10 @@ class AutoChoice:
     @property
     def shared_memory(self) -> bool:
         """Whether every replica and parameter device is a CPU of one task."""
-        specs = [
-            tf.DeviceSpec.from_string(d)
-            for d in self.compute_devices + self.parameter_devices
-        ]
-        hosts = {(s.job, s.replica, s.task) for s in specs}
-        return len(hosts) <= 1 and all(
-            (s.device_type or "CPU").upper() == "CPU" for s in specs
+        devices = self.compute_devices + self.parameter_devices
+        return num_tasks(devices) <= 1 and all(
+            (tf.DeviceSpec.from_string(d).device_type or "CPU").upper() == "CPU"
+            for d in devices
         )
 
     def __call__(self, name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:

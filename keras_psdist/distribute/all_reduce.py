@@ -38,6 +38,7 @@ from keras_psdist._tf import (
     cross_device_utils,
     values,
 )
+from keras_psdist.synchronization import num_tasks
 
 ReduceOp = tf.distribute.ReduceOp
 # From this many worker tasks on, the ring of the collective all-reduce moves
@@ -98,12 +99,6 @@ class ReplicatedAllReduce:
                 for mirrored in reduced
             ]
         return reduced
-
-
-def num_tasks(devices: Sequence[str]) -> int:
-    """How many tasks (job, replica, task) `devices` belong to."""
-    specs = [tf.DeviceSpec.from_string(d) for d in devices]
-    return len({(s.job, s.replica, s.task) for s in specs})
 
 
 def _weighted(column, shares, n):
