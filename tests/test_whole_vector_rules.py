@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from keras_psdist import aggregators
 from keras_psdist.aggregators import distances
+from keras_psdist.aggregators import nnm as nnm_lib
 from tests import reference
 
 NAN = float("nan")
@@ -340,6 +341,50 @@ def test_nnm_mixes_before_the_inner_rule_and_reports_its_report():
         rule, [x], [v.numpy() for v in result.values], result.report
     )
     assert set(result.report) == {"selected"}
+
+
+def _nnm_guard(rule, x):
+    """Whether NNM takes the fused complement path on these replicas."""
+    per_replica = _columns(*x)
+    n = len(per_replica[0])
+    size = n - rule.f
+    geom = distances.geometry(per_replica)
+    ranks = distances.stable_ranks(distances.squared_distances(geom))
+    near = tf.logical_and(ranks < size, geom.finite[None, :])
+    left_out, dropped = nnm_lib._left_out(ranks, geom.finite, size)
+    return bool(nnm_lib.complement_is_exact(geom, near, left_out, dropped))
+
+
+@pytest.mark.parametrize("outlier", [None, 1e4, NAN], ids=["close", "far", "nan"])
+@pytest.mark.parametrize("inner", ["trimmed_mean", "median"])
+def test_nnm_fused_complement_matches_the_product(inner, outlier):
+    """The fused mix (sum less the left-out replicas, inside the inner
+    rule's kernel) gives the product's result; a far finite outlier sends
+    the rule to the product instead, where the difference would lose digits."""
+    rng = np.random.default_rng(11)
+    x = [
+        rng.normal(1.0, 0.5, size=(9, 40000)).astype(np.float32),
+        rng.normal(size=(9, 3, 2)).astype(np.float32),
+    ]
+    if outlier is not None:
+        x[0][4] = outlier
+    fused = aggregators.NearestNeighborMixing(inner).bind(9, 2)
+    product = aggregators.NearestNeighborMixing(
+        aggregators.get({"class_name": inner, "config": {"jit_compile": False}})
+    ).bind(9, 2)
+    assert nnm_lib._fusable(fused.aggregator, _columns(*x), 2)
+    assert not nnm_lib._fusable(product.aggregator, _columns(*x), 2)
+    assert _nnm_guard(fused, x) == (outlier is None or outlier != outlier)
+    got = fused.apply(_columns(*x))
+    want = product.apply(_columns(*x))
+    for g, w in zip(got.values, want.values, strict=True):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(
+        got.report["extreme_fraction"].numpy(),
+        want.report["extreme_fraction"].numpy(),
+        atol=0.02,
+    )
+    reference.assert_matches(fused, x, [v.numpy() for v in got.values], got.report)
 
 
 def test_bucketing_maps_the_inner_report_back_to_replicas():

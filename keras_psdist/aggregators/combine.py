@@ -149,7 +149,7 @@ def bucket_means(
     Returns:
         For each variable, `ceil(n / bucket_size)` tensors of its shape and dtype.
     """
-    ordered = [_in_order(column, order) for column in per_replica]
+    ordered = [picked(column, order) for column in per_replica]
     return _pick(ordered, jit_compile, _buckets, _buckets_xla)(ordered, bucket_size)
 
 
@@ -209,14 +209,28 @@ def _zeroed_median(columns, finite):
     return outputs
 
 
-def _in_order(column, order):
-    """`[column[order[i]] for i in range(n)]`, without copying the values."""
+def picked(column: Sequence[tf.Tensor], indices: tf.Tensor) -> list[tf.Tensor]:
+    """`[column[i] for i in indices]` for an int32 tensor of run-time indices.
+
+    Read from a `tf.TensorArray`, which hands on each tensor without copying
+    its values (a gather of the stacked replicas copies them twice).
+
+    Args:
+        column: n tensors of one shape and dtype.
+        indices: int32 `[k]`, k known when the graph is built.
+
+    Returns:
+        k tensors.
+    """
     array = tf.TensorArray(
-        column[0].dtype, size=len(column), element_shape=column[0].shape
+        column[0].dtype,
+        size=len(column),
+        element_shape=column[0].shape,
+        clear_after_read=False,  # an index may come more than once
     )
     for r, value in enumerate(column):
         array = array.write(r, value)
-    return [array.read(order[i]) for i in range(len(column))]
+    return [array.read(indices[i]) for i in range(indices.shape[0])]
 
 
 def _bucket_means(columns, bucket_size):
