@@ -122,6 +122,14 @@ def num_tasks(devices: Sequence[str]) -> int:
     return len({(s.job, s.replica, s.task) for s in specs})
 
 
+def share_memory(devices: Sequence[str]) -> bool:
+    """Whether `devices` are all CPUs of one task: one memory, the same cores."""
+    return num_tasks(devices) <= 1 and all(
+        (tf.DeviceSpec.from_string(d).device_type or "CPU").upper() == "CPU"
+        for d in devices
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
     """What `AutoChoice` chose for one variable, and why."""
@@ -200,11 +208,7 @@ class AutoChoice:
     @property
     def shared_memory(self) -> bool:
         """Whether every replica and parameter device is a CPU of one task."""
-        devices = self.compute_devices + self.parameter_devices
-        return num_tasks(devices) <= 1 and all(
-            (tf.DeviceSpec.from_string(d).device_type or "CPU").upper() == "CPU"
-            for d in devices
-        )
+        return share_memory(self.compute_devices + self.parameter_devices)
 
     def __call__(self, name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:
         choice, reason = self._choose(name, shape, dtype)

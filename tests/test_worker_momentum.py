@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import keras_psdist as kpd
-from keras_psdist import aggregators, attacks
+from keras_psdist import aggregators, attacks, synchronization
 from keras_psdist.aggregators.momentum import WorkerMomentum
 from tests import reference
 
@@ -128,13 +128,10 @@ def test_mean_with_worker_momentum_is_heavy_ball_sgd(cpu_devices):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_each_replica_keeps_its_momentum_on_its_own_device(cpu_devices):
-    """Replica r's buffers live on replica r's compute device (on GPUs, each
-    updates its own in parallel); the rest of the rule's state on the
-    reduction device."""
-    devices = cpu_devices[:4]
+def _momentum_devices(cpu_devices):
+    """Where a 4-replica strategy keeps its buffers: momenta, then the centre."""
     strategy = kpd.PSStrategy(
-        devices=devices,
+        devices=cpu_devices[:4],
         parameter_devices=cpu_devices[4:5],
         aggregator="centered_clipping",
         worker_momentum=0.9,
@@ -146,17 +143,31 @@ def test_each_replica_keeps_its_momentum_on_its_own_device(cpu_devices):
     model.fit(x, np.zeros((32, 3), np.float32), batch_size=16, verbose=0)
 
     state = strategy.extended.training_state.reduction.kept
-    canonical = [tf.DeviceSpec.from_string(d) for d in strategy.extended.worker_devices]
-    placed = [tf.DeviceSpec.from_string(v.device) for v in state]
-    # Two variables (kernel, bias) x 4 replicas of buffers, then the centre.
-    momenta, centre = placed[:8], placed[8:]
-    assert [d.device_index for d in momenta] == [
-        d.device_index for _ in range(2) for d in canonical
-    ]
-    reduction = tf.DeviceSpec.from_string(strategy.extended.parameter_devices[0])
-    assert centre and all(d.device_index == reduction.device_index for d in centre)
     for v in state[:8]:
         assert np.any(v.numpy() != 0)
+    canonical = [tf.DeviceSpec.from_string(d) for d in strategy.extended.worker_devices]
+    reduction = tf.DeviceSpec.from_string(strategy.extended.parameter_devices[0])
+    placed = [tf.DeviceSpec.from_string(v.device).device_index for v in state]
+    # Two variables (kernel, bias) x 4 replicas of buffers, then the centre.
+    return placed[:8], placed[8:], canonical, reduction
+
+
+def test_each_replica_keeps_its_momentum_on_its_own_device(cpu_devices, monkeypatch):
+    """Replicas that do not share memory with the reduction device (GPUs,
+    other tasks) keep their buffers on their own device and update them
+    there in parallel; the rest of the rule's state is on the reduction
+    device. Logical CPUs stand in for them here."""
+    monkeypatch.setattr(synchronization, "share_memory", lambda devices: False)
+    momenta, centre, canonical, reduction = _momentum_devices(cpu_devices)
+    assert momenta == [d.device_index for _ in range(2) for d in canonical]
+    assert centre and all(d == reduction.device_index for d in centre)
+
+
+def test_logical_cpus_keep_every_momentum_on_the_reduction_device(cpu_devices):
+    """CPUs of one process share memory and cores: one fused update of every
+    buffer, where the rule runs."""
+    momenta, centre, _, reduction = _momentum_devices(cpu_devices)
+    assert set(momenta) == set(centre) == {reduction.device_index}
 
 
 @pytest.mark.parametrize("bad", [1.0, -0.1, 1.5, float("nan"), "0.9", True])

@@ -99,7 +99,17 @@ class PSExtended(
             # Between-graph, a worker combines its own replicas' gradients.
             spread_devices=() if topology.between_graph else self._parameter_devices,
             worker_momentum=run.worker_momentum,
-            replica_devices=self._compute_devices,
+            # Each replica's momentum on its own device, where that spreads
+            # the work (GPUs, tasks); logical CPUs of one task share the
+            # memory and the cores, so one fused update of every buffer wins
+            # (measured: mean + worker momentum 1.33x -> 1.23x the mean).
+            replica_devices=(
+                None
+                if synchronization.share_memory(
+                    [*self._compute_devices, self._reduction_device]
+                )
+                else self._compute_devices
+            ),
         )
         self._creator = VariableCreator(
             self._container_strategy,
