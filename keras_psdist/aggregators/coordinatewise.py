@@ -157,8 +157,8 @@ def report_sample(columns) -> tuple[list[tf.Tensor], tf.Tensor]:
     one gives `REPORT_SAMPLE / REPORT_RUN` runs of `REPORT_RUN` consecutive
     values, evenly spaced. Runs, not single values at a stride: each strided
     value is a cache line of its own, fetched from memory one after the
-    other (measured at n = 32, d = 1e6: 6 ms for a stride, half the `mean`
-    rule's time).
+    other (measured at n = 32, d = 1e6, the trimmed mean's report kernel:
+    34 ms with a stride, 2.9x the `mean` rule; 9 ms with runs).
 
     Returns:
         One float32 vector of `S` sampled values per replica (every
@@ -169,9 +169,10 @@ def report_sample(columns) -> tuple[list[tf.Tensor], tf.Tensor]:
     n = len(columns[0])
     picked, weights = [[] for _ in range(n)], []
     for column in columns:
-        size = column[0].shape.num_elements()
+        static_size = column[0].shape.num_elements()
         for r, v in enumerate(column):
-            picked[r].append(tf.cast(_sampled(tf.reshape(v, [-1]), size), tf.float32))
+            flat = tf.reshape(v, [-1])
+            picked[r].append(tf.cast(_sampled(flat, static_size), tf.float32))
         taken = tf.size(picked[0][-1])
         size = tf.size(column[0])
         weight = tf.cast(size, tf.float32) / tf.cast(tf.maximum(taken, 1), tf.float32)
