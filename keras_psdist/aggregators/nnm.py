@@ -235,9 +235,7 @@ def _complement_means(columns, picks, lo, hi, finite=None, dropped=None):
     outputs = []
     for column, left in zip(columns, picks, strict=True):
         if finite is not None:
-            column = [
-                tf.where(finite[r], x, tf.zeros_like(x)) for r, x in enumerate(column)
-            ]
+            [column] = distances.zero_nonfinite([column], finite)
             left = [
                 tf.where(dropped[i // f, i % f], x, tf.zeros_like(x))
                 for i, x in enumerate(left)
