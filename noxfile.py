@@ -73,4 +73,6 @@ def oldest(session):
     """The Keras contract tests and one cluster launch on the oldest pair."""
     _, tf, keras = OLDEST
     _install(session, tf, keras)
-    session.run("python", "-m", "pytest", "-n", "2", "-q", *OLDEST_TESTS)
+    session.run(
+        "python", "-m", "pytest", "-n", "2", "-m", "not slow", "-q", *OLDEST_TESTS
+    )

@@ -11,7 +11,8 @@ with `PSStrategy(mode="between-graph", max_staleness=...)` instead) and the job'
 `epochs`, `model` (`"embedding"`: a model with sparse gradients),
 `partitioned` (split its table over the ps tasks, as `digits_job` does), and
 `slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
-straggler). Each worker writes `OUT_DIR/worker_<i>.json`; the chief also
+straggler; with `sleep_until_others_finish`, only until the other workers
+are done). Each worker writes `OUT_DIR/worker_<i>.json`; the chief also
 writes `OUT_DIR/weights.npz`.
 """
 
@@ -39,14 +40,31 @@ STRATEGY_ARGS = (
 
 
 class Straggler(keras.callbacks.Callback):
-    """Makes this worker slow: it sleeps after every training step."""
+    """Makes this worker slow: it sleeps after every training step, or, with
+    `until_finished` (the other workers' indices), only until each of them
+    has written its `finished_<i>` file (`Finished`): what happens after
+    that is not under test, and sleeping on would only make the run long."""
 
-    def __init__(self, seconds):
+    def __init__(self, seconds, out_dir=None, until_finished=()):
         super().__init__()
         self.seconds = seconds
+        self.markers = [os.path.join(out_dir, f"finished_{i}") for i in until_finished]
 
     def on_train_batch_end(self, batch, logs=None):
-        time.sleep(self.seconds)
+        if not self.markers or not all(map(os.path.exists, self.markers)):
+            time.sleep(self.seconds)
+
+
+class Finished(keras.callbacks.Callback):
+    """Writes `OUT_DIR/finished_<worker>` when this worker's last step is done."""
+
+    def __init__(self, out_dir, worker):
+        super().__init__()
+        self.path = os.path.join(out_dir, f"finished_{worker}")
+
+    def on_train_end(self, logs=None):
+        with open(self.path, "w"):
+            pass
 
 
 class CountsAtLastStep(keras.callbacks.Callback):
@@ -110,7 +128,13 @@ def main(out_dir, config):
         ),
     ]
     if worker == config.get("slow_worker"):
-        callbacks.append(Straggler(config["sleep_s"]))
+        others = ()
+        if config.get("sleep_until_others_finish"):
+            workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+            others = [i for i in range(workers) if i != worker]
+        callbacks.append(Straggler(config["sleep_s"], out_dir, others))
+    else:
+        callbacks.append(Finished(out_dir, worker))
     if sparse:
         history = digits_job.train_embedding(model, callbacks)
     else:
