@@ -223,6 +223,9 @@ def test_straggler_late_gradients_are_counted_as_dropped(straggler_run):
 # ------------------------------------------------- a Byzantine worker process
 
 
+BYZANTINE_WORKERS = 3
+
+
 @pytest.fixture(scope="module")
 def byzantine_runs(tmp_path_factory):
     """Three workers, the last one sign-flipping its gradient x10: under the
@@ -246,9 +249,6 @@ def byzantine_runs(tmp_path_factory):
             config["worker_momentum"] = 0.9
         runs[name], _ = _launch(tmp_path, config, num_workers=BYZANTINE_WORKERS)
     return runs
-
-
-BYZANTINE_WORKERS = 3
 
 
 @pytest.mark.multiprocess

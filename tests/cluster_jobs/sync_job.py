@@ -42,38 +42,29 @@ STRATEGY_ARGS = (
 class Straggler(keras.callbacks.Callback):
     """Makes this worker slow: it sleeps after every training step, or, with
     `until_finished` (the other workers' indices), only until each of them
-    has written its `finished_<i>` file (`Finished`): what happens after
-    that is not under test, and sleeping on would only make the run long."""
+    has written its `finished_<i>` file (`CountsAtLastStep`): what happens
+    after that is not under test, and sleeping on would only make the run
+    long."""
 
     def __init__(self, seconds, out_dir=None, until_finished=()):
         super().__init__()
         self.seconds = seconds
-        self.markers = [os.path.join(out_dir, f"finished_{i}") for i in until_finished]
+        self.markers = [_finished(out_dir, i) for i in until_finished]
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.markers or not all(map(os.path.exists, self.markers)):
             time.sleep(self.seconds)
 
 
-class Finished(keras.callbacks.Callback):
-    """Writes `OUT_DIR/finished_<worker>` when this worker's last step is done."""
-
-    def __init__(self, out_dir, worker):
-        super().__init__()
-        self.path = os.path.join(out_dir, f"finished_{worker}")
-
-    def on_train_end(self, logs=None):
-        with open(self.path, "w"):
-            pass
-
-
 class CountsAtLastStep(keras.callbacks.Callback):
     """Reads the counts when this worker's last step is done (before `fit`
-    waits, on the chief, for the other workers to finish)."""
+    waits, on the chief, for the other workers to finish), and says so in
+    `OUT_DIR/finished_<worker>` (what a `Straggler` waits for)."""
 
-    def __init__(self, strategy):
+    def __init__(self, strategy, out_dir):
         super().__init__()
         self.strategy = strategy
+        self.marker = _finished(out_dir, strategy.extended.topology.worker_index)
         self.counts = None
 
     def on_train_end(self, logs=None):
@@ -81,6 +72,12 @@ class CountsAtLastStep(keras.callbacks.Callback):
         self.counts = training.counts()
         if hasattr(training, "clocks"):
             self.counts["clocks"] = training.clocks.numpy()
+        with open(self.marker, "w"):
+            pass
+
+
+def _finished(out_dir, worker):
+    return os.path.join(out_dir, f"finished_{worker}")
 
 
 def _listed(counts):
@@ -110,7 +107,7 @@ def main(out_dir, config):
     sparse = config.get("model") == "embedding"
     model = (digits_job.build_embedding if sparse else digits_job.build)(strategy)
     digits_job.EPOCHS = config.get("epochs", digits_job.EPOCHS)
-    last_step = CountsAtLastStep(strategy)
+    last_step = CountsAtLastStep(strategy, out_dir)
     callbacks = [
         last_step,
         *(
@@ -130,11 +127,9 @@ def main(out_dir, config):
     if worker == config.get("slow_worker"):
         others = ()
         if config.get("sleep_until_others_finish"):
-            workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+            workers = kpd.cluster.from_environment().num_workers
             others = [i for i in range(workers) if i != worker]
         callbacks.append(Straggler(config["sleep_s"], out_dir, others))
-    else:
-        callbacks.append(Finished(out_dir, worker))
     if sparse:
         history = digits_job.train_embedding(model, callbacks)
     else:
