@@ -582,6 +582,30 @@ def test_serve_stops_on_sigterm(tmp_path, processes):
     processes.assert_all_gone()
 
 
+def test_serve_imports_tensorflow_without_keras():
+    # A fresh process, as `keras-psdist serve` is: TensorFlow's own eager
+    # Keras import is skipped (the servers start in half the time), and
+    # Keras can still be imported afterwards.
+    code = (
+        "import sys\n"
+        "from keras_psdist.cluster.server import import_tensorflow_without_keras\n"
+        "tf = import_tensorflow_without_keras()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'keras'))\n"
+        "server = tf.distribute.Server.create_local_server()\n"
+        "import keras\n"
+        "print(keras.ops.add(1, 2).numpy())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.splitlines() == ["[]", "3"], result.stdout
+
+
 @pytest.fixture
 def cli():
     from keras_psdist.cli import main as cli_lib

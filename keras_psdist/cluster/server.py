@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import signal
 import sys
@@ -102,7 +104,7 @@ def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        import tensorflow as tf
+        tf = import_tensorflow_without_keras()
 
         try:
             # Kept referenced until we return; TF cannot stop a started gRPC
@@ -141,3 +143,51 @@ def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+class _KerasRefused(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the `keras` package (so its location is known) but refuses to
+    run it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None:
+            spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise ImportError("Keras is not loaded in a `keras-psdist serve` process")
+
+
+def import_tensorflow_without_keras():
+    """`import tensorflow`, without the Keras import TensorFlow starts itself.
+
+    `tensorflow/__init__.py` imports `keras.src.optimizers` eagerly (and with
+    it all of Keras, and what Keras imports when installed: scikit-learn,
+    matplotlib), inside a `try` that passes over an `ImportError`. A server
+    process runs no Python of ours or of Keras's once started (remote
+    workers run ops in it), so it skips that: the import takes about 3.5 s
+    of CPU instead of 7 on these machines, on the path of every launch,
+    whose workers wait until the servers are up. `tf.keras` is the one name
+    that would not work in this process; `import keras` still does (the
+    refusal ends with this call).
+
+    Examples:
+
+    >>> import sys
+    >>> tf = import_tensorflow_without_keras()
+    >>> tf.distribute.Server.__name__
+    'Server'
+    """
+    refuse = _KerasRefused()
+    sys.meta_path.insert(0, refuse)
+    try:
+        import tensorflow as tf
+    finally:
+        sys.meta_path.remove(refuse)
+    return tf
