@@ -51,3 +51,20 @@ def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         x, y, test_size=0.2, random_state=0, stratify=y
     )
     return x_train, y_train, x_test, y_test
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules that start processes run first, each module's tests in
+    their order.
+
+    Under `-n 2` the workers take tests (or `xdist_group`s) as they free up,
+    in this order, so a long cluster launch collected last could leave one
+    worker idle while the other finishes it; longest first packs the two.
+    Only whole modules move, so a module's fixtures are still set up once.
+    """
+    launching_modules = {
+        item.module.__name__
+        for item in items
+        if item.get_closest_marker("multiprocess") is not None
+    }
+    items.sort(key=lambda item: item.module.__name__ not in launching_modules)
