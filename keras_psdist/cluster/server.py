@@ -167,7 +167,7 @@ class _KerasRefused(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def import_tensorflow_without_keras():
     """`import tensorflow`, without the Keras import TensorFlow starts itself.
 
-    `tensorflow/__init__.py` imports `keras.src.optimizers` eagerly (and with
+    `tensorflow/__init__.py` imports Keras's optimizers eagerly (and with
     it all of Keras, and what Keras imports when installed: scikit-learn,
     matplotlib), inside a `try` that passes over an `ImportError`. A server
     process runs no Python of ours or of Keras's once started (remote
