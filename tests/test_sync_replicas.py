@@ -228,18 +228,20 @@ BYZANTINE_WORKERS = 3
 
 @pytest.fixture(scope="module")
 def byzantine_runs(tmp_path_factory):
-    """Three workers, the last one sign-flipping its gradient x10: under the
-    median, the mean, and the median of the workers' momenta. (3 launches of
+    """Three workers, the last one sign-flipping what it sends x10, with a
+    momentum-free `SGD(0.5)` (docs/robustness.md): under the mean of raw
+    gradients, and under the median of the workers' momenta. (2 launches of
     3 workers; benchmarks/sync_byzantine.py measures the 5-worker setting
     against clean runs.)"""
     runs = {}
-    for name in ("median", "mean", "median_momentum"):
+    for name in ("mean", "median_momentum"):
         rule = name.split("_")[0]
         tmp_path = tmp_path_factory.mktemp(f"sync_byzantine_{name}")
         config = {
             "aggregator": rule,
             "num_byzantine": 1 if rule == "median" else 0,
             "epochs": 3,
+            "sgd_learning_rate": 0.5,
             "attack": {
                 "class_name": "sign_flip",
                 "config": {"replicas": [BYZANTINE_WORKERS - 1], "scale": 10.0},
@@ -253,35 +255,31 @@ def byzantine_runs(tmp_path_factory):
 
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_byzantine")
-def test_byzantine_worker_median_holds_mean_breaks(byzantine_runs):
-    median = byzantine_runs["median"][0]["accuracy"]
+def test_byzantine_worker_breaks_the_mean(byzantine_runs):
+    # With R == T the run is deterministic: 0.09 (diverged), measured on
+    # 2026-11-26. The attack bites, so the median's result below means
+    # something.
     mean = byzantine_runs["mean"][0]["accuracy"]
-    # With R == T the run is deterministic: median 0.79 (a clean 3-epoch run
-    # of 5 workers reaches about 0.85), mean 0.09 (diverged), measured on
-    # 2026-11-26 with 3 workers.
-    assert median >= 0.7, median
     assert mean <= 0.3, mean
+    # Without worker momentum, no buffers exist.
+    assert byzantine_runs["mean"][0]["momentum_norms"] == []
 
 
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_byzantine")
 def test_byzantine_worker_median_with_worker_momentum_holds(byzantine_runs):
     """Each worker process sends its momentum (the attacker: its momentum,
-    sign-flipped x10); the median of the momenta still trains, where the
-    mean of raw gradients diverges."""
+    sign-flipped x10); the median of the momenta trains, where the mean of
+    raw gradients diverges."""
     reports = byzantine_runs["median_momentum"]
-    # Measured 2026-11-26: 0.61 (a clean run of 5 workers: 0.54; the job's
-    # Adam has a momentum of its own, which slows a 3-epoch run next to the
-    # median's without worker momentum; docs/robustness.md recommends
-    # momentum-free SGD).
-    assert reports[0]["accuracy"] >= 0.4, reports[0]["accuracy"]
+    # Measured 2026-11-26: 0.77 (the median of raw gradients with Adam: 0.79;
+    # a clean 3-epoch run of 5 workers reaches about 0.85).
+    assert reports[0]["accuracy"] >= 0.7, reports[0]["accuracy"]
     for worker, report in reports.items():
         # Every worker kept a momentum of its gradients, and it moved.
         assert report["momentum_norms"] and all(
             norm > 0 for norm in report["momentum_norms"]
         ), (worker, report["momentum_norms"])
-    # Without worker momentum, no buffers exist.
-    assert byzantine_runs["median"][0]["momentum_norms"] == []
 
 
 # ------------------------------------------- async with bounded staleness

@@ -36,7 +36,10 @@ def digits():
     return (x / 16.0).astype(np.float32), y.astype(np.int32)
 
 
-def build(strategy, seed=0):
+def build(strategy, seed=0, sgd_learning_rate=None):
+    """The digits MLP under `strategy`, with Adam(0.003), or with a plain
+    (momentum-free) `SGD(sgd_learning_rate)`: what worker momentum is meant
+    to run with (docs/robustness.md)."""
     with strategy.scope():
         keras.utils.set_random_seed(seed)
         model = keras.Sequential(
@@ -48,7 +51,9 @@ def build(strategy, seed=0):
             ]
         )
         model.compile(
-            optimizer=keras.optimizers.Adam(0.003),
+            optimizer=keras.optimizers.Adam(0.003)
+            if sgd_learning_rate is None
+            else keras.optimizers.SGD(sgd_learning_rate),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )

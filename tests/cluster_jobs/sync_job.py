@@ -9,7 +9,8 @@ CONFIG_JSON holds the strategy's arguments (`replicas_to_aggregate`,
 `aggregator`, `num_byzantine`, `attack`, `worker_momentum`; or `max_staleness`, which trains
 with `PSStrategy(mode="between-graph", max_staleness=...)` instead) and the job's:
 `epochs`, `model` (`"embedding"`: a model with sparse gradients),
-`partitioned` (split its table over the ps tasks, as `digits_job` does), and
+`partitioned` (split its table over the ps tasks, as `digits_job` does),
+`sgd_learning_rate` (a momentum-free SGD in place of Adam), and
 `slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
 straggler; with `sleep_until_others_finish`, only until the other workers
 are done). Each worker writes `OUT_DIR/worker_<i>.json`; the chief also
@@ -105,7 +106,12 @@ def main(out_dir, config):
         )
     worker = strategy.extended.topology.worker_index
     sparse = config.get("model") == "embedding"
-    model = (digits_job.build_embedding if sparse else digits_job.build)(strategy)
+    if sparse:
+        model = digits_job.build_embedding(strategy)
+    else:
+        model = digits_job.build(
+            strategy, sgd_learning_rate=config.get("sgd_learning_rate")
+        )
     digits_job.EPOCHS = config.get("epochs", digits_job.EPOCHS)
     last_step = CountsAtLastStep(strategy, out_dir)
     callbacks = [
