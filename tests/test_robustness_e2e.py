@@ -36,6 +36,10 @@ ATTACKS = {
     "optimal_alie": lambda: attacks.OptimalALIE(replicas=ATTACKERS),
 }
 # Bulyan (n >= 4f + 3) and bucketing (4 buckets for f = 2) cannot run here.
+# The default run's tests share their runs (the clean mean's, above all)
+# through `accuracy_of`'s cache: one xdist worker runs them all, so no run
+# is made twice. The slow matrix is left to spread over the workers.
+SHARED_RUNS = pytest.mark.xdist_group("robustness_e2e")
 ROBUST = [n for n in aggregators.names() if n not in ("mean", "bulyan", "bucketing")]
 
 # Misses of the 4-point bar measured by benchmarks/robustness.py, each
@@ -100,12 +104,14 @@ def accuracy_of(cpu_devices, digits):
     return run
 
 
+@SHARED_RUNS
 def test_clean_run_learns(accuracy_of):
     assert accuracy_of("mean", "none") > 0.9
 
 
 # The default run keeps one attack that must break the mean; the large IPM and
 # NaN break it as surely, and run with the slow matrix.
+@SHARED_RUNS
 @pytest.mark.parametrize(
     "attack",
     [
@@ -127,12 +133,14 @@ DEFAULT_PAIRS = [
 ]
 
 
+@SHARED_RUNS
 @pytest.mark.parametrize(("rule", "attack"), DEFAULT_PAIRS)
 def test_robust_rule_holds(accuracy_of, rule, attack):
     clean = accuracy_of("mean", "none")
     assert accuracy_of(rule, attack) >= clean - TOLERANCE
 
 
+@SHARED_RUNS
 def test_worker_momentum_holds_where_raw_gradients_fall(accuracy_of):
     """The recommended configuration (docs/robustness.md): the trimmed mean of
     the replicas' momenta holds against ALIE, which beats it on raw gradients
@@ -142,6 +150,7 @@ def test_worker_momentum_holds_where_raw_gradients_fall(accuracy_of):
     assert accuracy_of("trimmed_mean", "alie") < clean - TOLERANCE
 
 
+@SHARED_RUNS
 def test_worker_momentum_recovers_most_of_the_optimal_attack(accuracy_of):
     """Optimal ALIE picks the most damaging shift every step. Here (a
     partial last batch each epoch, unlike the benchmark's setup, where the
