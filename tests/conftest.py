@@ -54,19 +54,17 @@ def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The modules whose tests run as big units go first: those that start
-    processes, and those with an `xdist_group` (a shared module fixture, or
-    a cache of trainings). Each module's tests keep their order.
+    """The modules that start processes run first, each module's tests in
+    their order.
 
-    Under `-n 2` the workers take tests (or whole `xdist_group`s) as they
-    free up, in this order, so a long unit taken last leaves the other
-    worker idle until it ends; longest first packs the two. Only whole
-    modules move, so a module's fixtures are still set up once.
+    Under `-n 2` the workers take tests (or `xdist_group`s) as they free up,
+    in this order, so a long cluster launch collected last could leave one
+    worker idle while the other finishes it; longest first packs the two.
+    Only whole modules move, so a module's fixtures are still set up once.
     """
-    big_unit_modules = {
+    launching_modules = {
         item.module.__name__
         for item in items
         if item.get_closest_marker("multiprocess") is not None
-        or item.get_closest_marker("xdist_group") is not None
     }
-    items.sort(key=lambda item: item.module.__name__ not in big_unit_modules)
+    items.sort(key=lambda item: item.module.__name__ not in launching_modules)
