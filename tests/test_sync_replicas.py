@@ -40,13 +40,16 @@ def _launch(tmp_path, config, num_workers, num_ps=1):
 # ------------------------------------- all replicas aggregated: exact sync
 
 
+FULL_SYNC_EPOCHS = 3
+
+
 @pytest.fixture(scope="module")
 def full_sync_run(tmp_path_factory):
     """R == T on 2 workers and 2 ps tasks. The model has both kinds of
     gradient: an embedding table split over the ps tasks (`IndexedSlices`)
     and a dense layer."""
     tmp_path = tmp_path_factory.mktemp("sync_full")
-    config = {"model": "embedding", "epochs": 3, "partitioned": True}
+    config = {"model": "embedding", "epochs": FULL_SYNC_EPOCHS, "partitioned": True}
     reports, log = _launch(tmp_path, config, num_workers=2, num_ps=2)
     return reports, tmp_path, log
 
@@ -63,7 +66,7 @@ def test_all_replicas_aggregated_equals_the_synchronous_run(
     reports, tmp_path, _ = full_sync_run
     import digits_job
 
-    monkeypatch.setattr(digits_job, "EPOCHS", 3)
+    monkeypatch.setattr(digits_job, "EPOCHS", FULL_SYNC_EPOCHS)
     strategy = kpd.PSStrategy(
         devices=cpu_devices[:2], parameter_devices=cpu_devices[2:3]
     )
@@ -213,13 +216,19 @@ def byzantine_runs(tmp_path_factory):
     gradients, and under the median of the workers' momenta. (2 launches of
     3 workers; benchmarks/sync_byzantine.py measures the 5-worker setting
     against clean runs.)"""
+    rules = {
+        "mean": {"aggregator": "mean", "num_byzantine": 0},
+        "median_momentum": {
+            "aggregator": "median",
+            "num_byzantine": 1,
+            "worker_momentum": 0.9,
+        },
+    }
     runs = {}
-    for name in ("mean", "median_momentum"):
-        rule = name.split("_")[0]
+    for name, rule in rules.items():
         tmp_path = tmp_path_factory.mktemp(f"sync_byzantine_{name}")
         config = {
-            "aggregator": rule,
-            "num_byzantine": 1 if rule == "median" else 0,
+            **rule,
             "epochs": 3,
             "sgd_learning_rate": 0.5,
             "attack": {
@@ -227,8 +236,6 @@ def byzantine_runs(tmp_path_factory):
                 "config": {"replicas": [BYZANTINE_WORKERS - 1], "scale": 10.0},
             },
         }
-        if "_momentum" in name:
-            config["worker_momentum"] = 0.9
         runs[name], _ = _launch(tmp_path, config, num_workers=BYZANTINE_WORKERS)
     return runs
 

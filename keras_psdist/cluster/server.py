@@ -171,9 +171,10 @@ def import_tensorflow_without_keras():
     it all of Keras, and what Keras imports when installed: scikit-learn,
     matplotlib), inside a `try` that passes over an `ImportError`. A server
     process runs no Python of ours or of Keras's once started (remote
-    workers run ops in it), so it skips that: the import takes about 3 s
-    instead of 7 (TF 2.21 on a 2-core x86 machine), on the path of every
-    launch, whose workers wait until the servers are up. `tf.keras` is the one name
+    workers run ops in it), so it skips that: `python -c` of the import
+    takes about 4 s instead of 7 (TF 2.21 on a 2-core x86 machine; the
+    server is up in about 3 s instead of 5), on the path of every launch,
+    whose workers wait until the servers are up. `tf.keras` is the one name
     that would not work in this process; `import keras` still does (the
     refusal ends with this call).
 
