@@ -24,7 +24,9 @@ What happens when a process fails:
 |                         | `heartbeat_timeout` s the chief counts it lost.    |
 |                         | With backup workers the run goes on; without,      |
 |                         | every worker raises `WorkerLostError` naming it.   |
-|                         | Restarted, it rejoins and counts again.            |
+|                         | Restarted, it rejoins and counts again. If the     |
+|                         | others finish while it is counted lost, its `fit`  |
+|                         | stops (with a warning): no update can come for it. |
 | the chief (`fit` raises | every worker raises `RuntimeError` at its next     |
 | or the service fails)   | wait: "the chief stopped the run"                  |
 | the chief dies (killed) | after `heartbeat_timeout` s every worker raises    |
@@ -332,28 +334,17 @@ class SyncTraining:
         )
 
     def _check_liveness(self) -> str | None:
-        """Reports lost workers to the service (chief); on a worker, the
-        reason to stop if the chief is lost."""
+        """Reports lost workers to the service (chief); on a worker, lets
+        its fit end if the chief finished it, or says why to stop if the
+        chief is lost."""
+        if not self.sync.is_chief and self._model is not None:
+            if self._let_go or self._chief_finished():
+                self._let_go_of_fit()
+                return None
         if self._heartbeats is None:
             return None
         lost = set(self._heartbeats.lost())
         if not self.sync.is_chief:
-            if self._let_go:
-                return None
-            if 0 in lost and self._model is not None and self._chief_finished():
-                # A worker late for a run the chief finished (restarted near
-                # the end): its gradients can no longer be applied.
-                logging.warning(
-                    "keras_psdist sync-replicas: %s: the chief finished "
-                    "this fit and has left; this worker's remaining steps are "
-                    "not trained: its fit stops now.",
-                    self._name,
-                )
-                self._model.stop_training = True
-                self.sync.free(self.sync.worker)
-                self._let_go = True
-                self._last_progress = time.monotonic()
-                return None
             if 0 in lost:
                 return (
                     f"{self._name}: the chief ({self.sync.config.name(0)}) is "
@@ -377,6 +368,30 @@ class SyncTraining:
     def _chief_finished(self) -> bool:
         return int(self.sync.finished.numpy()) >= self._session
 
+    def _let_go_of_fit(self) -> None:
+        """Ends this worker's fit: the chief finished it without this worker.
+
+        The chief finishes a fit once every worker it counts has left. A
+        worker still training then was not counted at that moment: lost (its
+        heartbeat stopped for `heartbeat_timeout`: restarted near the end, or
+        starved of CPU) and not back yet. No update of this fit will come,
+        whether or not the chief is still there to pop its gradients.
+        """
+        if not self._let_go:
+            logging.warning(
+                "keras_psdist sync-replicas: %s: the chief finished this fit "
+                "without this worker (it had counted it lost); this worker's "
+                "remaining steps are not trained: its fit stops now.",
+                self._name,
+            )
+            self._model.stop_training = True
+            self._let_go = True
+        # A pass for each wait left in the fit (several with
+        # steps_per_execution > 1): one a second, the watchdog's pace.
+        # `begin_session` drops the unused ones.
+        self.sync.free(self.sync.worker)
+        self._last_progress = time.monotonic()
+
     def _watch(self, stop: threading.Event) -> None:
         timeout = self.sync.config.step_timeout
         while not stop.wait(_WATCH_EVERY_S):
@@ -395,30 +410,46 @@ class SyncTraining:
             idle = time.monotonic() - self._last_progress
             if idle <= timeout:
                 continue
-            missing = self._service.waiting_for if self._service else None
-            self._stall = (
-                f"{self._name}: no step finished for {idle:.0f} s "
-                f"(step_timeout={timeout:g}). "
-                + (
-                    "The chief has no fresh gradient from "
-                    f"{self.sync.config.names(missing)} for the pending update; "
-                    "are they running this script? (Worker tasks that only run "
-                    "`keras-psdist serve` belong to an in-graph launch: run "
-                    "SyncReplicaStrategy under `keras-psdist launch --mode "
-                    "between-graph`.)"
-                    if missing
-                    else f"Is the chief ({self.sync.config.name(0)}) running? "
-                    "It applies the updates that release the workers."
-                )
-                + " Raise SyncReplicaStrategy(step_timeout=...) if a step "
-                "legitimately takes this long."
-            )
+            self._stall = self._stall_reason(idle)
             logging.error("keras_psdist sync-replicas: %s", self._stall)
             if self.sync.is_chief:
                 self.sync.poison(range(self.sync.config.total_num_replicas))
             else:
                 self.sync.poison([self.sync.worker])
             return
+
+    def _stall_reason(self, idle: float) -> str:
+        timeout = self.sync.config.step_timeout
+        missing = self._service.waiting_for if self._service else None
+        if missing:
+            why = (
+                "The chief has no fresh gradient from "
+                f"{self.sync.config.names(missing)} for the pending update; "
+                "are they running this script? (Worker tasks that only run "
+                "`keras-psdist serve` belong to an in-graph launch: run "
+                "SyncReplicaStrategy under `keras-psdist launch --mode "
+                "between-graph`.)"
+            )
+        elif not self.sync.is_chief and self._chief_finished():
+            why = (
+                "The chief finished this run without this worker (it had "
+                "counted it lost: no heartbeat for heartbeat_timeout), so no "
+                "update of it will come and its remaining steps cannot be "
+                "trained. (A Keras fit stops by itself in that case.) Raise "
+                "SyncReplicaStrategy(heartbeat_timeout=...) if this worker is "
+                "slow, not dead."
+            )
+        else:
+            why = (
+                f"Is the chief ({self.sync.config.name(0)}) running? "
+                "It applies the updates that release the workers."
+            )
+        return (
+            f"{self._name}: no step finished for {idle:.0f} s "
+            f"(step_timeout={timeout:g}). {why} Raise "
+            "SyncReplicaStrategy(step_timeout=...) if a step legitimately "
+            "takes this long."
+        )
 
     # -------------------------------------------------------------- chief
 
