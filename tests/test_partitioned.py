@@ -260,6 +260,24 @@ def test_an_update_that_is_not_row_separable_runs_whole_and_says_so(
     assert routing.is_row_separable(type("Scheduled", (keras.optimizers.Adam,), {})())
 
 
+def test_a_class_registered_before_any_question_keeps_keras_optimizers_in(
+    monkeypatch,
+):
+    # As in a fresh process whose first call is the user's registration.
+    from keras_psdist.variables import row_separable
+
+    monkeypatch.setattr(row_separable, "_row_separable_updates", set())
+    monkeypatch.setattr(row_separable, "_builtins_registered", False)
+
+    @routing.register_row_separable
+    class SignSGD(keras.optimizers.Optimizer):
+        def update_step(self, gradient, variable, learning_rate):
+            variable.assign_sub(learning_rate * keras.ops.sign(gradient))
+
+    assert routing.is_row_separable(SignSGD(learning_rate=0.1))
+    assert routing.is_row_separable(keras.optimizers.Adam())
+
+
 def test_register_row_separable_refuses_what_is_not_an_optimizer_class():
     with pytest.raises(ValueError, match="Optimizer subclass. Received: 3"):
         routing.register_row_separable(3)

@@ -17,6 +17,7 @@ import functools
 from absl import logging
 
 _row_separable_updates: set = set()
+_builtins_registered = False
 _warned: set = set()
 
 
@@ -60,8 +61,10 @@ def register_row_separable(optimizer_class: type) -> type:
 
 
 def _register_keras_builtins() -> None:
+    global _builtins_registered
     import keras
 
+    _builtins_registered = True
     for name in (
         "SGD",
         "Adam",
@@ -87,7 +90,9 @@ def is_row_separable(optimizer) -> bool:
     registered `update_step` (a new learning-rate schedule, say) is
     separable; one that overrides it is not, until registered.
     """
-    if not _row_separable_updates:
+    # Not "while the set is empty": a user's class registered first (before
+    # any optimizer was asked about) must not keep Keras's own out.
+    if not _builtins_registered:
         _register_keras_builtins()
     return type(optimizer).update_step in _row_separable_updates
 
