@@ -20,8 +20,8 @@ large variable is cut into `PIECE`-coordinate pieces stacked as
 contributes the sum over c of `X @ X^T`, one batched matrix product:
 TensorFlow's CPU kernel splits a product of two `[32, K]` matrices poorly,
 while a batch of small ones keeps both cores busy. Measured at n = 32,
-d = 1e6: 3.6x to 3.9x the `mean` rule (of which the stacking copy is 1.5x
-to 1.9x), against 9x to 14x for `[n, BLOCK]` blocks (OpenBLAS's `x @ x.T`
+d = 1e6: 3.6x to 3.9x the `mean` rule (of which the stacking copy, at the
+speed of memory, is 1.5x to 1.9x), against 9x to 14x for `[n, BLOCK]` blocks (OpenBLAS's `x @ x.T`
 of the stacked `[32, d]` NumPy array: 2.7x `numpy.sum`); at n = 8 the
 batches are slower than the blocks (Krum 3.2x the `mean` rule against
 2.1x).
@@ -62,10 +62,13 @@ import tensorflow as tf
 BLOCK = 2**15
 # From this many replicas on, a large variable's Gram matrix is a batch of
 # `[n, PIECE]` products in chunks of `CHUNK` coordinates (n * CHUNK float32
-# values: 16 MB at n = 32), which bounds the stacking's extra memory.
+# values: 4 MB at n = 32), which bounds the stacking's extra memory. Chunks
+# of 2**15 rather than 2**17 took Krum at n = 32, d = 1e6 from 4.2x-4.8x to
+# 3.8x-4.1x the `mean` rule (`benchmarks/aggregators.py --n 32 --d 1e6`, the
+# two sizes run alternately, twice each).
 BATCHED_FROM = 16
 PIECE = 2**12
-CHUNK = 2**17
+CHUNK = 2**15
 # At most this many values in all (n times the full vector's length), the
 # replicas are kept as one matrix and distances are exact differences.
 DIRECT_LIMIT = 2**16
