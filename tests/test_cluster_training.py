@@ -247,6 +247,26 @@ def test_own_port_in_use_is_a_clear_error():
         held.close()
 
 
+def test_a_second_strategy_of_another_cluster_is_a_clear_error(monkeypatch):
+    # As if this process's first between-graph strategy had connected to
+    # another cluster: TensorFlow serves one task per process.
+    from keras_psdist.cluster import runtime
+
+    monkeypatch.setattr(
+        runtime, "_connected_between_graph", ("{'ps': ['10.0.0.1:1']}", "worker", 0)
+    )
+    ps, worker = _listening_socket(), _listening_socket()
+    try:
+        config = cluster.ClusterConfig(
+            {"ps": [_address(ps)], "worker": [_address(worker)]}, "worker", 0
+        )
+        with pytest.raises(ValueError, match="already serves a task of another"):
+            kpd.PSStrategy(cluster_resolver=config, mode="between-graph")
+    finally:
+        ps.close()
+        worker.close()
+
+
 def test_wrong_role_for_the_mode_is_a_clear_error():
     ps, worker = _listening_socket(), _listening_socket()
     try:

@@ -49,7 +49,12 @@ def full_sync_run(tmp_path_factory):
     gradient: an embedding table split over the ps tasks (`IndexedSlices`)
     and a dense layer."""
     tmp_path = tmp_path_factory.mktemp("sync_full")
-    config = {"model": "embedding", "epochs": FULL_SYNC_EPOCHS, "partitioned": True}
+    config = {
+        "model": "embedding",
+        "epochs": FULL_SYNC_EPOCHS,
+        "partitioned": True,
+        "second_run_epochs": 1,
+    }
     reports, log = _launch(tmp_path, config, num_workers=2, num_ps=2)
     return reports, tmp_path, log
 
@@ -94,6 +99,23 @@ def test_every_gradient_is_applied_and_counted(full_sync_run):
     assert final["dropped_stale"] == [0, 0] and final["dropped_at_end"] == [0, 0]
     # The optimizer ran once per update, on the chief, not once per worker.
     assert reports[0]["iterations"] == steps
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_full")
+def test_a_second_strategy_in_the_same_script_is_a_run_of_its_own(full_sync_run):
+    """Its step count starts at 0 and its queues are its own (another model's
+    gradients); the first run's counts are left as they were, and no worker
+    takes the first run's end for its own."""
+    reports, _, _ = full_sync_run
+    for report in reports.values():
+        second = report["second_run"]
+        steps = second["steps"]
+        assert second["namespace"] == "keras_psdist/sync_2"
+        assert second["counts"]["global_step"] == steps
+        assert second["counts"]["applied"] == [steps, steps]
+        assert second["counts"]["dropped_at_end"] == [0, 0]
+        assert report["first_counts_after_second"] == report["counts_when_finished"]
 
 
 @pytest.mark.multiprocess

@@ -320,20 +320,40 @@ def _connect_in_graph(config, devices, parameter_devices, connect_timeout):
     )
 
 
+# The cluster this process serves its task of, once connected between-graph:
+# a later strategy of the same script (a second run) connects no more (the
+# task's server already listens on its port).
+_connected_between_graph: tuple | None = None
+
+
 def _connect_between_graph(config, devices, parameter_devices, connect_timeout):
+    global _connected_between_graph
     wait_reachable(_targets(config, ("ps",)), connect_timeout)
-    check_port_free(config.task_address)
     # Only the ps tasks and this task: a client creates a context on every
     # task it is told of, so listing the other workers would make each
     # worker wait for, and reach into, all the others.
     jobs = {"ps": dict(enumerate(config.addresses("ps")))}
     jobs[config.task_type] = {config.task_id: config.task_address}
-    tf.config.experimental_connect_to_cluster(
-        config.cluster_spec(jobs),
-        job_name=config.task_type,
-        task_index=config.task_id,
-        make_master_device_default=True,
-    )
+    spec = config.cluster_spec(jobs)
+    key = (repr(spec.as_dict()), config.task_type, config.task_id)
+    if _connected_between_graph is None:
+        check_port_free(config.task_address)
+        tf.config.experimental_connect_to_cluster(
+            spec,
+            job_name=config.task_type,
+            task_index=config.task_id,
+            make_master_device_default=True,
+        )
+        _connected_between_graph = key
+    elif _connected_between_graph != key:
+        raise ValueError(
+            "This process already serves a task of another cluster (its "
+            f"first between-graph strategy connected to {_connected_between_graph[0]} "
+            f"as {_connected_between_graph[1]}:{_connected_between_graph[2]}); "
+            "TensorFlow serves one per process. Received: "
+            f"{key[0]} as {config.task_type}:{config.task_id}. Create every "
+            "strategy of a script from the same TF_CONFIG (or cluster_resolver)."
+        )
     host = config.device(config.task_type, config.task_id)
     compute = tuple(_task_compute_devices(config.task_type, config.task_id))
     return _with_user_devices(

@@ -19,7 +19,9 @@ variable and both shapes, not an obscure failure in its first step.
 Names: a variable's shared name is its name (Keras's path, e.g.
 `sequential/dense/kernel`), plus `_2`, `_3`, ... for the second and later
 variables of one name in a process. Workers running the same script create
-their variables in the same order, so the names agree.
+their variables in the same order, so the names agree. A run's own state
+(sync counters, queues, staleness clocks) goes under `run_namespace`, so a
+second strategy of the script starts afresh.
 """
 
 from __future__ import annotations
@@ -34,6 +36,22 @@ from keras_psdist._tf import handle_data_util, resource_variable_ops
 
 _POLL_SECONDS = 0.1
 _unique_ids = itertools.count()
+# How many runs of each kind this process has started (`run_namespace`).
+_runs: collections.Counter[str] = collections.Counter()
+
+
+def run_namespace(kind: str) -> str:
+    """The shared names' prefix for this process's next run of `kind`.
+
+    A run's own state on the ps tasks (a sync run's step count and queues,
+    bounded staleness's clocks) is named under it: `keras_psdist/<kind>` for
+    the script's first run of that kind, `keras_psdist/<kind>_2` for its
+    second, and so on. Every process of a between-graph run runs the same
+    script, so the k-th run of each process is the same run.
+    """
+    _runs[kind] += 1
+    count = _runs[kind]
+    return f"keras_psdist/{kind}" if count == 1 else f"keras_psdist/{kind}_{count}"
 
 
 class SharedVariables:

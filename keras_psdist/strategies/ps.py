@@ -224,7 +224,10 @@ class PSStrategy(distribute_lib.Strategy):
         attack = resolve_attack(attack, n, self._num_byzantine)
         training = None
         if max_staleness is not None:
+            from keras_psdist.cluster.shared_variables import run_namespace
             from keras_psdist.sync.staleness import BoundedStaleness
+
+            namespace = run_namespace("staleness")
 
             def training(extended):
                 return BoundedStaleness(
@@ -238,6 +241,7 @@ class PSStrategy(distribute_lib.Strategy):
                     step_timeout=float(step_timeout),
                     heartbeats=extended.heartbeats,
                     names=topology.training_task_names,
+                    namespace=namespace,
                 )
 
         # Keras's side of the run: installed once, before any model exists.

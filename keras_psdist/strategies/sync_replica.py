@@ -10,7 +10,7 @@ from keras_psdist import aggregators as aggregators_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
-from keras_psdist.cluster import runtime, task_loss
+from keras_psdist.cluster import runtime, shared_variables, task_loss
 from keras_psdist.distribute.extended import PSExtended
 from keras_psdist.distribute.run import Run
 from keras_psdist.integration import keras_patches
@@ -174,6 +174,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             config, "between-graph", None, parameter_devices, connect_timeout
         )
         attacked = attack is not None and topology.worker_index in attack.replicas
+        namespace = shared_variables.run_namespace("sync")
         from keras_psdist.attacks.base import GradientAttack
 
         def training(extended):
@@ -192,6 +193,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
                 unreachable_servers=functools.partial(
                     task_loss.unreachable_tasks, topology.config, ("ps",)
                 ),
+                namespace=namespace,
             )
             return SyncTraining(
                 self,

@@ -176,6 +176,10 @@ class SyncReplicas:
         device: Where the shared state lives (the first parameter device).
         shared: Opens (or, on the chief, creates) shared variables.
         local_device: This process's own CPU, for its private counters.
+        unreachable_servers: The ps tasks that refuse connections now.
+        namespace: The prefix of the shared names on the ps tasks (counters,
+            queues): one per `SyncReplicaStrategy` of a script, so a second
+            run in the same cluster starts from step 0 with its own queues.
     """
 
     def __init__(
@@ -187,8 +191,10 @@ class SyncReplicas:
         shared: SharedVariables,
         local_device: str,
         unreachable_servers: Callable[[], dict[str, str]] | None = None,
+        namespace: str = "keras_psdist/sync",
     ):
         self.config = config
+        self.namespace = namespace
         # Which ps tasks refuse connections now (`cluster.task_loss`): no
         # control message goes to a lost ps (a call on it can wait forever).
         self._unreachable_servers = unreachable_servers
@@ -199,21 +205,15 @@ class SyncReplicas:
         self.device = device
         self.local_device = local_device
         num_workers = config.total_num_replicas
-        self.global_step = shared.create_int64(
-            device, "keras_psdist/sync/global_step", 0
-        )
+        self.global_step = shared.create_int64(device, f"{namespace}/global_step", 0)
         self.counts = shared.create_int64(
-            device, "keras_psdist/sync/counts", [[0] * num_workers] * 3
+            device, f"{namespace}/counts", [[0] * num_workers] * 3
         )
-        self.lost = shared.create_int64(
-            device, "keras_psdist/sync/lost", [0] * num_workers
-        )
-        self.finished = shared.create_int64(
-            device, "keras_psdist/sync/finished_session", 0
-        )
+        self.lost = shared.create_int64(device, f"{namespace}/lost", [0] * num_workers)
+        self.finished = shared.create_int64(device, f"{namespace}/finished_session", 0)
         with tf.init_scope(), tf.device(device):
             self.token_queues = [
-                _fifo_queue([tf.int64], f"keras_psdist/sync/tokens_{w}")
+                _fifo_queue([tf.int64], f"{namespace}/tokens_{w}")
                 for w in range(num_workers)
             ]
         with tf.init_scope(), tf.device(local_device):
@@ -232,7 +232,7 @@ class SyncReplicas:
         if self._gradient_queue is None:
             with tf.init_scope(), tf.device(self.device):
                 self._gradient_queue = _fifo_queue(
-                    layout.component_types, "keras_psdist/sync/gradients"
+                    layout.component_types, f"{self.namespace}/gradients"
                 )
             self.layout = layout
         elif layout != self.layout:

@@ -54,6 +54,8 @@ class BoundedStaleness:
             worker is not waited for. None: every active worker counts.
         names: The workers' task names by index, for messages
             (`Topology.training_task_names`).
+        namespace: The prefix of the clocks' shared names: one per run of
+            a script (`cluster.shared_variables.run_namespace`).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class BoundedStaleness:
         heartbeats=None,
         *,
         names,
+        namespace: str = "keras_psdist/staleness",
     ):
         self._strategy = strategy
         self.names = tuple(names)
@@ -78,10 +81,10 @@ class BoundedStaleness:
         self._step_timeout = step_timeout
         self._heartbeats = heartbeats
         self.clocks = shared.create_int64(
-            device, "keras_psdist/staleness/clocks", [0] * num_workers
+            device, f"{namespace}/clocks", [0] * num_workers
         )
         self.active = shared.create_int64(
-            device, "keras_psdist/staleness/active", [1] * num_workers
+            device, f"{namespace}/active", [1] * num_workers
         )
         with tf.init_scope(), tf.device(local_device):
             # applied, dropped, waits, largest staleness applied

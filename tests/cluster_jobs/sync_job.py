@@ -11,6 +11,8 @@ with `PSStrategy(mode="between-graph", max_staleness=...)` instead) and the job'
 `epochs`, `model` (`"embedding"`: a model with sparse gradients),
 `partitioned` (split its table over the ps tasks, as `digits_job` does),
 `sgd_learning_rate` (a momentum-free SGD in place of Adam), and
+`second_run_epochs` (then a second `SyncReplicaStrategy` in the same script
+trains the dense model that long: a run of its own), and
 `slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
 straggler; with `sleep_until_others_finish`, only until the other workers
 are done). Each worker writes `OUT_DIR/worker_<i>.json`; the chief also
@@ -166,6 +168,11 @@ def main(out_dir, config):
         report["table_shard_devices"] = [
             p.device for p in strategy.extended.placement.shards_of(table)
         ]
+    if config.get("second_run_epochs"):
+        report["second_run"] = _second_run(config["second_run_epochs"])
+        report["first_counts_after_second"] = _listed(
+            strategy.extended.sync_training.counts()
+        )
     if report["is_chief"]:
         np.savez(
             os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights]
@@ -175,6 +182,24 @@ def main(out_dir, config):
     print(
         f"worker {worker}: accuracy {accuracy:.3f}, counts {report['counts_when_finished']}"
     )
+
+
+def _second_run(epochs):
+    """A second SyncReplicaStrategy in the same script, on the same cluster:
+    a run of its own (all workers aggregated, the dense digits model)."""
+    import keras_psdist as kpd
+
+    strategy = kpd.SyncReplicaStrategy(step_timeout=120)
+    model = digits_job.build(strategy, seed=1)
+    x, y = digits_job.digits()
+    history = model.fit(
+        x[:1500], y[:1500], batch_size=digits_job.BATCH_SIZE, epochs=epochs, verbose=2
+    )
+    return {
+        "steps": epochs * history.params["steps"],
+        "counts": _listed(strategy.extended.sync_training.counts()),
+        "namespace": strategy.extended.sync_training.sync.namespace,
+    }
 
 
 if __name__ == "__main__":
