@@ -53,7 +53,8 @@ def full_sync_run(tmp_path_factory):
         "model": "embedding",
         "epochs": FULL_SYNC_EPOCHS,
         "partitioned": True,
-        "second_run_epochs": 1,
+        # Then a second strategy in the same script: R = 3 of 2 workers.
+        "then": {"replicas_to_aggregate": 3, "epochs": 2},
     }
     reports, log = _launch(tmp_path, config, num_workers=2, num_ps=2)
     return reports, tmp_path, log
@@ -105,17 +106,15 @@ def test_every_gradient_is_applied_and_counted(full_sync_run):
 @pytest.mark.xdist_group("sync_full")
 def test_a_second_strategy_in_the_same_script_is_a_run_of_its_own(full_sync_run):
     """Its step count starts at 0 and its queues are its own (another model's
-    gradients); the first run's counts are left as they were, and no worker
-    takes the first run's end for its own."""
+    gradients); the first run's counts are left as they were."""
     reports, _, _ = full_sync_run
     for report in reports.values():
-        second = report["second_run"]
-        steps = second["steps"]
-        assert second["namespace"] == "keras_psdist/sync_2"
-        assert second["counts"]["global_step"] == steps
-        assert second["counts"]["applied"] == [steps, steps]
-        assert second["counts"]["dropped_at_end"] == [0, 0]
-        assert report["first_counts_after_second"] == report["counts_when_finished"]
+        assert report["namespace"] == "keras_psdist/sync"
+        then = report["then"]
+        assert then["namespace"] == "keras_psdist/sync_2"
+        # One optimizer step per update, counted from 0 by a new optimizer.
+        assert then["counts_when_finished"]["global_step"] == then["iterations"] > 0
+        assert report["first_counts_after_then"] == report["counts_when_finished"]
 
 
 @pytest.mark.multiprocess
@@ -143,25 +142,17 @@ def test_counts_reach_the_history_and_the_chief_checkpoints(full_sync_run):
     assert not (tmp_path / "checkpoint_1.weights.h5").exists()
 
 
-@pytest.fixture(scope="module")
-def several_batches_run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("sync_several_batches")
-    config = {"replicas_to_aggregate": 3, "epochs": 2}
-    reports, _ = _launch(tmp_path, config, num_workers=2)
-    return reports
-
-
 @pytest.mark.multiprocess
-@pytest.mark.xdist_group("sync_several_batches")
-def test_more_replicas_to_aggregate_than_workers_uses_several_batches(
-    several_batches_run,
-):
-    """R=3 of 2 workers: each worker sends 2 batches' gradients per update."""
-    final = several_batches_run[0]["counts_when_finished"]
-    steps = several_batches_run[0]["steps"]
+@pytest.mark.xdist_group("sync_full")
+def test_more_replicas_to_aggregate_than_workers_uses_several_batches(full_sync_run):
+    """R=3 of 2 workers (the launch's second run): each worker sends 2
+    batches' gradients per update."""
+    run = full_sync_run[0][0]["then"]
+    final = run["counts_when_finished"]
+    steps = run["steps"]
     updates = final["global_step"]
     assert sum(final["applied"]) == 3 * updates
-    assert several_batches_run[0]["iterations"] == updates
+    assert run["iterations"] == updates
     # Every gradient sent is accounted for, and both workers' count.
     sent = sum(sum(final[k]) for k in ("applied", "dropped_stale", "dropped_at_end"))
     assert sent == 2 * steps
@@ -235,31 +226,34 @@ BYZANTINE_WORKERS = 3
 def byzantine_runs(tmp_path_factory):
     """Three workers, the last one sign-flipping what it sends x10, with a
     momentum-free `SGD(0.5)` (docs/robustness.md): under the mean of raw
-    gradients, and under the median of the workers' momenta. (2 launches of
-    3 workers; benchmarks/sync_byzantine.py measures the 5-worker setting
-    against clean runs.)"""
-    rules = {
-        "mean": {"aggregator": "mean", "num_byzantine": 0},
-        "median_momentum": {
+    gradients, then (a second strategy in the same launch) under the median
+    of the workers' momenta. (benchmarks/sync_byzantine.py measures the
+    5-worker setting against clean runs.)"""
+    common = {
+        "epochs": 3,
+        "sgd_learning_rate": 0.5,
+        "attack": {
+            "class_name": "sign_flip",
+            "config": {"replicas": [BYZANTINE_WORKERS - 1], "scale": 10.0},
+        },
+    }
+    config = {
+        **common,
+        "aggregator": "mean",
+        "num_byzantine": 0,
+        "then": {
+            **common,
             "aggregator": "median",
             "num_byzantine": 1,
             "worker_momentum": 0.9,
         },
     }
-    runs = {}
-    for name, rule in rules.items():
-        tmp_path = tmp_path_factory.mktemp(f"sync_byzantine_{name}")
-        config = {
-            **rule,
-            "epochs": 3,
-            "sgd_learning_rate": 0.5,
-            "attack": {
-                "class_name": "sign_flip",
-                "config": {"replicas": [BYZANTINE_WORKERS - 1], "scale": 10.0},
-            },
-        }
-        runs[name], _ = _launch(tmp_path, config, num_workers=BYZANTINE_WORKERS)
-    return runs
+    tmp_path = tmp_path_factory.mktemp("sync_byzantine")
+    reports, _ = _launch(tmp_path, config, num_workers=BYZANTINE_WORKERS)
+    return {
+        "mean": reports,
+        "median_momentum": {w: report["then"] for w, report in reports.items()},
+    }
 
 
 @pytest.mark.multiprocess

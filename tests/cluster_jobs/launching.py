@@ -33,7 +33,7 @@ def launch_job(job, args, out=None, **launch_kwargs):
     starts as the first did. Any other failure, or a second crash, is
     returned.
     """
-    dirs = [Path(a) for a in args if isinstance(a, (str, Path)) and Path(a).is_dir()]
+    dirs = [Path(a) for a in args if _is_dir(a)]
     before = {d: set(d.iterdir()) for d in dirs}
     code, log = _launch_once(job, args, out, launch_kwargs)
     crash = SERVER_CRASH.search(log)
@@ -75,3 +75,14 @@ def without_progress(log):
         for line in log.splitlines()
         if "/step" not in line and "Epoch " not in line
     )
+
+
+def _is_dir(arg) -> bool:
+    """Whether a job argument names a directory (a long JSON config is no
+    file name at all: `is_dir` would raise)."""
+    if not isinstance(arg, (str, Path)):
+        return False
+    try:
+        return Path(arg).is_dir()
+    except OSError:
+        return False

@@ -11,12 +11,12 @@ with `PSStrategy(mode="between-graph", max_staleness=...)` instead) and the job'
 `epochs`, `model` (`"embedding"`: a model with sparse gradients),
 `partitioned` (split its table over the ps tasks, as `digits_job` does),
 `sgd_learning_rate` (a momentum-free SGD in place of Adam), and
-`second_run_epochs` (then a second `SyncReplicaStrategy` in the same script
-trains the dense model that long: a run of its own), and
 `slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
 straggler; with `sleep_until_others_finish`, only until the other workers
-are done). Each worker writes `OUT_DIR/worker_<i>.json`; the chief also
-writes `OUT_DIR/weights.npz`.
+are done). `then`: a second config, run after the first by a second
+strategy in the same script (a run of its own); its report is the first's
+`then`. Each worker writes `OUT_DIR/worker_<i>.json`; the chief also writes
+`OUT_DIR/weights.npz` (the first run's model).
 """
 
 import json
@@ -88,6 +88,30 @@ def _listed(counts):
 
 
 def main(out_dir, config):
+    report, strategy, model = _train(out_dir, config)
+    if "then" in config:
+        # A second strategy in the same script: a run of its own.
+        then_dir = os.path.join(out_dir, "then")
+        os.makedirs(then_dir, exist_ok=True)
+        report["then"], _, _ = _train(then_dir, config["then"])
+        report["first_counts_after_then"] = _listed(
+            strategy.extended.sync_training.counts()
+        )
+    worker = report["worker"]
+    if report["is_chief"]:
+        np.savez(
+            os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights]
+        )
+    with open(os.path.join(out_dir, f"worker_{worker}.json"), "w") as f:
+        json.dump(report, f)
+    print(
+        f"worker {worker}: accuracy {report['accuracy']:.3f}, "
+        f"counts {report['counts_when_finished']}"
+    )
+
+
+def _train(out_dir, config):
+    """One run of `config`: its report, strategy and model."""
     import keras_psdist as kpd
 
     bounded = "max_staleness" in config
@@ -158,48 +182,18 @@ def main(out_dir, config):
         "iterations": int(model.optimizer.iterations.numpy()),
     }
     if not bounded:
-        report["layout"] = list(strategy.extended.sync_training.sync.layout.kinds)
+        sync_training = strategy.extended.sync_training
+        report["namespace"] = sync_training.sync.namespace
+        report["layout"] = list(sync_training.sync.layout.kinds)
         report["momentum_norms"] = [
-            float(np.linalg.norm(v.numpy()))
-            for v in strategy.extended.sync_training.momentum.kept
+            float(np.linalg.norm(v.numpy())) for v in sync_training.momentum.kept
         ]
     if sparse:
         table = model.layers[0].embeddings.path
         report["table_shard_devices"] = [
             p.device for p in strategy.extended.placement.shards_of(table)
         ]
-    if config.get("second_run_epochs"):
-        report["second_run"] = _second_run(config["second_run_epochs"])
-        report["first_counts_after_second"] = _listed(
-            strategy.extended.sync_training.counts()
-        )
-    if report["is_chief"]:
-        np.savez(
-            os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights]
-        )
-    with open(os.path.join(out_dir, f"worker_{worker}.json"), "w") as f:
-        json.dump(report, f)
-    print(
-        f"worker {worker}: accuracy {accuracy:.3f}, counts {report['counts_when_finished']}"
-    )
-
-
-def _second_run(epochs):
-    """A second SyncReplicaStrategy in the same script, on the same cluster:
-    a run of its own (all workers aggregated, the dense digits model)."""
-    import keras_psdist as kpd
-
-    strategy = kpd.SyncReplicaStrategy(step_timeout=120)
-    model = digits_job.build(strategy, seed=1)
-    x, y = digits_job.digits()
-    history = model.fit(
-        x[:1500], y[:1500], batch_size=digits_job.BATCH_SIZE, epochs=epochs, verbose=2
-    )
-    return {
-        "steps": epochs * history.params["steps"],
-        "counts": _listed(strategy.extended.sync_training.counts()),
-        "namespace": strategy.extended.sync_training.sync.namespace,
-    }
+    return report, strategy, model
 
 
 if __name__ == "__main__":
