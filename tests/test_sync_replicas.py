@@ -177,6 +177,9 @@ def straggler_run(tmp_path_factory):
         # Its sleeps end once the fast workers are done: waiting them out
         # took 2 epochs x 0.75 s per step, most of this launch.
         "sleep_until_others_finish": True,
+        # Then, in the same launch, async with bounded staleness and a
+        # lighter straggler (`bounded_staleness_run`).
+        "then": {"max_staleness": 2, "epochs": 2, "slow_worker": 2, "sleep_s": 0.1},
     }
     reports, log = _launch(tmp_path, config, num_workers=3)
     return reports, log
@@ -289,15 +292,14 @@ def test_byzantine_worker_median_with_worker_momentum_holds(byzantine_runs):
 
 
 @pytest.fixture(scope="module")
-def bounded_staleness_run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("bounded_staleness")
-    config = {"max_staleness": 2, "epochs": 2, "slow_worker": 2, "sleep_s": 0.1}
-    reports, _ = _launch(tmp_path, config, num_workers=3)
-    return reports
+def bounded_staleness_run(straggler_run):
+    """The straggler launch's second run: `PSStrategy(mode="between-graph",
+    max_staleness=2)` on the same 3 workers, worker 2 sleeping 0.1 s a step."""
+    return {worker: report["then"] for worker, report in straggler_run[0].items()}
 
 
 @pytest.mark.multiprocess
-@pytest.mark.xdist_group("bounded_staleness")
+@pytest.mark.xdist_group("sync_straggler")
 def test_no_applied_gradient_is_older_than_max_staleness(bounded_staleness_run):
     for report in bounded_staleness_run.values():
         counts = report["counts_at_last_step"]
@@ -308,7 +310,7 @@ def test_no_applied_gradient_is_older_than_max_staleness(bounded_staleness_run):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.xdist_group("bounded_staleness")
+@pytest.mark.xdist_group("sync_straggler")
 def test_fast_workers_wait_within_max_staleness_of_the_straggler(bounded_staleness_run):
     for fast in (0, 1):
         counts = bounded_staleness_run[fast]["counts_at_last_step"]
