@@ -342,15 +342,14 @@ def test_worker_without_a_chief_times_out_with_a_clear_message(tmp_path):
 PARTIAL_BATCHES_JOB = Path(__file__).parent / "cluster_jobs" / "partial_batches_job.py"
 
 
-@pytest.mark.parametrize("kind", ["async", "sync"])
-def test_between_graph_workers_skip_batches_too_small_to_reach_them(tmp_path, kind):
-    """Every layer type on global batches of 4, 1, 4 over 2 worker processes
-    (async PSStrategy, SyncReplicaStrategy): worker 1 gets nothing of the batch
-    of one and skips that step; no process runs a kernel on an empty batch,
-    and each epoch still trains on every example exactly once."""
+@pytest.fixture(scope="module")
+def partial_batches_launch(tmp_path_factory):
+    """One launch of 2 workers: an async PSStrategy run, then a
+    SyncReplicaStrategy run, in the same script."""
+    tmp_path = tmp_path_factory.mktemp("partial_batches")
     code, log = launching.launch_job(
         PARTIAL_BATCHES_JOB,
-        [tmp_path, kind],
+        [tmp_path, "async,sync"],
         num_ps=1,
         num_workers=2,
         mode="between-graph",
@@ -359,7 +358,22 @@ def test_between_graph_workers_skip_batches_too_small_to_reach_them(tmp_path, ki
     assert code == 0, (
         f"launch exited {code}:\n{launching.without_progress(log)[-6000:]}"
     )
-    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    return tmp_path
+
+
+@pytest.mark.xdist_group("partial_batches_launch")
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_between_graph_workers_skip_batches_too_small_to_reach_them(
+    partial_batches_launch, kind
+):
+    """Every layer type on global batches of 4, 1, 4 over 2 worker processes
+    (async PSStrategy, SyncReplicaStrategy): worker 1 gets nothing of the batch
+    of one and skips that step; no process runs a kernel on an empty batch,
+    and each epoch still trains on every example exactly once."""
+    reports = [
+        json.loads(p.read_text())
+        for p in sorted(partial_batches_launch.glob(f"{kind}_worker_*.json"))
+    ]
     assert [r["worker"] for r in reports] == [0, 1]
     assert all(r["finite"] for r in reports)
     total = sum(layer_zoo.batch_sizes(2))

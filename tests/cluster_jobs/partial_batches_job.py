@@ -3,12 +3,14 @@
 Run by tests/test_cluster_training.py under `keras-psdist launch --mode
 between-graph` with 2 workers:
 
-    python partial_batches_job.py OUT_DIR async|sync
+    python partial_batches_job.py OUT_DIR async,sync
+
+(one run per kind, in that order, each with its own strategy.)
 
 Every global batch of `layer_zoo.partial_batches(2)` is cut into one piece per
 worker; the batch of one example leaves worker 1 nothing, and it skips that
 step rather than run the model on an empty batch. Each worker writes
-`OUT_DIR/worker_<i>.json`: the examples it trained on per epoch, its steps per
+`OUT_DIR/<kind>_worker_<i>.json` per run: the examples it trained on per epoch, its steps per
 epoch, and whether its weights are finite.
 """
 
@@ -27,7 +29,12 @@ import layer_zoo  # noqa: E402
 EPOCHS = 2
 
 
-def main(out_dir, kind):
+def main(out_dir, kinds):
+    for kind in kinds.split(","):
+        train(out_dir, kind)
+
+
+def train(out_dir, kind):
     import keras_psdist as kpd
 
     if kind == "sync":
@@ -47,10 +54,10 @@ def main(out_dir, kind):
         "examples": history.history["examples"],
         "finite": bool(all(np.isfinite(w.numpy()).all() for w in model.weights)),
     }
-    path = os.path.join(out_dir, f"worker_{topology.worker_index}.json")
+    path = os.path.join(out_dir, f"{kind}_worker_{topology.worker_index}.json")
     with open(path, "w") as f:
         json.dump(report, f)
-    print(f"worker {topology.worker_index}: {report}")
+    print(f"{kind}, worker {topology.worker_index}: {report}")
 
 
 if __name__ == "__main__":
