@@ -34,10 +34,10 @@ def _job_module():
     return module
 
 
-def _launch(tmp_path, mode, num_ps, num_workers):
+def _launch(tmp_path, mode, num_ps, num_workers, then=()):
     code, log = launching.launch_job(
         JOB,
-        [tmp_path, mode],
+        [tmp_path, mode, *then],
         num_ps=num_ps,
         num_workers=num_workers,
         mode="in-graph" if mode == "sync" else "between-graph",
@@ -150,12 +150,16 @@ def test_in_graph_streams_every_task_output(in_graph_run):
 
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
+    """2 workers on 1 ps. The script goes on with the partial-batch runs
+    (`partial_batches_launch`): more strategies in the same launch."""
     tmp_path = tmp_path_factory.mktemp("async")
-    reports, log = _launch(tmp_path, "async", num_ps=1, num_workers=2)
+    reports, log = _launch(
+        tmp_path, "async", num_ps=1, num_workers=2, then=("0", "then_partial_batches")
+    )
     return reports, tmp_path, log
 
 
-@pytest.mark.xdist_group("async_cluster")
+@pytest.mark.xdist_group("between_graph_cluster")
 def test_async_workers_share_the_variables_on_the_ps(async_run):
     reports, _, _ = async_run
     assert set(reports) == {"worker:0", "worker:1"}
@@ -178,7 +182,7 @@ def test_async_workers_share_the_variables_on_the_ps(async_run):
     assert max(steps) < last <= sum(steps)
 
 
-@pytest.mark.xdist_group("async_cluster")
+@pytest.mark.xdist_group("between_graph_cluster")
 def test_async_workers_learn(async_run):
     reports, _, _ = async_run
     for report in reports.values():
@@ -187,7 +191,7 @@ def test_async_workers_learn(async_run):
         assert report["accuracy"] >= 0.8, report
 
 
-@pytest.mark.xdist_group("async_cluster")
+@pytest.mark.xdist_group("between_graph_cluster")
 def test_async_checkpoints_are_written_by_the_chief_only(async_run):
     reports, tmp_path, _ = async_run
     assert reports["worker:0"]["is_chief"] and not reports["worker:1"]["is_chief"]
@@ -343,25 +347,13 @@ PARTIAL_BATCHES_JOB = Path(__file__).parent / "cluster_jobs" / "partial_batches_
 
 
 @pytest.fixture(scope="module")
-def partial_batches_launch(tmp_path_factory):
-    """One launch of 2 workers: an async PSStrategy run, then a
-    SyncReplicaStrategy run, in the same script."""
-    tmp_path = tmp_path_factory.mktemp("partial_batches")
-    code, log = launching.launch_job(
-        PARTIAL_BATCHES_JOB,
-        [tmp_path, "async,sync"],
-        num_ps=1,
-        num_workers=2,
-        mode="between-graph",
-        timeout_s=LAUNCH_TIMEOUT_S,
-    )
-    assert code == 0, (
-        f"launch exited {code}:\n{launching.without_progress(log)[-6000:]}"
-    )
-    return tmp_path
+def partial_batches_launch(async_run):
+    """The async digits launch's next runs: an async PSStrategy run, then a
+    SyncReplicaStrategy run, on its 2 workers."""
+    return async_run[1] / "partial_batches"
 
 
-@pytest.mark.xdist_group("partial_batches_launch")
+@pytest.mark.xdist_group("between_graph_cluster")
 @pytest.mark.parametrize("kind", ["async", "sync"])
 def test_between_graph_workers_skip_batches_too_small_to_reach_them(
     partial_batches_launch, kind

@@ -4,7 +4,7 @@ Run by `tests/test_cluster_training.py` under `keras-psdist launch` (its
 TF_CONFIG says which task it is), and imported by the tests for the
 one-process reference runs with the same replicas.
 
-    python digits_job.py OUT_DIR MODE [SEED]
+    python digits_job.py OUT_DIR MODE [SEED [then_partial_batches]]
 
 writes `OUT_DIR/<task>.json` (what the test checks) and, in-graph,
 `OUT_DIR/weights.npz`. In-graph it then trains a second model, with an
@@ -12,6 +12,8 @@ embedding table large enough for the strategy's partitioner to split it
 over the ps tasks (`EMBEDDING_PARTITIONER`), and writes
 `OUT_DIR/embedding_weights.npz`; and a third, `layer_zoo`'s layer types on
 global batches smaller than the replica count (`OUT_DIR/zoo_weights.npz`).
+With `then_partial_batches` the script then runs `partial_batches_job`'s
+async and sync runs, writing into `OUT_DIR/partial_batches`.
 """
 
 import json
@@ -217,3 +219,11 @@ def _steps_per_epoch(history):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    if sys.argv[4:] == ["then_partial_batches"]:
+        # The same launch goes on with `partial_batches_job`'s runs (more
+        # strategies of the same script), into OUT_DIR/partial_batches.
+        import partial_batches_job
+
+        partial_batches_job.main(
+            os.path.join(sys.argv[1], "partial_batches"), "async,sync"
+        )

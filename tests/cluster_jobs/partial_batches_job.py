@@ -30,6 +30,7 @@ EPOCHS = 2
 
 
 def main(out_dir, kinds):
+    os.makedirs(out_dir, exist_ok=True)
     for kind in kinds.split(","):
         train(out_dir, kind)
 
