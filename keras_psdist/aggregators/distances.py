@@ -21,10 +21,10 @@ contributes the sum over c of `X @ X^T`, one batched matrix product:
 TensorFlow's CPU kernel splits a product of two `[32, K]` matrices poorly,
 while a batch of small ones keeps both cores busy. Measured at n = 32,
 d = 1e6: 3.6x to 3.9x the `mean` rule (of which the stacking copy, at the
-speed of memory, is 1.5x to 1.9x), against 9x to 14x for `[n, BLOCK]` blocks (OpenBLAS's `x @ x.T`
-of the stacked `[32, d]` NumPy array: 2.7x `numpy.sum`); at n = 8 the
-batches are slower than the blocks (Krum 3.2x the `mean` rule against
-2.1x).
+speed of memory, is 1.5x to 1.9x), against 9x to 14x for `[n, BLOCK]`
+blocks (OpenBLAS's `x @ x.T` of the stacked `[32, d]` NumPy array: 2.7x
+`numpy.sum`); at n = 8 the batches are slower than the blocks (Krum 3.2x
+the `mean` rule against 2.1x).
 
 Round-off: `D[i, j] = G[i, i] + G[j, j] - 2 G[i, j]` loses about
 `1e-7 * (||x_i||^2 + ||x_j||^2)` to cancellation, which matters only for
