@@ -101,6 +101,58 @@ def test_replicas_without_data_keep_their_momentum():
     assert np.all(np.isfinite(momenta[-1]))
 
 
+@pytest.mark.parametrize("rule_id", ["mean", "centered_clipping"])
+def test_momenta_updated_in_place_match_the_stepwise_rule(rule_id):
+    """`step_on_variables` (what the strategy runs: buffers in variables,
+    written in place by one XLA kernel) gives `step`'s values and momenta,
+    a replica without data included."""
+    rng = np.random.default_rng(2)
+    n, beta = 5, 0.7
+    rule = WorkerMomentum(
+        aggregators.get(rule_id).bind(n, 1 if rule_id != "mean" else 0), beta
+    )
+    specs = [tf.TensorSpec([3, 2]), tf.TensorSpec([4])]
+    state = rule.initial_state(specs)
+    buffers = [[tf.Variable(m) for m in column] for column in state.momenta]
+    inner = tf.nest.map_structure(tf.Variable, state.inner)
+
+    @tf.function
+    def in_place(columns, shares):
+        result = rule.step_on_variables(
+            MEAN,
+            columns,
+            shares=shares,
+            momenta=buffers,
+            inner_state=tf.nest.map_structure(lambda v: v.read_value(), inner),
+        )
+        for var, value in zip(
+            tf.nest.flatten(inner), tf.nest.flatten(result.state), strict=True
+        ):
+            var.assign(value)
+        return result.values
+
+    for step in range(3):
+        columns = [
+            [tf.constant(rng.normal(size=spec.shape), tf.float32) for _ in range(n)]
+            for spec in specs
+        ]
+        share = np.full(n, 1 / n, np.float32)
+        if step == 1:
+            share[-1] = 0.0  # no data: its gradient is NaN, its momentum stays
+            for column in columns:
+                column[-1] = column[-1] * np.nan
+        shares = [tf.constant(x) for x in share]
+        want = rule.step(MEAN, columns, shares=shares, state=state)
+        state = want.state
+        got = in_place(columns, shares)
+        for g, w in zip(got, want.values, strict=True):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
+        for column_vars, column_want in zip(buffers, state.momenta, strict=True):
+            for var, m in zip(column_vars, column_want, strict=True):
+                np.testing.assert_allclose(var.numpy(), m.numpy(), rtol=1e-6)
+                assert np.all(np.isfinite(var.numpy()))
+
+
 def test_mean_with_worker_momentum_is_heavy_ball_sgd(cpu_devices):
     """With `mean`, worker momentum beta and SGD(lr / (1 - beta)) take exactly
     the steps of SGD(lr, momentum=beta) on one device (the docstring's claim)."""

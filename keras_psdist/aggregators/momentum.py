@@ -31,7 +31,8 @@ travels to the reduction device is the momentum instead of the gradient (no
 extra traffic). Logical CPUs of one process share the memory and the cores,
 so there every buffer is updated in one fused pass where the rule runs
 (measured with `benchmarks/step_time_rules.py`: `mean` + worker momentum
-1.33x the mean's step time with a pass per replica, 1.23x with one pass).
+1.33x the mean's step time with a pass per replica, 1.23x with one pass,
+1.20x with the buffers written in place by that pass: `step_on_variables`).
 For an honest replica this is exactly the
 momentum it would keep itself. A Byzantine replica could steer a momentum
 kept for it to any value by inverting the average, so simulated attacks
@@ -200,24 +201,90 @@ class WorkerMomentum(Aggregator):
             result.values, result.report, MomentumState(tuple(momenta), result.state)
         )
 
+    def step_on_variables(
+        self,
+        reduce_op: tf.distribute.ReduceOp,
+        per_replica: Sequence[Sequence[tf.Tensor | tf.IndexedSlices]],
+        *,
+        shares: Sequence[tf.Tensor] | None,
+        momenta: Sequence[Sequence[tf.Variable]],
+        inner_state: Any,
+    ) -> Aggregation:
+        """`step`, with the momenta kept in variables and updated in place.
+
+        What the strategy runs: each group's buffers are read, updated and
+        written back in one XLA kernel, with no new buffer per step (at 8
+        replicas of 300k values on logical CPUs: 1.7 ms instead of 2.4 ms
+        for the pass and the writes, measured on their own). Same values as
+        `step`.
+
+        Args:
+            reduce_op: As in `step`.
+            per_replica: As in `step`.
+            shares: As in `step`.
+            momenta: The buffers, `momenta[v][r]` (none for a sparse
+                variable), as `initial_state` lays them out.
+            inner_state: The inner rule's state (values).
+
+        Returns:
+            The inner rule's `Aggregation` of the momenta: its state is the
+            inner rule's next state only (the momenta are written).
+        """
+        n = len(per_replica[0])
+        scale = float(n) if reduce_op == ReduceOp.SUM else 1.0
+        sparse = [isinstance(column[0], tf.IndexedSlices) for column in per_replica]
+        dense = [v for v, is_sparse in enumerate(sparse) if not is_sparse]
+        for replicas, device in self._groups(n):
+            pairs = [(v, r) for r in replicas for v in dense]
+            if not pairs:
+                continue
+            buffers = [momenta[v][r] for v, r in pairs]
+            grads = [per_replica[v][r] for v, r in pairs]
+            keep = _keep_flags(pairs, shares)
+            # Where the buffers are: an XLA kernel runs where its variables
+            # live.
+            with tf.device(device or buffers[0].device):
+                if all(g.shape.is_fully_defined() for g in grads):
+                    _update_in_place_xla(buffers, grads, keep, self.beta, scale)
+                else:
+                    olds = [b.read_value() for b in buffers]
+                    new = moving_averages(olds, grads, keep, self.beta, scale)
+                    for buffer, m in zip(buffers, new, strict=True):
+                        buffer.assign(m)
+        out = []
+        for v, column in enumerate(per_replica):
+            if sparse[v]:
+                _warn_sparse_once(column[0])
+                out.append(column if scale == 1.0 else _times(column, n))
+            else:
+                # Read after the writes (automatic control dependencies
+                # order the ops on each variable).
+                out.append([buffer.read_value() for buffer in momenta[v]])
+        return self.aggregator.step(
+            ReduceOp.MEAN, out, shares=shares, state=inner_state
+        )
+
+    def _groups(self, n):
+        """`(replicas, device)` per fused pass: all on the rule's device, or
+        one per replica on its own device."""
+        if self.devices is None:
+            return [(range(n), None)]
+        return [([r], self.devices[r]) for r in range(n)]
+
     def _update_momenta(self, momenta, per_replica, dense, shares, scale):
         """`{variable: [new momentum per replica]}` for the dense columns:
         one fused pass per replica on its device, or one over all of them."""
         n = len(per_replica[0])
-        groups = [range(n)] if self.devices is None else [[r] for r in range(n)]
         new = {v: [None] * n for v in dense}
-        for replicas in groups:
+        for replicas, device in self._groups(n):
             pairs = [(v, r) for r in replicas for v in dense]
             if not pairs:
                 continue
             olds = [momenta[v][r] for v, r in pairs]
             grads = [per_replica[v][r] for v, r in pairs]
-            keep = [
-                tf.constant(True) if shares is None else shares[r] > 0 for _, r in pairs
-            ]
+            keep = _keep_flags(pairs, shares)
             static = all(g.shape.is_fully_defined() for g in grads)
             update = _moving_averages_xla if static else moving_averages
-            device = None if self.devices is None else self.devices[replicas[0]]
             with tf.device(device):
                 results = update(olds, grads, keep, self.beta, scale)
             for (v, r), m in zip(pairs, results, strict=True):
@@ -254,6 +321,26 @@ def moving_averages(olds, grads, keep, beta, scale=1.0):
 _moving_averages_xla = tf.function(
     moving_averages, autograph=False, jit_compile=True, reduce_retracing=True
 )
+
+
+def _update_in_place(buffers, grads, keep, beta, scale=1.0):
+    """`moving_averages` written into the variables `buffers`."""
+    olds = [buffer.read_value() for buffer in buffers]
+    for buffer, m in zip(
+        buffers, moving_averages(olds, grads, keep, beta, scale), strict=True
+    ):
+        buffer.assign(m)
+
+
+# In one XLA kernel, the variables are updated where they are.
+_update_in_place_xla = tf.function(
+    _update_in_place, autograph=False, jit_compile=True, reduce_retracing=True
+)
+
+
+def _keep_flags(pairs, shares):
+    """Per `(variable, replica)` pair: whether the replica had data."""
+    return [tf.constant(True) if shares is None else shares[r] > 0 for _, r in pairs]
 
 
 def _times(column, n):

@@ -28,7 +28,7 @@ import tensorflow as tf
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.aggregators.base import Aggregator, column_spec
 from keras_psdist.aggregators.mean import Mean
-from keras_psdist.aggregators.momentum import WorkerMomentum
+from keras_psdist.aggregators.momentum import MomentumState, WorkerMomentum
 from keras_psdist.attacks.harness import UnderAttack
 
 
@@ -110,8 +110,21 @@ class GradientReduction:
             return self._spread(reduce_op, per_replica, shares)
         with tf.device(self._device):
             state_vars = self._state_variables(per_replica)
-            state = tf.nest.map_structure(lambda v: v.read_value(), state_vars)
-            result = self._rule.step(reduce_op, per_replica, shares=shares, state=state)
+            if isinstance(self._rule, WorkerMomentum):
+                # The momenta are updated in place; the rest is written below.
+                state_vars = MomentumState(*state_vars)
+                result = self._rule.step_on_variables(
+                    reduce_op,
+                    per_replica,
+                    shares=shares,
+                    momenta=state_vars.momenta,
+                    inner_state=_read(state_vars.inner),
+                )
+                state_vars = state_vars.inner
+            else:
+                result = self._rule.step(
+                    reduce_op, per_replica, shares=shares, state=_read(state_vars)
+                )
             # The writes gate nothing: a step function runs every one of them
             # anyway (automatic control dependencies, which also order them
             # against the next step's reads), so the optimizer's update does
@@ -171,6 +184,11 @@ class GradientReduction:
             )
             self.state.kept.extend(tf.nest.flatten(self._states[specs]))
         return self._states[specs]
+
+
+def _read(variables):
+    """The values of a structure of variables, same structure."""
+    return tf.nest.map_structure(lambda v: v.read_value(), variables)
 
 
 def _balance_by_bytes(per_replica, devices):
