@@ -234,23 +234,15 @@ class WorkerMomentum(Aggregator):
         scale = float(n) if reduce_op == ReduceOp.SUM else 1.0
         sparse = [isinstance(column[0], tf.IndexedSlices) for column in per_replica]
         dense = [v for v, is_sparse in enumerate(sparse) if not is_sparse]
-        for replicas, device in self._groups(n):
-            pairs = [(v, r) for r in replicas for v in dense]
-            if not pairs:
-                continue
-            buffers = [momenta[v][r] for v, r in pairs]
-            grads = [per_replica[v][r] for v, r in pairs]
-            keep = _keep_flags(pairs, shares)
+        for _, buffers, grads, keep, device in self._passes(
+            momenta, per_replica, dense, shares
+        ):
+            static = all(g.shape.is_fully_defined() for g in grads)
+            update = _update_in_place_xla if static else _update_in_place
             # Where the buffers are: an XLA kernel runs where its variables
             # live.
             with tf.device(device or buffers[0].device):
-                if all(g.shape.is_fully_defined() for g in grads):
-                    _update_in_place_xla(buffers, grads, keep, self.beta, scale)
-                else:
-                    olds = [b.read_value() for b in buffers]
-                    new = moving_averages(olds, grads, keep, self.beta, scale)
-                    for buffer, m in zip(buffers, new, strict=True):
-                        buffer.assign(m)
+                update(buffers, grads, keep, self.beta, scale)
         out = []
         for v, column in enumerate(per_replica):
             if sparse[v]:
@@ -264,25 +256,38 @@ class WorkerMomentum(Aggregator):
             ReduceOp.MEAN, out, shares=shares, state=inner_state
         )
 
-    def _groups(self, n):
-        """`(replicas, device)` per fused pass: all on the rule's device, or
-        one per replica on its own device."""
+    def _passes(self, momenta, per_replica, dense, shares):
+        """The fused passes over the dense columns' buffers: one over all of
+        them where the rule runs, or one per replica on its own device. Each
+        is `(pairs, momenta, grads, keep, device)` for its `(variable,
+        replica)` pairs (`device` None: the rule's)."""
+        n = len(per_replica[0])
         if self.devices is None:
-            return [(range(n), None)]
-        return [([r], self.devices[r]) for r in range(n)]
+            groups = [(range(n), None)]
+        else:
+            groups = [([r], self.devices[r]) for r in range(n)]
+        for replicas, device in groups:
+            pairs = [(v, r) for r in replicas for v in dense]
+            if pairs:
+                yield (
+                    pairs,
+                    [momenta[v][r] for v, r in pairs],
+                    [per_replica[v][r] for v, r in pairs],
+                    [
+                        tf.constant(True) if shares is None else shares[r] > 0
+                        for _, r in pairs
+                    ],
+                    device,
+                )
 
     def _update_momenta(self, momenta, per_replica, dense, shares, scale):
         """`{variable: [new momentum per replica]}` for the dense columns:
         one fused pass per replica on its device, or one over all of them."""
         n = len(per_replica[0])
         new = {v: [None] * n for v in dense}
-        for replicas, device in self._groups(n):
-            pairs = [(v, r) for r in replicas for v in dense]
-            if not pairs:
-                continue
-            olds = [momenta[v][r] for v, r in pairs]
-            grads = [per_replica[v][r] for v, r in pairs]
-            keep = _keep_flags(pairs, shares)
+        for pairs, olds, grads, keep, device in self._passes(
+            momenta, per_replica, dense, shares
+        ):
             static = all(g.shape.is_fully_defined() for g in grads)
             update = _moving_averages_xla if static else moving_averages
             with tf.device(device):
@@ -336,11 +341,6 @@ def _update_in_place(buffers, grads, keep, beta, scale=1.0):
 _update_in_place_xla = tf.function(
     _update_in_place, autograph=False, jit_compile=True, reduce_retracing=True
 )
-
-
-def _keep_flags(pairs, shares):
-    """Per `(variable, replica)` pair: whether the replica had data."""
-    return [tf.constant(True) if shares is None else shares[r] > 0 for _, r in pairs]
 
 
 def _times(column, n):
