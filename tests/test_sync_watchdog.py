@@ -1,4 +1,5 @@
-"""A worker's watchdog in sync-replica training (in one process).
+"""A worker's watchdog, and its wait for a release, in sync-replica
+training (in one process).
 
 The shared state on the ps is replaced by a recorder, so what the watchdog
 does at each look is checked on its own; the whole protocol across processes
@@ -117,3 +118,47 @@ def test_a_lost_chief_is_reported_unless_the_fit_was_let_go(finished_session):
         assert reason is None and model.stop_training  # finished, then left
     else:
         assert "the chief (worker:0) is lost" in reason
+
+
+# ------------------------------------------ a worker's wait for its release
+
+
+def test_a_wait_behind_a_leftover_token_ends_when_the_step_has_moved():
+    """A token no newer than the worker's tag sits in its queue (left by an
+    earlier wake), so the chief's release skipped the queue (it fills empty
+    queues only). The update was made: the global step is past the tag. The
+    wait must see the step and end, not block for a token that never comes
+    (that left two workers each waiting for the other until step_timeout)."""
+    import threading
+
+    import tensorflow as tf
+
+    from keras_psdist.cluster.shared_variables import SharedVariables
+
+    device = "/job:localhost/replica:0/task:0/device:CPU:0"
+    sync = protocol.SyncReplicas(
+        SyncConfig(2, 2, step_timeout=60.0),
+        worker=1,
+        is_chief=True,
+        device=device,
+        shared=SharedVariables(True, "worker:0", 10.0),
+        local_device=device,
+        namespace="keras_psdist/test_wait",
+    )
+    queue = sync.token_queues[1]
+    sync.global_step.assign(5)  # the update past tag 4 was made...
+    protocol.enqueue(device, queue, [tf.constant(3, tf.int64)])  # ...not sent
+
+    @tf.function
+    def wait():
+        sync._wait_for_release(tf.constant(4, tf.int64))
+
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (wait(), done.set()), daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    if not done.is_set():
+        sync.poison([1])  # frees the blocked wait (it then fails), for cleanup
+        thread.join(timeout=30)
+    assert done.is_set(), "the wait blocked behind the leftover token"
+    assert int(sync._local_step.numpy()) == 5  # goes on from the new step

@@ -299,11 +299,21 @@ class SyncReplicas:
                     handle=queue, component_types=[tf.int64]
                 )[0]
 
-            token = tf.while_loop(
-                lambda t: tf.logical_and(t <= tag, tf.not_equal(t, POISON)),
-                lambda t: [dequeue()],
-                [dequeue()],
-            )
+            def waiting(t):
+                # A token no newer than the tag is left over from an earlier
+                # wake. While it sat in the queue, a release may have skipped
+                # the queue (it gives one token to an empty queue only), so
+                # the global step says whether the update came anyway. The
+                # release writes the step before it looks at the queue, and
+                # the step is read here after the dequeue: either the step
+                # is seen, or the queue was empty when the release looked.
+                return tf.cond(
+                    tf.logical_and(t <= tag, tf.not_equal(t, POISON)),
+                    lambda: self.global_step.read_value() <= tag,
+                    lambda: tf.constant(False),
+                )
+
+            token = tf.while_loop(waiting, lambda t: [dequeue()], [dequeue()])
             token = tf.reshape(token, [])
         check = tf.debugging.Assert(tf.not_equal(token, POISON), [POISON_MESSAGE])
         with tf.control_dependencies([check]):

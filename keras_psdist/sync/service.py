@@ -193,7 +193,8 @@ class UpdateService:
             self._count(protocol.DROPPED_STALE, worker)
             # Its update has been made: wake it with the current step. (The
             # token of that update may not be in its queue: a release skips
-            # a queue that still holds an older token.)
+            # a queue that still holds an older token; see
+            # `SyncReplicas._wait_for_release`.)
             self._wake(worker, self._step)
             return
         if step > self._step:
