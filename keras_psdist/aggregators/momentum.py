@@ -177,18 +177,13 @@ class WorkerMomentum(Aggregator):
         if state is None or (isinstance(state, tuple) and not state):
             state = self.initial_state([column_spec(column) for column in per_replica])
         state = MomentumState(*state)
-        n = len(per_replica[0])
-        # Values scaled by 1/n (SUM) come to true scale in the same pass.
-        scale = float(n) if reduce_op == ReduceOp.SUM else 1.0
-        sparse = [isinstance(column[0], tf.IndexedSlices) for column in per_replica]
-        dense = [v for v, is_sparse in enumerate(sparse) if not is_sparse]
+        scale, dense = _scale_and_dense(reduce_op, per_replica)
         new = self._update_momenta(state.momenta, per_replica, dense, shares, scale)
         momenta, out = [], []
         for v, column in enumerate(per_replica):
-            if sparse[v]:
-                _warn_sparse_once(column[0])
+            if v not in new:
                 momenta.append(state.momenta[v])
-                out.append(column if scale == 1.0 else _times(column, n))
+                out.append(_sparse_as_is(column, scale))
                 continue
             column_momenta = new[v]
             momenta.append(tuple(column_momenta))
@@ -230,10 +225,7 @@ class WorkerMomentum(Aggregator):
             The inner rule's `Aggregation` of the momenta: its state is the
             inner rule's next state only (the momenta are written).
         """
-        n = len(per_replica[0])
-        scale = float(n) if reduce_op == ReduceOp.SUM else 1.0
-        sparse = [isinstance(column[0], tf.IndexedSlices) for column in per_replica]
-        dense = [v for v, is_sparse in enumerate(sparse) if not is_sparse]
+        scale, dense = _scale_and_dense(reduce_op, per_replica)
         for _, buffers, grads, keep, device in self._passes(
             momenta, per_replica, dense, shares
         ):
@@ -243,15 +235,14 @@ class WorkerMomentum(Aggregator):
             # live.
             with tf.device(device or buffers[0].device):
                 update(buffers, grads, keep, self.beta, scale)
-        out = []
-        for v, column in enumerate(per_replica):
-            if sparse[v]:
-                _warn_sparse_once(column[0])
-                out.append(column if scale == 1.0 else _times(column, n))
-            else:
-                # Read after the writes (automatic control dependencies
-                # order the ops on each variable).
-                out.append([buffer.read_value() for buffer in momenta[v]])
+        # Read after the writes (automatic control dependencies order the
+        # ops on each variable).
+        out = [
+            [buffer.read_value() for buffer in momenta[v]]
+            if v in dense
+            else _sparse_as_is(column, scale)
+            for v, column in enumerate(per_replica)
+        ]
         return self.aggregator.step(
             ReduceOp.MEAN, out, shares=shares, state=inner_state
         )
@@ -341,6 +332,24 @@ def _update_in_place(buffers, grads, keep, beta, scale=1.0):
 _update_in_place_xla = tf.function(
     _update_in_place, autograph=False, jit_compile=True, reduce_retracing=True
 )
+
+
+def _scale_and_dense(reduce_op, per_replica):
+    """The factor to true scale (values scaled by 1/n under SUM come back to
+    it in the momentum pass), and the indices of the dense columns."""
+    scale = float(len(per_replica[0])) if reduce_op == ReduceOp.SUM else 1.0
+    dense = [
+        v
+        for v, column in enumerate(per_replica)
+        if not isinstance(column[0], tf.IndexedSlices)
+    ]
+    return scale, dense
+
+
+def _sparse_as_is(column, scale):
+    """A sparse column, aggregated without momentum, on the true scale."""
+    _warn_sparse_once(column[0])
+    return column if scale == 1.0 else _times(column, len(column))
 
 
 def _times(column, n):
