@@ -29,16 +29,16 @@ def test_the_harness_examples_hold():
     assert attempted > 0 and failed == 0
 
 
-# Runs `python SCRIPT --help` for every script in one process, so TensorFlow
+# Runs `python SCRIPT ARGS...` for every call in one process, so TensorFlow
 # (which each script imports first, ~7 s of CPU) is imported once, not once
 # per script: each script runs as `__main__` with its own argv, as from the
 # command line, and its exit code and output are kept apart.
-_HELP_DRIVER = """
+_DRIVER = """
 import contextlib, io, json, runpy, sys, traceback
-results = {}
-for path in sys.argv[1:]:
+results = []
+for path, *args in json.loads(sys.argv[1]):
     out, err, code = io.StringIO(), io.StringIO(), 0
-    sys.argv = [path, "--help"]
+    sys.argv = [path, *args]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             runpy.run_path(path, run_name="__main__")
@@ -46,14 +46,78 @@ for path in sys.argv[1:]:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
         code, err = 1, io.StringIO(err.getvalue() + traceback.format_exc())
-    results[path] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
 print(json.dumps(results))
 """
 
 
+def _robustness_payload(seed, accuracies, epochs=20):
+    """A `robustness.py` JSON: `accuracies[(rule, attack)]`, every run ok."""
+    rules = sorted({rule for rule, _ in accuracies}, key=lambda r: r != "mean")
+    attacks = ["none", "alie", "optimal_alie"]
+    return {
+        "config": {
+            "seed": seed,
+            "data": "iid",
+            "epochs": epochs,
+            "rules": rules,
+            "attacks": attacks,
+            "argv": ["--seed", str(seed)],
+        },
+        "runs": [
+            {"rule": rule, "attack": attack, "status": "ok", "accuracy": accuracy}
+            for (rule, attack), accuracy in accuracies.items()
+        ],
+    }
+
+
+_SEED_0 = {
+    ("mean", "none"): 0.98,
+    ("mean", "alie"): 0.93,
+    ("mean", "optimal_alie"): 0.2,
+    ("trimmed_mean+wm", "none"): 0.97,
+    ("trimmed_mean+wm", "alie"): 0.96,
+    ("trimmed_mean+wm", "optimal_alie"): 0.95,
+}
+_SEED_1 = {
+    ("mean", "none"): 0.97,
+    ("mean", "alie"): 0.93,
+    ("mean", "optimal_alie"): 0.2,
+    ("trimmed_mean+wm", "none"): 0.965,
+    ("trimmed_mean+wm", "alie"): 0.90,
+    ("trimmed_mean+wm", "optimal_alie"): 0.93,
+}
+
+
 @pytest.fixture(scope="module")
-def help_of():
-    """`{script name: {"code", "stdout", "stderr"}}` of `SCRIPT --help`."""
+def script_runs(tmp_path_factory):
+    """`SCRIPT --help` for every script, then `robustness.py --across-seeds`
+    on two seeds' results and on two runs of different setups: their
+    `{"code", "stdout", "stderr"}` and the markdown written."""
+    tmp = tmp_path_factory.mktemp("benchmark_scripts")
+    paths = {}
+    for name, payload in {
+        "seed0": _robustness_payload(0, _SEED_0),
+        "seed1": _robustness_payload(1, _SEED_1),
+        "other_setup": _robustness_payload(1, _SEED_1, epochs=10),
+    }.items():
+        paths[name] = tmp / f"{name}.json"
+        paths[name].write_text(json.dumps(payload))
+    robustness = str(BENCHMARKS / "robustness.py")
+    out = tmp / "seeds.md"
+    calls = [[str(BENCHMARKS / s), "--help"] for s in SCRIPTS]
+    for a, b in (("seed0", "seed1"), ("seed0", "other_setup")):
+        calls.append(
+            [
+                robustness,
+                "--across-seeds",
+                f"{paths[a]},{paths[b]}",
+                "--output",
+                str(out),
+                "--section",
+                "seeds",
+            ]
+        )
     env = {
         **os.environ,
         "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -63,20 +127,43 @@ def help_of():
         ),
     }
     result = subprocess.run(
-        [sys.executable, "-c", _HELP_DRIVER, *(str(BENCHMARKS / s) for s in SCRIPTS)],
+        [sys.executable, "-c", _DRIVER, json.dumps(calls)],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    last = result.stdout.strip().splitlines()[-1]
-    return {Path(path).name: run for path, run in json.loads(last).items()}
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    helps = dict(zip(SCRIPTS, results, strict=False))
+    return helps, results[len(SCRIPTS) :], out.read_text()
 
 
 @pytest.mark.xdist_group("benchmark_help")
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_every_script_answers_help(help_of, script):
-    result = help_of[script]
+def test_every_script_answers_help(script_runs, script):
+    result = script_runs[0][script]
     assert result["code"] == 0, result["stderr"][-2000:]
     assert "--json" in result["stdout"] or "usage" in result["stdout"]
+
+
+@pytest.mark.xdist_group("benchmark_help")
+def test_across_seeds_reports_each_configurations_worst_case_of_every_seed(
+    script_runs,
+):
+    _, (across, mismatch), markdown = script_runs
+    assert across["code"] == 0, across["stderr"][-2000:]
+    [row] = [line for line in markdown.splitlines() if "`trimmed_mean+wm`" in line]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    # Per seed: clean / worst (attack); the worst over both; and the largest
+    # drop below the seed's own clean mean (seed 1: 97.0 - 90.0).
+    assert cells[1:] == [
+        "97.0 / 95.0 (opt. ALIE)",
+        "96.5 / 90.0 (ALIE)",
+        "90.0",
+        "7.0",
+    ]
+    assert "`mean`" not in row and "| `mean`" not in markdown  # the baseline
+    # Runs of another setup are refused, naming what differs.
+    assert mismatch["code"] != 0
+    assert "differs from" in mismatch["stderr"] and "epochs" in mismatch["stderr"]
