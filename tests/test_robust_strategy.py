@@ -117,6 +117,58 @@ def test_attack_beyond_num_byzantine_warns(cpu_devices, caplog):
     assert "controls 2 replicas [2, 3] but num_byzantine=1" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "aggregator",
+    [
+        "trimmed_mean",
+        "multi_krum",
+        kpd.aggregators.ARC("geometric_median"),
+        kpd.aggregators.NearestNeighborMixing("median"),
+        kpd.aggregators.Bucketing("trimmed_mean", bucket_size=1),
+    ],
+    ids=["trimmed_mean", "multi_krum", "arc", "nnm", "bucketing"],
+)
+def test_a_rule_that_needs_num_byzantine_warns_without_it(
+    cpu_devices, caplog, aggregator
+):
+    """Copied without `num_byzantine`, these rules are the mean (or ARC clips
+    nothing): a run that looks defended and is not."""
+    with caplog.at_level(logging.WARNING):
+        strategy = kpd.PSStrategy(devices=cpu_devices[:4], aggregator=aggregator)
+    assert strategy.num_byzantine == 0
+    assert "runs with num_byzantine=0" in caplog.text
+    assert "Pass num_byzantine=f" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("aggregator", "num_byzantine"),
+    [
+        ("trimmed_mean", 1),
+        (kpd.aggregators.ARC("geometric_median"), 1),
+        ("median", None),  # the median is a median with f = 0 too
+        ("geometric_median", None),
+        ("mean", None),
+        (kpd.aggregators.Bucketing("median", bucket_size=1), None),
+    ],
+    ids=[
+        "trimmed_mean-f1",
+        "arc-f1",
+        "median",
+        "geometric_median",
+        "mean",
+        "bucketing",
+    ],
+)
+def test_no_warning_when_the_rule_defends_as_configured(
+    cpu_devices, caplog, aggregator, num_byzantine
+):
+    with caplog.at_level(logging.WARNING):
+        kpd.PSStrategy(
+            devices=cpu_devices[:4], aggregator=aggregator, num_byzantine=num_byzantine
+        )
+    assert "runs with num_byzantine=0" not in caplog.text
+
+
 def test_attack_accepts_a_config_dict(cpu_devices):
     strategy = kpd.PSStrategy(
         devices=cpu_devices[:4],

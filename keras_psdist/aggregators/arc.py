@@ -87,6 +87,7 @@ class ARC(PreAggregation):
     """
 
     name = "arc"
+    needs_num_byzantine = True  # f = 0 clips no replica
 
     def __init__(
         self,

@@ -82,12 +82,17 @@ class Aggregator:
             `c > 0` scales the result by `c` and leaves the report as it is
             (order statistics). `step` then scales the result instead of
             each replica's values, one elementwise pass instead of n.
+        needs_num_byzantine: True when the rule, bound with
+            `num_byzantine=0`, defends against nothing: it is then the mean
+            (the trimmed mean trims nothing) or leaves the values as they
+            are (ARC clips none). The strategies warn when it runs so.
     """
 
     name: str = "aggregator"
     report_names: tuple[str, ...] = ()
     per_variable: bool = False
     scale_equivariant: bool = False
+    needs_num_byzantine: bool = False
 
     def __init__(self, num_byzantine: int | None = None):
         if num_byzantine is not None:

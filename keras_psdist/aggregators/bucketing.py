@@ -88,6 +88,8 @@ class Bucketing(PreAggregation):
                 f"Bucketing's `seed` must be an int or None. Received: seed={seed!r}"
             )
         super().__init__(aggregator, num_byzantine)
+        # Bucket means, then the inner rule: undefended when the inner is.
+        self.needs_num_byzantine = self.aggregator.needs_num_byzantine
         self.bucket_size = bucket_size
         self.seed = seed
         self.jit_compile = bool(jit_compile)

@@ -61,6 +61,7 @@ class Bulyan(Aggregator):
     """
 
     name = "bulyan"
+    needs_num_byzantine = True  # f = 0 selects and keeps all n: the mean
     report_names = (REPORT_NAME,)
 
     def __init__(self, num_byzantine: int | None = None, *, jit_compile: bool = True):

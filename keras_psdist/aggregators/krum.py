@@ -112,6 +112,7 @@ class MultiKrum(Aggregator):
     """
 
     name = "multi_krum"
+    needs_num_byzantine = True  # f = 0 averages all n: the mean
     report_names = (REPORT_NAME,)
 
     def __init__(

@@ -73,6 +73,7 @@ class NearestNeighborMixing(PreAggregation):
     """
 
     name = "nnm"
+    needs_num_byzantine = True  # f = 0 mixes every replica into the mean
 
     def __init__(
         self,

@@ -42,6 +42,7 @@ class TrimmedMean(OrderStatisticsMean):
     """
 
     name = "trimmed_mean"
+    needs_num_byzantine = True  # f = 0 trims nothing: the mean
 
     def kept(self, n: int) -> tuple[int, int]:
         f = self.f

@@ -220,6 +220,7 @@ class PSStrategy(distribute_lib.Strategy):
             )
         n = len(topology.compute_devices)
         aggregator = aggregator.bind(n, num_byzantine)
+        warn_if_undefended(aggregator, "PSStrategy")
         self._num_byzantine = aggregator.num_byzantine
         attack = resolve_attack(attack, n, self._num_byzantine)
         training = None
@@ -330,6 +331,23 @@ def check_seconds(**durations: Any) -> None:
                 f"`{name}` must be a positive number of seconds. "
                 f"Received: {name}={value!r}"
             )
+
+
+def warn_if_undefended(aggregator, strategy_name: str) -> None:
+    """Warns when a rule that needs `num_byzantine` runs with 0: it then
+    defends against nothing (see `Aggregator.needs_num_byzantine`)."""
+    if aggregator.needs_num_byzantine and aggregator.f == 0:
+        logging.warning(
+            "%s(aggregator=%r) runs with num_byzantine=0, so %s defends against "
+            "no faulty replica: it is then the plain mean, or leaves the values "
+            "as they are. Pass num_byzantine=f, the number of replicas that may "
+            "be faulty, e.g. %s(aggregator=%r, num_byzantine=1).",
+            strategy_name,
+            aggregator,
+            aggregator.name,
+            strategy_name,
+            aggregator.name,
+        )
 
 
 def resolve_attack(attack, num_replicas, num_byzantine):

@@ -14,7 +14,11 @@ from keras_psdist.cluster import runtime, shared_variables, task_loss
 from keras_psdist.distribute.extended import PSExtended
 from keras_psdist.distribute.run import Run
 from keras_psdist.integration import keras_patches
-from keras_psdist.strategies.ps import check_shared_arguments, resolve_attack
+from keras_psdist.strategies.ps import (
+    check_shared_arguments,
+    resolve_attack,
+    warn_if_undefended,
+)
 from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
 from keras_psdist.sync.training import SyncTraining
 
@@ -168,6 +172,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         if replicas_to_aggregate is None:
             replicas_to_aggregate = total_num_replicas
         aggregator = aggregator.bind(replicas_to_aggregate, num_byzantine)
+        warn_if_undefended(aggregator, "SyncReplicaStrategy")
         self._num_byzantine = aggregator.num_byzantine
         attack = _resolve_worker_attack(attack, total_num_replicas, self._num_byzantine)
         topology = runtime.connect(
