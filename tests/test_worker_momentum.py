@@ -3,6 +3,8 @@ across restarts with the rule's state (`strategy.extended.training_state`)."""
 
 from __future__ import annotations
 
+import logging
+
 import keras
 import numpy as np
 import pytest
@@ -226,6 +228,38 @@ def test_logical_cpus_keep_every_momentum_on_the_reduction_device(cpu_devices):
 def test_bad_worker_momentum_is_refused(bad, cpu_devices):
     with pytest.raises(ValueError, match=r"worker_momentum.*\[0, 1\).*Received"):
         kpd.PSStrategy(devices=cpu_devices[:2], worker_momentum=bad)
+
+
+@pytest.mark.parametrize(
+    ("worker_momentum", "optimizer", "expected"),
+    [
+        (0.9, lambda: keras.optimizers.SGD(0.05, momentum=0.9), "momentum=0.9"),
+        (0.9, lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True), "SGD"),
+        (0.9, lambda: keras.optimizers.Adam(), "beta_1=0.9"),
+        (0.9, lambda: keras.optimizers.SGD(0.5), None),
+        (0.9, lambda: keras.optimizers.Adam(beta_1=0.0), None),
+        (0.0, lambda: keras.optimizers.SGD(0.05, momentum=0.9), None),
+    ],
+    ids=["sgd-momentum", "nesterov", "adam", "sgd", "adam-beta1-0", "off"],
+)
+def test_a_momentum_optimizer_on_top_of_worker_momentum_warns(
+    cpu_devices, caplog, worker_momentum, optimizer, expected
+):
+    """The two momenta compound (the docs advise one); a user who kept the
+    optimizer's hears so at compile, with the learning rate to use."""
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:2],
+        aggregator="median",
+        worker_momentum=worker_momentum,
+    )
+    with strategy.scope(), caplog.at_level(logging.WARNING):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile(optimizer=optimizer(), loss="mse")
+    if expected is None:
+        assert "momenta compound" not in caplog.text
+    else:
+        assert "momenta compound" in caplog.text
+        assert expected in caplog.text and "Keep one" in caplog.text
 
 
 def test_repr_and_attack_replaces_momenta(cpu_devices):

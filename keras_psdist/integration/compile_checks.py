@@ -22,6 +22,10 @@ piece and the fix:
 Models of other strategies (or none) are left alone: the check looks only at
 models and scopes of a keras_psdist strategy.
 
+One set-up trains, but worse than the user meant, and is warned about rather
+than refused: an optimizer with its own momentum (`SGD(momentum=...)`,
+Adam's `beta_1`) under `worker_momentum`, where the two momenta compound.
+
 `checked_compile` wraps Keras's `Trainer.compile`
 (`keras_psdist.integration.keras_patches`).
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 import functools
 
 import tensorflow as tf
+from absl import logging
 
 
 def checked_compile(compile_):
@@ -110,6 +115,7 @@ def check_compiled(model) -> None:
                 "or pass its name (optimizer='sgd'), which compile creates in "
                 "the scope."
             )
+    _warn_if_momentum_compounds(strategy, inner)
     if getattr(model, "jit_compile", False) is True:
         raise ValueError(
             f"compile(jit_compile=True) is not supported under "
@@ -119,6 +125,46 @@ def check_compiled(model) -> None:
             "jit_compile out: Keras's default ('auto') turns XLA off under "
             "tf.distribute strategies, MirroredStrategy included."
         )
+
+
+def worker_momentum_of(strategy) -> float:
+    """The strategy's `worker_momentum` (a replica's under `PSStrategy`, a
+    worker process's under `SyncReplicaStrategy`), 0 when off."""
+    extended = strategy.extended
+    sync = getattr(extended, "sync_training", None)
+    return getattr(sync, "worker_momentum", 0.0) or extended.worker_momentum
+
+
+def _warn_if_momentum_compounds(strategy, optimizer) -> None:
+    """Warns when the optimizer keeps a momentum of the aggregate on top of
+    the replicas' own (`worker_momentum`): the two compound."""
+    beta = worker_momentum_of(strategy)
+    if not beta or optimizer is None:
+        return
+    kind = type(optimizer).__name__
+    own = getattr(optimizer, "momentum", None)
+    if isinstance(own, int | float) and own > 0:
+        setting = f"momentum={own:g}"
+        fix = (
+            f"{kind}(learning_rate=lr * {1 / (1 - beta):g}) without momentum, "
+            f"e.g. SGD(0.05, momentum={beta:g}) becomes SGD({0.05 / (1 - beta):g})"
+        )
+    else:
+        own = getattr(optimizer, "beta_1", None)
+        if not (isinstance(own, int | float) and own > 0):
+            return
+        setting = f"beta_1={own:g}"
+        fix = f"{kind}(beta_1=0.0), which keeps its second moment"
+    logging.warning(
+        "worker_momentum=%g and %s(%s): the optimizer averages the aggregated "
+        "momenta again, so the two momenta compound and each gradient acts "
+        "over many more steps, late (training slows or swings). Keep one: "
+        "%s (docs/byzantine.md, Worker momentum).",
+        beta,
+        kind,
+        setting,
+        fix,
+    )
 
 
 def _describe(strategy) -> str:
