@@ -169,3 +169,32 @@ def test_a_sync_fit_that_can_make_no_update_is_refused(
     assert f"replicas_to_aggregate={replicas_to_aggregate}" in message
     assert f"runs {steps} steps on each of {workers} workers" in message
     assert "lower" in message  # how to fix it
+
+
+@pytest.mark.parametrize(
+    ("get", "identifier", "expected"),
+    [
+        (
+            kpd.aggregators.get,
+            kpd.aggregators.GeometricMedian,
+            "instantiate it, e.g. aggregator=GeometricMedian(), or pass its id, "
+            "aggregator='geometric_median'",
+        ),
+        (
+            kpd.aggregators.get,
+            "TrimmedMean",
+            "'TrimmedMean' is the class of 'trimmed_mean': pass that id",
+        ),
+        (
+            kpd.attacks.get,
+            kpd.attacks.ALIE,
+            "instantiate it with the replicas it controls, e.g. "
+            "attack=ALIE(replicas=[7])",
+        ),
+    ],
+    ids=["aggregator-class", "aggregator-class-name", "attack-class"],
+)
+def test_a_class_where_an_instance_or_id_goes_names_the_fix(get, identifier, expected):
+    with pytest.raises(ValueError) as e:
+        get(identifier)
+    assert expected in str(e.value)

@@ -74,6 +74,12 @@ def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
         return _lookup(identifier)()
     if isinstance(identifier, dict):
         return deserialize(identifier)
+    if isinstance(identifier, type) and issubclass(identifier, Aggregator):
+        raise ValueError(
+            f"Received the class {identifier.__name__}, not an aggregator: "
+            f"instantiate it, e.g. aggregator={identifier.__name__}(), or pass "
+            f"its id, aggregator={identifier.name!r}."
+        )
     raise ValueError(
         "Could not interpret aggregator identifier. Expected a string, a "
         f"config dict or an Aggregator. Received: {identifier!r}"
@@ -84,6 +90,13 @@ def _lookup(name: str) -> type[Aggregator]:
     try:
         return _REGISTRY[name]
     except KeyError:
+        by_class = {cls.__name__: id_ for id_, cls in _REGISTRY.items()}
+        hint = (
+            f" {name!r} is the class of {by_class[name]!r}: pass that id."
+            if name in by_class
+            else ""
+        )
         raise ValueError(
-            f"Unknown aggregator {name!r}. Expected one of: {', '.join(_REGISTRY)}."
+            f"Unknown aggregator {name!r}. Expected one of: "
+            f"{', '.join(_REGISTRY)}.{hint}"
         ) from None

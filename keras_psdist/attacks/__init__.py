@@ -110,6 +110,12 @@ def get(identifier: dict[str, Any] | Attack | None) -> Attack | None:
             f"{identifier!r}, 'config': {{'replicas': [7]}}}}, or an instance. "
             f"Received: {identifier!r}"
         )
+    if isinstance(identifier, type) and issubclass(identifier, Attack):
+        raise ValueError(
+            f"Received the class {identifier.__name__}, not an attack: "
+            f"instantiate it with the replicas it controls, e.g. "
+            f"attack={identifier.__name__}(replicas=[7])."
+        )
     raise ValueError(
         "Could not interpret attack identifier. Expected an Attack, a config "
         f"dict or None. Received: {identifier!r}"
