@@ -295,15 +295,25 @@ def train_one(run: Run, data, eval_model: keras.Model, args) -> None:
         with strategy.scope():
             model = build_model(args.hidden, args.lr, args.momentum, worker_momentum)
         report = kpd.callbacks.AggregationReport()
-        dataset, steps = make_input(xt, yt, args)
-        history = model.fit(
-            dataset,
-            epochs=args.epochs,
-            steps_per_epoch=steps,
-            verbose=0,
-            shuffle=False,  # the dataset shuffles itself, with a seed
-            callbacks=[report],
-        )
+        if args.input == "arrays":
+            history = model.fit(
+                xt,
+                yt,
+                batch_size=args.batch,
+                epochs=args.epochs,
+                verbose=0,
+                callbacks=[report],
+            )
+        else:
+            dataset, steps = make_input(xt, yt, args)
+            history = model.fit(
+                dataset,
+                epochs=args.epochs,
+                steps_per_epoch=steps,
+                verbose=0,
+                shuffle=False,  # the dataset shuffles itself, with a seed
+                callbacks=[report],
+            )
         weights = model.get_weights()
     except Exception as e:  # noqa: BLE001 - report and go on
         run.status = "failed"
@@ -341,7 +351,11 @@ def run_table(args) -> tuple[list[Run], dict]:
         "devices": args.devices,
         "train_samples": len(data[0]),
         "held_out_samples": len(data[2]),
-        "steps_per_epoch": len(data[0]) // args.batch,
+        "steps_per_epoch": (
+            -(-len(data[0]) // args.batch)
+            if args.input == "arrays"
+            else len(data[0]) // args.batch
+        ),
         "loadavg_start": load_start,
         "loadavg_end": harness.loadavg(),
     }
@@ -586,7 +600,12 @@ def markdown_block(runs: list[Run], info: dict, args, wall_s: float, env: dict) 
         f"Held-out accuracy (%) on {info['held_out_samples']} digits after "
         f"{args.epochs} epochs x {info['steps_per_epoch']} steps; "
         + (
-            "IID data"
+            (
+                "IID data"
+                if args.input == "dataset"
+                else "IID data fed as arrays (`model.fit(x, y, batch_size=...)`: "
+                "Keras's shuffle, a partial last batch each epoch)"
+            )
             if args.alpha is None
             else f"non-IID data (replica r trains on part r of a Dirichlet("
             f"{args.alpha:g}) split over labels)"
@@ -681,6 +700,8 @@ def _plain(value) -> bool:
 # What may differ between the runs `--across-seeds` compares: the seed and
 # where results were written.
 _SEED_ONLY = ("seed", "argv", "json", "output", "section", "plot", "from_json")
+# Options added later, as results written before them ran.
+_DEFAULTS = {"input": "dataset"}
 
 
 def across_seeds_block(paths: list[str], section: str | None) -> str:
@@ -707,7 +728,9 @@ def across_seeds_block(paths: list[str], section: str | None) -> str:
         differ = sorted(
             key
             for key in set(first) | set(config)
-            if key not in _SEED_ONLY and first.get(key) != config.get(key)
+            if key not in _SEED_ONLY
+            and first.get(key, _DEFAULTS.get(key))
+            != config.get(key, _DEFAULTS.get(key))
         )
         if differ:
             raise ValueError(
@@ -749,6 +772,8 @@ def across_seeds_block(paths: list[str], section: str | None) -> str:
         rows.append(cells)
     begin, end = markers(section)
     data = first.get("data", "iid")
+    if first.get("input", "dataset") == "arrays":
+        data += ", fed as arrays"
     names = ", ".join(f"`{Path(path).name}`" for path in paths)
     return "\n".join(
         [
@@ -823,6 +848,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="iid",
         help="iid (default), or dirichlet:ALPHA: replica r trains on its part of "
         "a Dirichlet(ALPHA) split over labels (keras_psdist.heterogeneity)",
+    )
+    setup.add_argument(
+        "--input",
+        choices=("dataset", "arrays"),
+        default="dataset",
+        help="dataset (default): a repeated tf.data pipeline, reshuffled with "
+        "the seed, full batches only; arrays: model.fit(x, y, batch_size=...) "
+        "as a user writes it, Keras's own shuffle and a partial last batch "
+        "each epoch (IID only)",
     )
     setup.add_argument("--epochs", type=int, help="epochs per run (default 20)")
     setup.add_argument("--replicas", type=int, default=8, help="default 8")
@@ -929,6 +963,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             )
     if args.batch % args.replicas:
         parser.error(f"--batch ({args.batch}) must be a multiple of --replicas")
+    if args.input == "arrays" and args.alpha is not None:
+        parser.error(
+            "--input arrays feeds every replica from all of x: it is for IID "
+            "data. Leave --input out with --data dirichlet:ALPHA."
+        )
     if any(not 0 <= r < args.replicas for r in args.attackers):
         parser.error(f"--attackers must be replica ids below {args.replicas}")
     return args
@@ -949,6 +988,7 @@ def load_json(path: str, args) -> tuple[list[Run], dict, float, dict]:
 RUN_PARAMETERS = (
     "argv",
     "data",
+    "input",
     "alpha",
     "rules",
     "attacks",
