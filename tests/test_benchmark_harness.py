@@ -92,7 +92,8 @@ _SEED_1 = {
 @pytest.fixture(scope="module")
 def script_runs(tmp_path_factory):
     """`SCRIPT --help` for every script, then `robustness.py --across-seeds`
-    on two seeds' results and on two runs of different setups: their
+    on two seeds' results and on two runs of different setups, and
+    `robustness.py` with options that contradict each other: their
     `{"code", "stdout", "stderr"}` and the markdown written."""
     tmp = tmp_path_factory.mktemp("benchmark_scripts")
     paths = {}
@@ -118,6 +119,7 @@ def script_runs(tmp_path_factory):
                 "seeds",
             ]
         )
+    calls.append([robustness, "--input", "arrays", "--data", "dirichlet:0.5"])
     env = {
         **os.environ,
         "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -151,7 +153,7 @@ def test_every_script_answers_help(script_runs, script):
 def test_across_seeds_reports_each_configurations_worst_case_of_every_seed(
     script_runs,
 ):
-    _, (across, mismatch), markdown = script_runs
+    _, (across, mismatch, _), markdown = script_runs
     assert across["code"] == 0, across["stderr"][-2000:]
     [row] = [line for line in markdown.splitlines() if "`trimmed_mean+wm`" in line]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
@@ -167,3 +169,13 @@ def test_across_seeds_reports_each_configurations_worst_case_of_every_seed(
     # Runs of another setup are refused, naming what differs.
     assert mismatch["code"] != 0
     assert "differs from" in mismatch["stderr"] and "epochs" in mismatch["stderr"]
+
+
+@pytest.mark.xdist_group("benchmark_help")
+def test_robustness_refuses_arrays_for_non_iid_data_naming_the_fix(script_runs):
+    _, (_, _, arrays_non_iid), _ = script_runs
+    assert arrays_non_iid["code"] == 2
+    assert (
+        "--input arrays feeds every replica from all of x" in (arrays_non_iid["stderr"])
+    )
+    assert "Leave --input out" in arrays_non_iid["stderr"]
