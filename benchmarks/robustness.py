@@ -34,7 +34,7 @@ How to run
 From the repository root::
 
     python benchmarks/robustness.py            # full table, ~35 min on 2 cores
-    python benchmarks/robustness.py --quick    # smoke run, ~2 min
+    python benchmarks/robustness.py --quick    # smoke run, ~1 min
 
 The full run rewrites the generated block of ``docs/robustness.md`` (between
 the ``BEGIN GENERATED`` / ``END GENERATED`` markers; the prose around it is

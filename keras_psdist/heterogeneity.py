@@ -156,7 +156,10 @@ def per_replica_dataset(
     data for every replica. One epoch (one iteration of the dataset) is
     `ceil(max(len(p) for p in parts) / per_replica_batch)` steps: the
     largest part is seen about once; `dataset.cardinality()` gives the
-    number. Each iteration (each epoch of `fit`) reshuffles.
+    number. Each iteration (each epoch of `fit`) reshuffles, so pass
+    `shuffle=False` to `fit` (Keras warns that it ignores `shuffle=True` for
+    a dataset, its default). For epochs of a set length, `.repeat()` it and
+    pass `steps_per_epoch`, as `benchmarks/robustness.py` does (11 steps).
 
     Args:
         x: The features, an array with one row per example.
