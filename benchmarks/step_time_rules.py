@@ -94,19 +94,28 @@ TARGETS = {
     "bulyan": 1.25,
     "mean+wm": 1.05,  # worker momentum's own cost
 }
-WORKER_MOMENTUM = 0.9
 
 
 def rule_names(text: str) -> list[str]:
-    """argparse type: registered rules, each optionally with `+wm` (worker
-    momentum 0.9)."""
+    """argparse type: configurations `[pre>...>]rule[+wm[BETA]]` of registered
+    rules (`harness.parse_config`, as `robustness.py` takes them)."""
     names = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     valid = kpd.aggregators.names()
-    bad = [n for n in names if n.removesuffix("+wm") not in valid]
+    bad = []
+    for name in names:
+        try:
+            stages = name.partition("+")[0].split(">")
+            harness.parse_config(name)
+        except ValueError:
+            bad.append(name)
+            continue
+        if any(stage.partition("(")[0].strip() not in valid for stage in stages):
+            bad.append(name)
     if bad or not names:
         raise argparse.ArgumentTypeError(
             f"unknown rules {bad}; choose from {','.join(valid)}, each optionally "
-            "with +wm (worker momentum 0.9)"
+            "behind pre-aggregations (arc>, nnm>, ...) and with +wm (worker "
+            "momentum 0.9)"
         )
     return names
 
@@ -132,7 +141,7 @@ class Case:
         return statistics.median(values) if self.ok and values else None
 
 
-def largest_f(rule: str, n: int, wanted: int) -> int:
+def largest_f(rule: str | dict, n: int, wanted: int) -> int:
     """The largest f <= wanted that the rule accepts for n replicas."""
     for f in range(wanted, -1, -1):
         try:
@@ -162,13 +171,13 @@ def prepare(case: Case, devices, dataset, args) -> None:
     stage = "build"
     try:
         t0 = time.perf_counter()
-        rule = case.rule.removesuffix("+wm")
+        _, rule, beta = harness.parse_config(case.rule)
         case.f = largest_f(rule, len(devices), args.num_byzantine)
         strategy = kpd.PSStrategy(
             devices=devices,
             aggregator=rule,
             num_byzantine=case.f,
-            worker_momentum=WORKER_MOMENTUM if case.rule.endswith("+wm") else 0.0,
+            worker_momentum=beta,
         )
         case.model = build_model(
             strategy, args.seed, hidden=args.hidden, num_classes=NUM_CLASSES
@@ -471,8 +480,9 @@ def parse_args(argv: list[str] | None = None):
         "--rules",
         type=rule_names,
         help=f"comma-separated rules (default: those of {','.join(DEFAULT_RULES)} "
-        "that are registered), each optionally with +wm (worker momentum 0.9, "
-        "e.g. mean+wm: its cost); mean is always included",
+        "that are registered), each optionally behind pre-aggregations "
+        "(arc>geometric_median) and with +wm (worker momentum 0.9, e.g. "
+        "mean+wm: its cost); mean is always included",
     )
     parser.add_argument("--replicas", type=int, default=8, help="default 8")
     parser.add_argument(
