@@ -127,7 +127,7 @@ def check_compiled(model) -> None:
         )
 
 
-def worker_momentum_of(strategy) -> float:
+def _worker_momentum_of(strategy) -> float:
     """The strategy's `worker_momentum` (a replica's under `PSStrategy`, a
     worker process's under `SyncReplicaStrategy`), 0 when off."""
     extended = strategy.extended
@@ -138,7 +138,7 @@ def worker_momentum_of(strategy) -> float:
 def _warn_if_momentum_compounds(strategy, optimizer) -> None:
     """Warns when the optimizer keeps a momentum of the aggregate on top of
     the replicas' own (`worker_momentum`): the two compound."""
-    beta = worker_momentum_of(strategy)
+    beta = _worker_momentum_of(strategy)
     if not beta or optimizer is None:
         return
     kind = type(optimizer).__name__
