@@ -103,13 +103,9 @@ def rule_names(text: str) -> list[str]:
     valid = kpd.aggregators.names()
     bad = []
     for name in names:
-        try:
-            stages = name.partition("+")[0].split(">")
-            harness.parse_config(name)
+        try:  # the registry checks every stage's id
+            kpd.aggregators.get(harness.parse_config(name)[1])
         except ValueError:
-            bad.append(name)
-            continue
-        if any(stage.partition("(")[0].strip() not in valid for stage in stages):
             bad.append(name)
     if bad or not names:
         raise argparse.ArgumentTypeError(
