@@ -97,9 +97,10 @@ def accuracy_of(cpu_devices, digits):
         model.fit(data, epochs=EPOCHS, verbose=0)
         if not all(np.isfinite(w).all() for w in model.get_weights()):
             return 0.0
-        return float(
-            model.evaluate(x_test, y_test, verbose=0, return_dict=True)["accuracy"]
-        )
+        # Eagerly on the test set, not `evaluate`: that would trace a test
+        # step over the 8 replicas (about 3 s a run) to compute the same.
+        logits = model(x_test, training=False)
+        return float(np.mean(np.argmax(logits, axis=1) == y_test))
 
     return run
 
