@@ -214,6 +214,9 @@ def test_sync_workers_stop_with_an_error_naming_a_frozen_chief(tmp_path):
         without_progress(log)[-6000:]
     )
     assert "heartbeat_timeout=3" in failure and "BackupAndRestore" in failure
+    # The frozen chief is continued after its SIGTERM, so it ends then, not
+    # at the SIGKILL after the grace period.
+    assert "still running" not in log, without_progress(log)[-6000:]
 
 
 # ---------------------------- a ps task killed: every process names it, exits

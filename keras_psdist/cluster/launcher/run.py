@@ -101,7 +101,8 @@ def launch(
 
     Every child runs in its own session (process group). However `launch`
     ends (success, failure, timeout, SIGINT, SIGTERM), every group gets
-    SIGTERM, then SIGKILL after a grace period of 5 s, and `launch` returns
+    SIGTERM (and SIGCONT, so that a stopped process acts on it), then
+    SIGKILL after a grace period of 5 s, and `launch` returns
     once they are gone, processes the children started included. If the
     launcher itself is SIGKILLed, its children still die (`PR_SET_PDEATHSIG`,
     Linux), but what they started does not. A process that moves to a
@@ -491,6 +492,9 @@ class _Launch:
         signals_before = len(self.signals.received)
         for child in children:
             signal_group(child.proc.pid, signal.SIGTERM)
+            # A stopped process (SIGSTOP, a frozen task) acts on SIGTERM
+            # only once continued; without this it used up the grace period.
+            signal_group(child.proc.pid, signal.SIGCONT)
         deadline = time.monotonic() + GRACE_S
         while time.monotonic() < deadline:
             alive = [c for c in children if group_alive(c.proc)]
