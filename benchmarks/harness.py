@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import subprocess
@@ -44,6 +45,36 @@ RESULTS = REPO_ROOT / "benchmarks" / "results"
 def log(msg: str) -> None:
     """Progress to stderr, so stdout keeps only the results."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def chance_gap(
+    clean: Sequence[float],
+    runs: Sequence[float],
+    columns: int,
+    tolerance: float,
+    draws: int = 20_000,
+) -> tuple[float, float]:
+    """How far the worst of `columns` runs falls below one clean run by chance.
+
+    `clean` and `runs` are accuracies in [0, 1] of repeated runs without any
+    attack (the clean reference's and a configuration's); each draw takes
+    one of `clean` and the lowest of `columns` of `runs`, with replacement.
+    Returns the expected gap in points and the fraction of draws whose gap
+    exceeds `tolerance` points (seeded: the same inputs give the same
+    answer).
+
+    >>> chance_gap([0.9, 0.9], [0.9, 0.9], columns=11, tolerance=2.0)
+    (0.0, 0.0)
+    >>> chance_gap([0.98], [0.95, 0.97], columns=11, tolerance=2.0)  # 1 in 2**11: 1.0
+    (3.0, 0.999)
+    """
+    rng = random.Random(0)
+    gaps = [
+        100 * (rng.choice(clean) - min(rng.choices(runs, k=columns)))
+        for _ in range(draws)
+    ]
+    over = sum(gap > tolerance for gap in gaps) / draws
+    return round(statistics.fmean(gaps), 2), round(over, 3)
 
 
 def loadavg() -> list[float] | None:
