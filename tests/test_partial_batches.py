@@ -122,3 +122,31 @@ def test_datasets_from_function_fill_replicas_left_without_data(cpu_devices):
     assert history.history["examples"] == [10]
     for weight in model.weights:
         assert np.isfinite(weight.numpy()).all(), weight.path
+
+
+@pytest.mark.parametrize("kind", ["ragged", "sparse"])
+def test_replicas_without_data_get_a_stand_in_of_ragged_and_sparse_batches(
+    cpu_devices, kind
+):
+    # A global batch of 1 on 3 replicas: replicas 1 and 2 have no rows. Each
+    # runs on a stand-in (the first example), and the outputs of its row are
+    # cut, so the gathered result is the one example's, once.
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+    rows = tf.ragged.constant([[1.0, 2.0], [3.0]])
+    element = rows if kind == "ragged" else rows.to_sparse()
+    dataset = tf.data.Dataset.from_tensor_slices(element).batch(1)
+
+    def per_replica(x):
+        dense = x.to_tensor() if kind == "ragged" else tf.sparse.to_dense(x)
+        return tf.reduce_sum(dense, axis=1), tf.shape(dense)[0]
+
+    @tf.function
+    def step(x):
+        return strategy.run(per_replica, args=(x,))
+
+    for x, expected in zip(
+        strategy.experimental_distribute_dataset(dataset), [3.0, 3.0], strict=True
+    ):
+        sums, sizes = step(x)
+        assert strategy.gather(sums, axis=0).numpy().tolist() == [expected]
+        assert [int(s) for s in strategy.experimental_local_results(sizes)] == [1] * 3
