@@ -227,9 +227,25 @@ class SplitIteratorSpec(tf.TypeSpec):
 
 def piece_specs(dataset: tf.data.Dataset, pieces: Pieces) -> tuple:
     """The specs of the pieces `pieces.cut` makes of `dataset`'s elements
-    (traced once, in a graph that never runs)."""
+    (traced once per element spec and cut, in a graph that never runs: each
+    `fit`, `evaluate` and `predict` distributes its data again)."""
     spec = dataset.element_spec
-    graph = tf.function(pieces.cut).get_concrete_function(spec)
+    try:
+        key = (spec, pieces)
+        hash(key)
+    except TypeError:  # a dict of inputs: traced each time
+        return _traced_piece_specs(spec, pieces)
+    if key not in _PIECE_SPECS:
+        _PIECE_SPECS[key] = _traced_piece_specs(spec, pieces)
+    return _PIECE_SPECS[key]
+
+
+# Type specs are immutable values, so the cached ones are shared safely.
+_PIECE_SPECS: dict = {}
+
+
+def _traced_piece_specs(spec, pieces: Pieces) -> tuple:
+    graph = tf.function(pieces.cut, autograph=False).get_concrete_function(spec)
     return tf.nest.map_structure(
         tf.type_spec_from_value, graph.structured_outputs, expand_composites=False
     )
