@@ -95,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             accuracies.setdefault(config, []).append(run.accuracy)
             print(f"{config} run {k}: {100 * run.accuracy:.1f}", file=sys.stderr)
-    clean = np.array(accuracies["mean"])
     print(
         f"clean runs on the split of --seed {args.seed}, {args.runs} training "
         f"seeds each; chance gap: one clean mean run minus the worst of "
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for config, values in accuracies.items():
         runs = np.array(values)
-        gap, p = chance_gap(list(clean), list(runs), args.columns, args.tolerance)
+        gap, p = chance_gap(accuracies["mean"], values, args.columns, args.tolerance)
         print(
             f"{config:34s} {100 * runs.min():7.1f} {100 * runs.mean():7.1f} "
             f"{100 * runs.max():7.1f} {100 * runs.std(ddof=1):5.2f} "
