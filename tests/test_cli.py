@@ -9,13 +9,20 @@ import pytest
 
 import keras_psdist as kpd
 from keras_psdist.cli import main as cli
+from keras_psdist.cluster.launcher import banner
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run_cli(
+    *args: str, timeout: float = 120, own_log_level: bool = False
+) -> subprocess.CompletedProcess:
+    """`python -m keras_psdist ARGS`; with `own_log_level`, TensorFlow's log
+    level is the command's own default, not the test suite's."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if own_log_level:
+        env.pop("TF_CPP_MIN_LOG_LEVEL")
     # The subprocess must find the checkout even without `pip install -e`.
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p
@@ -82,12 +89,22 @@ def test_unknown_flag_exits_2():
     assert "nosuch_flag" in result.stderr
 
 
-def test_demo_trains_to_high_accuracy():
-    result = _run_cli("demo", "--epochs", "12", "--replicas", "4", timeout=600)
+def _banner_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if banner.is_tf_banner(line)]
+
+
+def test_demo_trains_to_high_accuracy_and_prints_no_tensorflow_banner():
+    result = _run_cli(
+        "demo", "--epochs", "12", "--replicas", "4", timeout=600, own_log_level=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     match = re.search(r"test accuracy: ([0-9.]+)", result.stdout)
     assert match, result.stdout
     assert float(match.group(1)) >= 0.93, result.stdout
+    # TensorFlow's start-up banner is left out unless --verbose (see
+    # test_quiet_output; the --verbose case is the robust-rule demo below).
+    assert not _banner_lines(result.stdout), result.stdout
+    assert not _banner_lines(result.stderr), result.stderr
 
 
 def test_demo_unknown_aggregator_exits_2_with_the_registry_error():
@@ -120,10 +137,14 @@ def test_demo_robust_rule_under_attack_reports_per_replica():
     result = _run_cli(
         "demo",
         *("--epochs", "2", "--replicas", "4", "--aggregator", "median"),
-        *("--num_byzantine", "1", "--attack", "non_finite"),
+        *("--num_byzantine", "1", "--attack", "non_finite", "--verbose"),
         timeout=600,
+        own_log_level=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    # --verbose: TensorFlow's banner is shown, on stderr only.
+    assert _banner_lines(result.stderr), result.stderr
+    assert not _banner_lines(result.stdout), result.stdout
     assert "attack:     NonFinite(replicas=[3]" in result.stdout
     fractions = re.search(
         r"extreme_fraction per replica \(last epoch\): (.*)", result.stdout

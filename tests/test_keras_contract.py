@@ -26,8 +26,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import keras
@@ -550,20 +552,81 @@ def test_dropout_and_seed_generator(strategy_factory, request, digits):
     )
 
 
+# A process that has never imported keras_psdist: it loads `.keras` files
+# and predicts, one request (a JSON line: model, inputs, output path) at a
+# time, and answers whether keras_psdist is loaded after each.
 _LOAD_IN_FRESH_PROCESS = textwrap.dedent(
     """
     import json, sys
     import numpy as np
     import keras
-    model = keras.models.load_model(sys.argv[1])
-    x = np.load(sys.argv[2])
-    np.save(sys.argv[3], model.predict(x, verbose=0))
-    print(json.dumps({"keras_psdist_loaded": "keras_psdist" in sys.modules}))
+    for line in sys.stdin:
+        request = json.loads(line)
+        model = keras.models.load_model(request["model"])
+        x = np.load(request["x"])
+        np.save(request["out"], model.predict(x, verbose=0))
+        print(json.dumps({"keras_psdist_loaded": "keras_psdist" in sys.modules}))
+        sys.stdout.flush()
     """
 )
+FRESH_PROCESS_TIMEOUT_S = 180
 
 
-def test_save_and_load_in_fresh_process(strategy_factory, digits_small, tmp_path):
+class FreshProcess:
+    """One Python process without keras_psdist, shared by a module's tests
+    (a TensorFlow process takes seconds of CPU to start)."""
+
+    def __init__(self):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+        env.pop("PYTHONPATH", None)
+        self.stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _LOAD_IN_FRESH_PROCESS],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            cwd=tempfile.gettempdir(),
+            env=env,
+        )
+
+    def load_and_predict(self, model_path, x_path, out_path) -> dict:
+        """Sends one request and returns the answer; fails the test with the
+        process's stderr if it ended or did not answer in time."""
+        request = {"model": str(model_path), "x": str(x_path), "out": str(out_path)}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select(
+            [self.process.stdout], [], [], FRESH_PROCESS_TIMEOUT_S
+        )
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            self.stderr.seek(0)
+            error = self.stderr.read().decode(errors="replace")[-3000:]
+            pytest.fail(f"the fresh process gave no answer:\n{error}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def fresh_process():
+    process = FreshProcess()
+    try:
+        yield process
+    finally:
+        process.close()
+        process.stderr.close()
+
+
+@pytest.mark.xdist_group("fresh_process")
+def test_save_and_load_in_fresh_process(
+    strategy_factory, digits_small, tmp_path, fresh_process
+):
     """9. A `.keras` file saved under the strategy loads without keras_psdist."""
     x, y = digits_small
     strategy = strategy_factory()
@@ -581,25 +644,9 @@ def test_save_and_load_in_fresh_process(strategy_factory, digits_small, tmp_path
     model.save(model_path)
     np.save(tmp_path / "x.npy", inputs)
 
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _LOAD_IN_FRESH_PROCESS,
-            str(model_path),
-            str(tmp_path / "x.npy"),
-            str(tmp_path / "pred.npy"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-        env=env,
+    report = fresh_process.load_and_predict(
+        model_path, tmp_path / "x.npy", tmp_path / "pred.npy"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report == {"keras_psdist_loaded": False}
     np.testing.assert_allclose(np.load(tmp_path / "pred.npy"), expected, atol=1e-6)
 
