@@ -70,6 +70,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist.aggregators import coordinatewise
 from keras_psdist.aggregators.base import Aggregation, Aggregator, column_spec
 
 ReduceOp = tf.distribute.ReduceOp
@@ -248,17 +249,25 @@ class WorkerMomentum(Aggregator):
         )
 
     def _passes(self, momenta, per_replica, dense, shares):
-        """The fused passes over the dense columns' buffers: one over all of
-        them where the rule runs, or one per replica on its own device. Each
-        is `(pairs, momenta, grads, keep, device)` for its `(variable,
-        replica)` pairs (`device` None: the rule's)."""
+        """The fused passes over the dense columns' buffers. Where the rule
+        runs: one per large variable, over all its replicas, and one for
+        the small ones together (`coordinatewise.kernel_groups`), so that a
+        variable's update, and the rule and the optimizer after it, start as
+        soon as its gradients exist, while the backward pass still runs.
+        With `devices`: one per replica, on its own device. Each is
+        `(pairs, momenta, grads, keep, device)` for its `(variable, replica)`
+        pairs (`device` None: the rule's)."""
         n = len(per_replica[0])
         if self.devices is None:
-            groups = [(range(n), None)]
+            columns = [per_replica[v] for v in dense]
+            groups = [
+                (range(n), [dense[i] for i in group], None)
+                for group in coordinatewise.kernel_groups(columns)
+            ]
         else:
-            groups = [([r], self.devices[r]) for r in range(n)]
-        for replicas, device in groups:
-            pairs = [(v, r) for r in replicas for v in dense]
+            groups = [([r], dense, self.devices[r]) for r in range(n)]
+        for replicas, variables, device in groups:
+            pairs = [(v, r) for r in replicas for v in variables]
             if pairs:
                 yield (
                     pairs,
