@@ -580,13 +580,15 @@ class FreshProcess:
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
         env.pop("PYTHONPATH", None)
         self.stderr = tempfile.TemporaryFile()
+        # An empty working directory: nothing importable from where it runs.
+        self.cwd = tempfile.TemporaryDirectory()
         self.process = subprocess.Popen(
             [sys.executable, "-c", _LOAD_IN_FRESH_PROCESS],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
             text=True,
-            cwd=tempfile.gettempdir(),
+            cwd=self.cwd.name,
             env=env,
         )
 
@@ -594,17 +596,26 @@ class FreshProcess:
         """Sends one request and returns the answer; fails the test with the
         process's stderr if it ended or did not answer in time."""
         request = {"model": str(model_path), "x": str(x_path), "out": str(out_path)}
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select(
-            [self.process.stdout], [], [], FRESH_PROCESS_TIMEOUT_S
-        )
-        line = self.process.stdout.readline() if ready else ""
+        line = ""
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write(json.dumps(request) + "\n")
+                self.process.stdin.flush()
+            except BrokenPipeError:
+                pass
+            else:
+                ready, _, _ = select.select(
+                    [self.process.stdout], [], [], FRESH_PROCESS_TIMEOUT_S
+                )
+                line = self.process.stdout.readline() if ready else ""
         if not line:
             self.close()
             self.stderr.seek(0)
             error = self.stderr.read().decode(errors="replace")[-3000:]
-            pytest.fail(f"the fresh process gave no answer:\n{error}")
+            pytest.fail(
+                "the fresh process ended, or gave no answer in "
+                f"{FRESH_PROCESS_TIMEOUT_S} s; its stderr:\n{error}"
+            )
         return json.loads(line)
 
     def close(self) -> None:
@@ -621,6 +632,7 @@ def fresh_process():
     finally:
         process.close()
         process.stderr.close()
+        process.cwd.cleanup()
 
 
 @pytest.mark.xdist_group("fresh_process")
