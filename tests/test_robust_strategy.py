@@ -138,6 +138,10 @@ def test_a_rule_that_needs_num_byzantine_warns_without_it(
     assert strategy.num_byzantine == 0
     assert "runs with num_byzantine=0" in caplog.text
     assert "Pass num_byzantine=f" in caplog.text
+    # What f = 0 makes of this rule, in words (bucketing: of its inner rule).
+    rule = strategy.extended.aggregator
+    assert rule.without_num_byzantine
+    assert f"with f = 0 it {rule.without_num_byzantine}." in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,8 @@ class ARC(PreAggregation):
     """
 
     name = "arc"
-    needs_num_byzantine = True  # f = 0 clips no replica
+    needs_num_byzantine = True
+    without_num_byzantine = "clips no replica: the inner rule sees every value as sent"
 
     def __init__(
         self,

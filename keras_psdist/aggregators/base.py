@@ -86,6 +86,8 @@ class Aggregator:
             `num_byzantine=0`, defends against nothing: it is then the mean
             (the trimmed mean trims nothing) or leaves the values as they
             are (ARC clips none). The strategies warn when it runs so.
+        without_num_byzantine: What such a rule does with `num_byzantine=0`,
+            for that warning (e.g. "trims nothing: it is the plain mean").
     """
 
     name: str = "aggregator"
@@ -93,6 +95,7 @@ class Aggregator:
     per_variable: bool = False
     scale_equivariant: bool = False
     needs_num_byzantine: bool = False
+    without_num_byzantine: str = ""
 
     def __init__(self, num_byzantine: int | None = None):
         if num_byzantine is not None:

@@ -61,7 +61,8 @@ class Bulyan(Aggregator):
     """
 
     name = "bulyan"
-    needs_num_byzantine = True  # f = 0 selects and keeps all n: the mean
+    needs_num_byzantine = True
+    without_num_byzantine = "selects and keeps every replica: it is the plain mean"
     report_names = (REPORT_NAME,)
 
     def __init__(self, num_byzantine: int | None = None, *, jit_compile: bool = True):

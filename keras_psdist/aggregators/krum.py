@@ -112,7 +112,8 @@ class MultiKrum(Aggregator):
     """
 
     name = "multi_krum"
-    needs_num_byzantine = True  # f = 0 averages all n: the mean
+    needs_num_byzantine = True
+    without_num_byzantine = "averages every replica: it is the plain mean"
     report_names = (REPORT_NAME,)
 
     def __init__(

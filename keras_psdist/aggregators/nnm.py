@@ -73,7 +73,8 @@ class NearestNeighborMixing(PreAggregation):
     """
 
     name = "nnm"
-    needs_num_byzantine = True  # f = 0 mixes every replica into the mean
+    needs_num_byzantine = True
+    without_num_byzantine = "mixes every replica into the mean of all of them"
 
     def __init__(
         self,

@@ -42,7 +42,8 @@ class TrimmedMean(OrderStatisticsMean):
     """
 
     name = "trimmed_mean"
-    needs_num_byzantine = True  # f = 0 trims nothing: the mean
+    needs_num_byzantine = True
+    without_num_byzantine = "trims nothing: it is the plain mean"
 
     def kept(self, n: int) -> tuple[int, int]:
         f = self.f

@@ -339,14 +339,14 @@ def warn_if_undefended(aggregator, strategy_name: str) -> None:
     if aggregator.needs_num_byzantine and aggregator.f == 0:
         logging.warning(
             "%s(aggregator=%r) runs with num_byzantine=0, so %s defends against "
-            "no faulty replica: it is then the plain mean, or leaves the values "
-            "as they are. Pass num_byzantine=f, the number of replicas that may "
-            "be faulty, e.g. %s(aggregator=%r, num_byzantine=1).",
+            "no faulty replica: with f = 0 it %s. Pass num_byzantine=f, the "
+            "number of replicas that may be faulty, beside the same aggregator: "
+            "%s(aggregator=<your rule>, num_byzantine=f).",
             strategy_name,
             aggregator,
             aggregator.name,
+            aggregator.without_num_byzantine or "defends against nothing",
             strategy_name,
-            aggregator.name,
         )
 
 
