@@ -106,14 +106,15 @@ def test_replicas_without_data_keep_their_momentum():
 @pytest.mark.parametrize("rule_id", ["mean", "centered_clipping"])
 def test_momenta_updated_in_place_match_the_stepwise_rule(rule_id):
     """`step_on_variables` (what the strategy runs: buffers in variables,
-    written in place by one XLA kernel) gives `step`'s values and momenta,
-    a replica without data included."""
+    written in place by XLA kernels, the large variable in one of its own
+    and the small ones together) gives `step`'s values and momenta, a
+    replica without data included."""
     rng = np.random.default_rng(2)
     n, beta = 5, 0.7
     rule = WorkerMomentum(
         aggregators.get(rule_id).bind(n, 1 if rule_id != "mean" else 0), beta
     )
-    specs = [tf.TensorSpec([3, 2]), tf.TensorSpec([4])]
+    specs = [tf.TensorSpec([3, 2]), tf.TensorSpec([130, 130]), tf.TensorSpec([4])]
     state = rule.initial_state(specs)
     buffers = [[tf.Variable(m) for m in column] for column in state.momenta]
     inner = tf.nest.map_structure(tf.Variable, state.inner)
@@ -153,6 +154,26 @@ def test_momenta_updated_in_place_match_the_stepwise_rule(rule_id):
             for var, m in zip(column_vars, column_want, strict=True):
                 np.testing.assert_allclose(var.numpy(), m.numpy(), rtol=1e-6)
                 assert np.all(np.isfinite(var.numpy()))
+
+
+def test_momenta_of_unknown_shape_are_updated_in_one_pass():
+    """Gradients whose shape is known only at run time (no XLA kernel, no
+    grouping by size) update their buffers in place all the same."""
+    n = 3
+    rule = WorkerMomentum(aggregators.get("mean").bind(n, 0), 0.5)
+    state = rule.initial_state([tf.TensorSpec([4])])
+    buffers = [[tf.Variable(m) for m in column] for column in state.momenta]
+
+    @tf.function(input_signature=[tf.TensorSpec([None])] * n)
+    def in_place(*grads):
+        return rule.step_on_variables(
+            MEAN, [list(grads)], shares=None, momenta=buffers, inner_state=state.inner
+        ).values
+
+    [out] = in_place(*[tf.fill([4], float(r)) for r in range(n)])
+    # Momenta 0.5 * g_r (from zero): their mean is 0.5 * 1.
+    np.testing.assert_allclose(out.numpy(), [0.5] * 4)
+    np.testing.assert_allclose(buffers[0][2].numpy(), [1.0] * 4)
 
 
 def test_mean_with_worker_momentum_is_heavy_ball_sgd(cpu_devices):

@@ -258,12 +258,14 @@ class WorkerMomentum(Aggregator):
         `(pairs, momenta, grads, keep, device)` for its `(variable, replica)`
         pairs (`device` None: the rule's)."""
         n = len(per_replica[0])
-        if self.devices is None:
-            columns = [per_replica[v] for v in dense]
+        columns = [per_replica[v] for v in dense]
+        if self.devices is None and all(c[0].shape.is_fully_defined() for c in columns):
             groups = [
                 (range(n), [dense[i] for i in group], None)
                 for group in coordinatewise.kernel_groups(columns)
             ]
+        elif self.devices is None:  # Unknown shapes: one pass, not XLA.
+            groups = [(range(n), dense, None)]
         else:
             groups = [([r], dense, self.devices[r]) for r in range(n)]
         for replicas, variables, device in groups:
