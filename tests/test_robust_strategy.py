@@ -141,7 +141,7 @@ def test_a_rule_that_needs_num_byzantine_warns_without_it(
     # What f = 0 makes of this rule, in words (bucketing: of its inner rule).
     rule = strategy.extended.aggregator
     assert rule.without_num_byzantine
-    assert f"with f = 0 it {rule.without_num_byzantine}." in caplog.text
+    assert f"so {rule.name} {rule.without_num_byzantine}." in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -153,6 +153,7 @@ def test_a_rule_that_needs_num_byzantine_warns_without_it(
         ("geometric_median", None),
         ("mean", None),
         (kpd.aggregators.Bucketing("median", bucket_size=1), None),
+        (kpd.aggregators.MultiKrum(m=3), None),  # selects 3 of 4 with f = 0
     ],
     ids=[
         "trimmed_mean-f1",
@@ -161,6 +162,7 @@ def test_a_rule_that_needs_num_byzantine_warns_without_it(
         "geometric_median",
         "mean",
         "bucketing",
+        "multi_krum-m3",
     ],
 )
 def test_no_warning_when_the_rule_defends_as_configured(

@@ -88,7 +88,7 @@ class ARC(PreAggregation):
 
     name = "arc"
     needs_num_byzantine = True
-    without_num_byzantine = "clips no replica: the inner rule sees every value as sent"
+    without_num_byzantine = "clips no replica: it adds no defence to its inner rule"
 
     def __init__(
         self,

@@ -87,7 +87,8 @@ class Aggregator:
             (the trimmed mean trims nothing) or leaves the values as they
             are (ARC clips none). The strategies warn when it runs so.
         without_num_byzantine: What such a rule does with `num_byzantine=0`,
-            for that warning (e.g. "trims nothing: it is the plain mean").
+            completing "so <name> ..." in that warning (e.g. "trims nothing:
+            it is the plain mean, and defends against no faulty replica").
     """
 
     name: str = "aggregator"

@@ -90,7 +90,10 @@ class Bucketing(PreAggregation):
         super().__init__(aggregator, num_byzantine)
         # Bucket means, then the inner rule: undefended when the inner is.
         self.needs_num_byzantine = self.aggregator.needs_num_byzantine
-        self.without_num_byzantine = self.aggregator.without_num_byzantine
+        self.without_num_byzantine = (
+            f"averages buckets of {bucket_size} replicas, then "
+            f"{self.aggregator.name} {self.aggregator.without_num_byzantine}"
+        )
         self.bucket_size = bucket_size
         self.seed = seed
         self.jit_compile = bool(jit_compile)

@@ -112,8 +112,10 @@ class MultiKrum(Aggregator):
     """
 
     name = "multi_krum"
-    needs_num_byzantine = True
-    without_num_byzantine = "averages every replica: it is the plain mean"
+    needs_num_byzantine = True  # with m = None; see __init__
+    without_num_byzantine = (
+        "keeps and averages every replica: it is the plain mean' + NONE + '"
+    )
     report_names = (REPORT_NAME,)
 
     def __init__(
@@ -130,6 +132,8 @@ class MultiKrum(Aggregator):
                 f"or None (for n - num_byzantine). Received: m={m!r}"
             )
         self.m = m
+        # With m set, f = 0 still selects the m most central replicas.
+        self.needs_num_byzantine = m is None
         self.jit_compile = bool(jit_compile)
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:

@@ -74,7 +74,10 @@ class NearestNeighborMixing(PreAggregation):
 
     name = "nnm"
     needs_num_byzantine = True
-    without_num_byzantine = "mixes every replica into the mean of all of them"
+    without_num_byzantine = (
+        "mixes every replica into the mean of all of them: its inner rule sees "
+        "n copies of the plain mean, and defends against no faulty replica"
+    )
 
     def __init__(
         self,

@@ -43,7 +43,9 @@ class TrimmedMean(OrderStatisticsMean):
 
     name = "trimmed_mean"
     needs_num_byzantine = True
-    without_num_byzantine = "trims nothing: it is the plain mean"
+    without_num_byzantine = (
+        "trims nothing: it is the plain mean, and defends against no faulty replica"
+    )
 
     def kept(self, n: int) -> tuple[int, int]:
         f = self.f

@@ -338,14 +338,13 @@ def warn_if_undefended(aggregator, strategy_name: str) -> None:
     defends against nothing (see `Aggregator.needs_num_byzantine`)."""
     if aggregator.needs_num_byzantine and aggregator.f == 0:
         logging.warning(
-            "%s(aggregator=%r) runs with num_byzantine=0, so %s defends against "
-            "no faulty replica: with f = 0 it %s. Pass num_byzantine=f, the "
-            "number of replicas that may be faulty, beside the same aggregator: "
-            "%s(aggregator=<your rule>, num_byzantine=f).",
+            "%s(aggregator=%r) runs with num_byzantine=0, so %s %s. Pass "
+            "num_byzantine=f, the number of replicas that may be faulty, beside "
+            "the same aggregator: %s(aggregator=<your rule>, num_byzantine=f).",
             strategy_name,
             aggregator,
             aggregator.name,
-            aggregator.without_num_byzantine or "defends against nothing",
+            aggregator.without_num_byzantine or "defends against no faulty replica",
             strategy_name,
         )
 
