@@ -554,18 +554,23 @@ def test_dropout_and_seed_generator(strategy_factory, request, digits):
 
 # A process that has never imported keras_psdist: it loads `.keras` files
 # and predicts, one request (a JSON line: model, inputs, output path) at a
-# time, and answers whether keras_psdist is loaded after each.
+# time, and answers whether keras_psdist is loaded after each (or the error).
 _LOAD_IN_FRESH_PROCESS = textwrap.dedent(
     """
-    import json, sys
+    import json, sys, traceback
     import numpy as np
     import keras
     for line in sys.stdin:
         request = json.loads(line)
-        model = keras.models.load_model(request["model"])
-        x = np.load(request["x"])
-        np.save(request["out"], model.predict(x, verbose=0))
-        print(json.dumps({"keras_psdist_loaded": "keras_psdist" in sys.modules}))
+        try:
+            model = keras.models.load_model(request["model"])
+            x = np.load(request["x"])
+            np.save(request["out"], model.predict(x, verbose=0))
+        except Exception:
+            answer = {"error": traceback.format_exc()}
+        else:
+            answer = {"keras_psdist_loaded": "keras_psdist" in sys.modules}
+        print(json.dumps(answer))
         sys.stdout.flush()
     """
 )
@@ -622,6 +627,8 @@ class FreshProcess:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
+        self.process.stdin.close()
+        self.process.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -659,7 +666,7 @@ def test_save_and_load_in_fresh_process(
     report = fresh_process.load_and_predict(
         model_path, tmp_path / "x.npy", tmp_path / "pred.npy"
     )
-    assert report == {"keras_psdist_loaded": False}
+    assert report == {"keras_psdist_loaded": False}, report.get("error", report)
     np.testing.assert_allclose(np.load(tmp_path / "pred.npy"), expected, atol=1e-6)
 
 
