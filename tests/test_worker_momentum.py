@@ -239,8 +239,8 @@ def test_each_replica_keeps_its_momentum_on_its_own_device(cpu_devices, monkeypa
 
 
 def test_logical_cpus_keep_every_momentum_on_the_reduction_device(cpu_devices):
-    """CPUs of one process share memory and cores: one fused update of every
-    buffer, where the rule runs."""
+    """CPUs of one process share memory and cores: every replica's buffers
+    are updated together, where the rule runs."""
     momenta, centre, _, reduction = _momentum_devices(cpu_devices)
     assert set(momenta) == set(centre) == {reduction.device_index}
 

@@ -101,8 +101,9 @@ class PSExtended(
             worker_momentum=run.worker_momentum,
             # Each replica's momentum on its own device, where that spreads
             # the work (GPUs, tasks); logical CPUs of one task share the
-            # memory and the cores, so one fused update of every buffer wins
-            # (measured: mean + worker momentum 1.33x -> 1.23x the mean).
+            # memory and the cores, so fused updates of all replicas' buffers
+            # where the rule runs win (measured: mean + worker momentum
+            # 1.33x -> 1.23x the mean).
             replica_devices=(
                 None
                 if synchronization.share_memory(
