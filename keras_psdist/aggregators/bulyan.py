@@ -62,7 +62,10 @@ class Bulyan(Aggregator):
 
     name = "bulyan"
     needs_num_byzantine = True
-    without_num_byzantine = "selects and keeps every replica: it is the plain mean, and defends against no faulty replica"
+    without_num_byzantine = (
+        "selects and keeps every replica: it is the plain mean, and defends "
+        "against no faulty replica"
+    )
     report_names = (REPORT_NAME,)
 
     def __init__(self, num_byzantine: int | None = None, *, jit_compile: bool = True):

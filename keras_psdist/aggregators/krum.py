@@ -114,7 +114,8 @@ class MultiKrum(Aggregator):
     name = "multi_krum"
     needs_num_byzantine = True  # with m = None; see __init__
     without_num_byzantine = (
-        "keeps and averages every replica: it is the plain mean' + NONE + '"
+        "keeps and averages every replica: it is the plain mean, and defends "
+        "against no faulty replica"
     )
     report_names = (REPORT_NAME,)
 

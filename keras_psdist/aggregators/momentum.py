@@ -262,15 +262,15 @@ class WorkerMomentum(Aggregator):
         pairs (`device` None: the rule's)."""
         n = len(per_replica[0])
         columns = [per_replica[v] for v in dense]
-        if self.devices is None and all(c[0].shape.is_fully_defined() for c in columns):
+        if self.devices is not None:
+            groups = [([r], dense, self.devices[r]) for r in range(n)]
+        elif all(column[0].shape.is_fully_defined() for column in columns):
             groups = [
                 (range(n), [dense[i] for i in group], None)
                 for group in coordinatewise.kernel_groups(columns)
             ]
-        elif self.devices is None:  # Unknown shapes: one pass, not XLA.
+        else:  # Unknown shapes: one pass, not XLA.
             groups = [(range(n), dense, None)]
-        else:
-            groups = [([r], dense, self.devices[r]) for r in range(n)]
         for replicas, variables, device in groups:
             pairs = [(v, r) for r in replicas for v in variables]
             if pairs:
