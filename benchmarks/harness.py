@@ -8,6 +8,9 @@
 * measuring: `interleaved_rounds` runs configurations in alternating rounds
   (A B, B A, ... or A B, A B, ...) and returns a `Rounds`: per-configuration
   samples, medians, ratios to a baseline paired round by round;
+* repeated runs: `chance_gap` (how far the worst of k runs falls by
+  chance), `points_below` and `attack_costs` (what an attack costs on
+  average);
 * reporting: `markdown_table`, `text_table` / `format_row` (fixed-width
   tables), `median_row`, `ratio`, `times`, `fmt`, `value_range`;
 * results: `environment` (machine, load average, versions, git commit),
@@ -25,6 +28,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -75,6 +79,70 @@ def chance_gap(
     ]
     over = sum(gap > tolerance for gap in gaps) / draws
     return round(statistics.fmean(gaps), 2), round(over, 3)
+
+
+def points_below(
+    reference: Sequence[float], runs: Sequence[float]
+) -> tuple[float, float]:
+    """How far the mean of `runs` lies below the mean of `reference` (accuracies
+    in [0, 1]), in points, and that difference's standard error (unequal
+    variances; each needs two runs or more).
+
+    >>> points_below([0.97, 0.99], [0.95, 0.95])
+    (3.0, 1.0)
+    """
+    a, b = list(reference), list(runs)
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    gap = statistics.fmean(a) - statistics.fmean(b)
+    return round(100 * gap, 2), round(100 * se, 2)
+
+
+def attack_costs(
+    clean: Mapping[str, Sequence[float]],
+    attacked: Mapping[tuple[str, str], Sequence[float]],
+    labels: Mapping[str, str],
+) -> str:
+    """A text table of what each attack costs each configuration, on average.
+
+    `clean[config]` holds a configuration's accuracies without attack over
+    repeated runs (`clean["mean"]` the undefended mean's), and
+    `attacked[(config, attack)]` its accuracies under `attack` (`labels`:
+    the attacks' column labels). Per row: the attacked runs' lowest, mean,
+    highest and standard deviation (%), and how far their mean lies below
+    the clean `mean` runs' and below the configuration's own clean runs'
+    (points, +- one standard error). The attack with the lowest mean is
+    marked as the configuration's expected worst case.
+
+    >>> print(attack_costs(
+    ...     {"mean": [0.98, 0.97], "gm": [0.97, 0.97]},
+    ...     {("gm", "alie"): [0.95, 0.96], ("gm", "ipm"): [0.97, 0.96]},
+    ...     {"alie": "ALIE", "ipm": "IPM"},
+    ... ))  # doctest: +NORMALIZE_WHITESPACE
+    configuration attack lowest  mean highest   sd below clean mean below own clean
+    gm              ALIE   95.0  95.5    96.0 0.71     2.00 +- 0.71    1.50 +- 0.50  <- worst
+    gm               IPM   96.0  96.5    97.0 0.71     1.00 +- 0.71    0.50 +- 0.50
+    """
+    width = max(len("configuration"), *(len(c) for c, _ in attacked))
+    label_width = max(len("attack"), *(len(label) for label in labels.values()))
+    lines = [
+        f"{'configuration':{width}s} {'attack':>{label_width}s} {'lowest':>6s} "
+        f"{'mean':>5s} {'highest':>7s} {'sd':>4s} {'below clean mean':>16s} "
+        f"{'below own clean':>15s}"
+    ]
+    for config in dict.fromkeys(c for c, _ in attacked):
+        rows = {a: v for (c, a), v in attacked.items() if c == config}
+        worst = min(rows, key=lambda a: statistics.fmean(rows[a]))
+        for attack, values in rows.items():
+            gap, se = points_below(clean["mean"], values)
+            own, own_se = points_below(clean[config], values)
+            mark = "  <- worst" if attack == worst else ""
+            lines.append(
+                f"{config:{width}s} {labels[attack]:>{label_width}s} "
+                f"{100 * min(values):6.1f} {100 * statistics.fmean(values):5.1f} "
+                f"{100 * max(values):7.1f} {100 * statistics.stdev(values):4.2f} "
+                f"{gap:8.2f} +-{se:5.2f} {own:7.2f} +-{own_se:5.2f}{mark}"
+            )
+    return "\n".join(lines)
 
 
 def loadavg() -> list[float] | None:

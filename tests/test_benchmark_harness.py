@@ -121,6 +121,9 @@ def script_runs(tmp_path_factory):
         )
     calls.append([robustness, "--input", "arrays", "--data", "dirichlet:0.5"])
     calls.append([str(BENCHMARKS / "robustness_noise.py"), "--runs", "1"])
+    calls.append(
+        [str(BENCHMARKS / "robustness_noise.py"), "--attacks", "optimal_alie,bogus"]
+    )
     env = {
         **os.environ,
         "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -154,7 +157,7 @@ def test_every_script_answers_help(script_runs, script):
 def test_across_seeds_reports_each_configurations_worst_case_of_every_seed(
     script_runs,
 ):
-    _, (across, mismatch, _, _), markdown = script_runs
+    _, (across, mismatch, *_), markdown = script_runs
     assert across["code"] == 0, across["stderr"][-2000:]
     [row] = [line for line in markdown.splitlines() if "`trimmed_mean+wm`" in line]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
@@ -174,7 +177,7 @@ def test_across_seeds_reports_each_configurations_worst_case_of_every_seed(
 
 @pytest.mark.xdist_group("benchmark_help")
 def test_robustness_refuses_arrays_for_non_iid_data_naming_the_fix(script_runs):
-    _, (_, _, arrays_non_iid, _), _ = script_runs
+    _, (_, _, arrays_non_iid, *_), _ = script_runs
     assert arrays_non_iid["code"] == 2
     assert (
         "--input arrays feeds every replica from all of x" in (arrays_non_iid["stderr"])
@@ -184,6 +187,14 @@ def test_robustness_refuses_arrays_for_non_iid_data_naming_the_fix(script_runs):
 
 @pytest.mark.xdist_group("benchmark_help")
 def test_robustness_noise_needs_two_runs_to_measure_a_spread(script_runs):
-    _, (_, _, _, one_run), _ = script_runs
+    _, (_, _, _, one_run, _), _ = script_runs
     assert one_run["code"] == 2
     assert "--runs must be at least 2 (got 1)" in one_run["stderr"]
+
+
+@pytest.mark.xdist_group("benchmark_help")
+def test_robustness_noise_names_an_unknown_attack_and_the_choices(script_runs):
+    _, (*_, unknown), _ = script_runs
+    assert unknown["code"] == 2
+    assert "unknown --attacks bogus; choose from sign_flip," in unknown["stderr"]
+    assert "optimal_alie" in unknown["stderr"].split("choose from")[1]
