@@ -36,7 +36,10 @@ pairing with ``mean`` cancels the machine's load drift much better; it leaves
 out only ``fit``'s callback bookkeeping, which is the same for every rule.
 
 Targets (PASS/FAIL): ``median`` and ``trimmed_mean`` <= 1.10x mean;
-``krum`` and ``bulyan`` <= 1.25x mean.
+``krum`` and ``bulyan`` <= 1.25x mean; worker momentum's own cost, for every
+``rule+wm`` run beside its ``rule`` (``mean+wm`` beside ``mean``,
+``median+wm`` beside ``median``, ...): <= 1.05x that rule, paired by round
+as above.
 
 How to run
 ----------
@@ -92,8 +95,10 @@ TARGETS = {
     "trimmed_mean": 1.10,
     "krum": 1.25,
     "bulyan": 1.25,
-    "mean+wm": 1.05,  # worker momentum's own cost
 }
+# Worker momentum's cost on a rule: rule+wm against the same rule, for every
+# rule run both ways.
+WORKER_MOMENTUM_TARGET = 1.05
 
 
 def rule_names(text: str) -> list[str]:
@@ -382,6 +387,27 @@ def target_checks(cases: list[Case]) -> list[str]:
         lines.append(
             f"{verdict} {rule} (f={row['f']}): {ratio:.2f}x mean's in-loop step "
             f"time (target <= {limit:.2f}x)"
+        )
+    return lines + worker_momentum_checks(cases)
+
+
+def worker_momentum_checks(cases: list[Case]) -> list[str]:
+    """For every `rule+wm...` run beside its `rule`: the median over rounds
+    of (rule+wm / rule), worker momentum's own cost on that rule."""
+    by_rule = {c.rule: c for c in cases if c.ok}
+    lines = []
+    for name, case in by_rule.items():
+        base, _, _ = name.rpartition("+wm")
+        if not base or "+wm" in base or base not in by_rule:
+            continue
+        ratios = paired_ratios(case, by_rule[base])
+        if not ratios:
+            continue
+        ratio = statistics.median(ratios)
+        verdict = "PASS" if ratio <= WORKER_MOMENTUM_TARGET else "FAIL"
+        lines.append(
+            f"{verdict} worker momentum on {base}: {name} {ratio:.2f}x {base}'s "
+            f"in-loop step time (target <= {WORKER_MOMENTUM_TARGET:.2f}x)"
         )
     return lines
 
