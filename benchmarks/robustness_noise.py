@@ -46,7 +46,7 @@ import sys
 
 import numpy as np
 import robustness
-from harness import attack_costs, chance_gap
+from harness import attack_costs, chance_gap, name_list
 
 # Training seeds are offset from the split's, so that no run repeats a run of
 # the table (whose training seed is its --seed).
@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--attacks",
-        default="",
+        type=name_list(list(robustness.ATTACKS), "attacks"),
+        default=[],
         help="comma-separated attacks (robustness.py's names) each configuration "
         "is also trained under, --runs times each (default: none)",
     )
@@ -87,13 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--runs must be at least 2 (got {args.runs})")
     if args.columns < 1:
         parser.error(f"--columns must be at least 1 (got {args.columns})")
-    args.attacks = [a for a in args.attacks.split(",") if a and a != "none"]
-    unknown = [a for a in args.attacks if a not in robustness.ATTACKS]
-    if unknown:
-        parser.error(
-            f"unknown --attacks {', '.join(unknown)}; choose from "
-            f"{', '.join(a for a in robustness.ATTACKS if a != 'none')}"
-        )
+    args.attacks = [a for a in args.attacks if a != "none"]
     return args
 
 
@@ -120,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             robustness.train_one(run, data, eval_model, table_args)
             if run.status != "ok":
                 print(f"{config} x {attack}: {run.reason}", file=sys.stderr)
+                _write_json(args, accuracies, attacked)  # what ran, for a re-run
                 return 1
             if attack == "none":
                 accuracies.setdefault(config, []).append(run.accuracy)
@@ -154,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
             "runs' mean minus the attacked runs' (points, +- standard error)"
         )
         print(attack_costs(accuracies, attacked, labels))
+    _write_json(args, accuracies, attacked)
+    return 0
+
+
+def _write_json(args, accuracies, attacked) -> None:
+    """The raw accuracies to `--json`, if given: clean runs by configuration,
+    attacked runs by `"configuration x attack"`."""
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -165,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
                 f,
                 indent=1,
             )
-    return 0
 
 
 if __name__ == "__main__":

@@ -392,16 +392,28 @@ def target_checks(cases: list[Case]) -> list[str]:
 
 
 def worker_momentum_checks(cases: list[Case]) -> list[str]:
-    """For every `rule+wm...` run beside its `rule`: the median over rounds
-    of (rule+wm / rule), worker momentum's own cost on that rule."""
-    by_rule = {c.rule: c for c in cases if c.ok}
+    """For every `rule+wm...` run: the median over rounds of (rule+wm / rule),
+    worker momentum's own cost on that rule, measured against the rule itself
+    (so the rule's own cost over the mean is left out); `n/a` when the rule
+    was not run beside it or either failed."""
+    by_rule = {c.rule: c for c in cases}
     lines = []
     for name, case in by_rule.items():
-        base, _, _ = name.rpartition("+wm")
-        if not base or "+wm" in base or base not in by_rule:
+        base, plus, _ = name.partition("+")  # as `harness.parse_config`
+        if not plus:
             continue
-        ratios = paired_ratios(case, by_rule[base])
+        target = f"worker momentum on {base} <= {WORKER_MOMENTUM_TARGET:.2f}x"
+        other = by_rule.get(base)
+        if other is None:
+            lines.append(f"n/a  {target}: run {base} beside {name} to measure it")
+            continue
+        failed = next((c for c in (case, other) if not c.ok), None)
+        if failed is not None:
+            lines.append(f"n/a  {target}: {failed.rule} {failed.error or 'no runs'}")
+            continue
+        ratios = paired_ratios(case, other)
         if not ratios:
+            lines.append(f"n/a  {target}: no round ran both")
             continue
         ratio = statistics.median(ratios)
         verdict = "PASS" if ratio <= WORKER_MOMENTUM_TARGET else "FAIL"
@@ -503,8 +515,9 @@ def parse_args(argv: list[str] | None = None):
         type=rule_names,
         help=f"comma-separated rules (default: those of {','.join(DEFAULT_RULES)} "
         "that are registered), each optionally behind pre-aggregations "
-        "(arc>geometric_median) and with +wm (worker momentum 0.9, e.g. "
-        "mean+wm: its cost); mean is always included",
+        "(arc>geometric_median) and with +wm (worker momentum 0.9; its own "
+        "cost is checked against the rule without it when both run, e.g. "
+        "median,median+wm); mean is always included",
     )
     parser.add_argument("--replicas", type=int, default=8, help="default 8")
     parser.add_argument(

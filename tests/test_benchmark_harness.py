@@ -89,6 +89,28 @@ _SEED_1 = {
 }
 
 
+# step_time_rules.worker_momentum_checks on made-up rounds: median+wm is 1.2x
+# median in every round, arc>geometric_median+wm0.95 1.04x its rule, trimmed
+# mean+wm runs without its rule, and krum failed.
+_WORKER_MOMENTUM_PROBE = """
+import step_time_rules as s
+def case(rule, times, error=None):
+    runs = [{"round": r, "loop_ms": t} for r, t in enumerate(times)]
+    return s.Case(rule, runs=[] if error else runs, error=error)
+cases = [
+    case("mean", [10, 10, 10]),
+    case("median", [10, 11, 12]),
+    case("median+wm", [12, 13.2, 14.4]),
+    case("arc>geometric_median", [20, 20, 20]),
+    case("arc>geometric_median+wm0.95", [20.8, 20.8, 20.8]),
+    case("trimmed_mean+wm", [12, 12, 12]),
+    case("krum", [], error="ValueError: boom"),
+    case("krum+wm", [12, 12, 12]),
+]
+print("\\n".join(s.worker_momentum_checks(cases)))
+"""
+
+
 @pytest.fixture(scope="module")
 def script_runs(tmp_path_factory):
     """`SCRIPT --help` for every script, then `robustness.py --across-seeds`
@@ -124,6 +146,9 @@ def script_runs(tmp_path_factory):
     calls.append(
         [str(BENCHMARKS / "robustness_noise.py"), "--attacks", "optimal_alie,bogus"]
     )
+    probe = tmp / "worker_momentum_checks.py"
+    probe.write_text(_WORKER_MOMENTUM_PROBE)
+    calls.append([str(probe)])
     env = {
         **os.environ,
         "TF_CPP_MIN_LOG_LEVEL": "3",
@@ -187,14 +212,31 @@ def test_robustness_refuses_arrays_for_non_iid_data_naming_the_fix(script_runs):
 
 @pytest.mark.xdist_group("benchmark_help")
 def test_robustness_noise_needs_two_runs_to_measure_a_spread(script_runs):
-    _, (_, _, _, one_run, _), _ = script_runs
+    _, (_, _, _, one_run, *_), _ = script_runs
     assert one_run["code"] == 2
     assert "--runs must be at least 2 (got 1)" in one_run["stderr"]
 
 
 @pytest.mark.xdist_group("benchmark_help")
+def test_worker_momentum_is_checked_against_its_own_rule(script_runs):
+    _, (*_, probe), _ = script_runs
+    assert probe["code"] == 0, probe["stderr"][-2000:]
+    assert probe["stdout"].splitlines() == [
+        "FAIL worker momentum on median: median+wm 1.20x median's in-loop step "
+        "time (target <= 1.05x)",
+        "PASS worker momentum on arc>geometric_median: arc>geometric_median+wm0.95 "
+        "1.04x arc>geometric_median's in-loop step time (target <= 1.05x)",
+        "n/a  worker momentum on trimmed_mean <= 1.05x: run trimmed_mean beside "
+        "trimmed_mean+wm to measure it",
+        "n/a  worker momentum on krum <= 1.05x: krum ValueError: boom",
+    ]
+
+
+@pytest.mark.xdist_group("benchmark_help")
 def test_robustness_noise_names_an_unknown_attack_and_the_choices(script_runs):
-    _, (*_, unknown), _ = script_runs
+    _, (*_, unknown, _), _ = script_runs
     assert unknown["code"] == 2
-    assert "unknown --attacks bogus; choose from sign_flip," in unknown["stderr"]
+    assert (
+        "unknown attacks ['bogus']; choose from none,sign_flip," in (unknown["stderr"])
+    )
     assert "optimal_alie" in unknown["stderr"].split("choose from")[1]
