@@ -383,12 +383,17 @@ def target_checks(cases: list[Case]) -> list[str]:
                 f"n/a  {rule} <= {limit:.2f}x mean: {row['error'] or 'no mean'}"
             )
             continue
-        verdict = "PASS" if ratio <= limit else "FAIL"
-        lines.append(
-            f"{verdict} {rule} (f={row['f']}): {ratio:.2f}x mean's in-loop step "
-            f"time (target <= {limit:.2f}x)"
-        )
+        lines.append(_verdict(f"{rule} (f={row['f']}):", ratio, "mean", limit))
     return lines + worker_momentum_checks(cases)
+
+
+def _verdict(subject: str, ratio: float, base: str, limit: float) -> str:
+    """One PASS/FAIL line: `subject`'s in-loop step time as a ratio to `base`'s."""
+    verdict = "PASS" if ratio <= limit else "FAIL"
+    return (
+        f"{verdict} {subject} {ratio:.2f}x {base}'s in-loop step time "
+        f"(target <= {limit:.2f}x)"
+    )
 
 
 def worker_momentum_checks(cases: list[Case]) -> list[str]:
@@ -415,12 +420,9 @@ def worker_momentum_checks(cases: list[Case]) -> list[str]:
         if not ratios:
             lines.append(f"n/a  {target}: no round ran both")
             continue
+        subject = f"worker momentum on {base}: {name}"
         ratio = statistics.median(ratios)
-        verdict = "PASS" if ratio <= WORKER_MOMENTUM_TARGET else "FAIL"
-        lines.append(
-            f"{verdict} worker momentum on {base}: {name} {ratio:.2f}x {base}'s "
-            f"in-loop step time (target <= {WORKER_MOMENTUM_TARGET:.2f}x)"
-        )
+        lines.append(_verdict(subject, ratio, base, WORKER_MOMENTUM_TARGET))
     return lines
 
 
