@@ -17,6 +17,7 @@ import launching  # tests/cluster_jobs, see conftest.py
 import layer_zoo
 import numpy as np
 import pytest
+import tutorial_patterns
 
 import keras_psdist as kpd
 from keras_psdist import cluster
@@ -141,6 +142,22 @@ def test_in_graph_partial_batches_equal_the_one_process_run(in_graph_run, cpu_de
 
 
 @pytest.mark.xdist_group("in_graph_cluster")
+@pytest.mark.xdist_group("in_graph_cluster")
+@pytest.mark.parametrize("pattern", sorted(tutorial_patterns.PATTERNS))
+def test_in_graph_runs_every_tutorial_pattern(in_graph_run, pattern):
+    """`tests/cluster_jobs/tutorial_patterns.py` on the in-graph cluster
+    (ps and worker tasks on loopback), in the same launch."""
+    if pattern in tutorial_patterns.IN_GRAPH_CRASHES:
+        pytest.skip(
+            "TensorFlow 2.21 crashes (SIGSEGV) returning an iterator made "
+            "inside a tf.function on a remote task; see tutorial_patterns"
+        )
+    report, _, _ = in_graph_run
+    assert report["tutorial_patterns"][pattern] == "ok", report["tutorial_patterns"][
+        pattern
+    ]
+
+
 def test_in_graph_streams_every_task_output(in_graph_run):
     _, _, log = in_graph_run
     for prefix in ("[chief:0]", "[ps:0]", "[ps:1]", "[worker:0]", "[worker:1]"):

@@ -20,6 +20,7 @@ replica and each updates its own copy.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -262,6 +263,7 @@ class PSExtended(
     # ------------------------------------------------------------ variables
 
     def _create_variable(self, next_creator, **kwargs):
+        _check_not_made_in_a_traced_step(kwargs)
         config = self._topology.config
         if config is None:
             return self._creator.create(next_creator, **kwargs)
@@ -313,7 +315,9 @@ class PSExtended(
             )
         finally:
             self._batches = previous
-        return batches.trim_outputs(self._one_value_per_replica(outputs))
+        return batches.trim_outputs(
+            self._one_value_per_replica(outputs), zero_the_rest=not _is_keras_step(fn)
+        )
 
     def _one_value_per_replica(self, outputs):
         """TF's regroup keeps an output every replica returned as the same
@@ -501,6 +505,41 @@ class PSExtended(
         return replica_id
 
 
+def _check_not_made_in_a_traced_step(kwargs) -> None:
+    """Raises `ValueError` for a trained variable first made inside a traced
+    replica step: TensorFlow cannot lift it out of the step's graph (it fails
+    with "... is out of scope and cannot be used here"), under
+    `MirroredStrategy` too. The usual cause is an optimizer Keras does not
+    know about (a second one, as a GAN's) left to build itself in the step."""
+    if tf.executing_eagerly() or tf.distribute.in_cross_replica_context():
+        return
+    if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
+        return  # a metric's: one per replica, made in the replica
+    name = kwargs.get("name") or "Variable"
+    raise ValueError(
+        f"Variable {name!r} is first created inside `strategy.run` of a traced "
+        "step, where a PSStrategy cannot place it (each variable exists once, on "
+        "a parameter device, made before the step). Create it before the first "
+        "step, under `strategy.scope()`: for an optimizer the model's `compile` "
+        "does not build (e.g. a GAN's second optimizer), call "
+        "`optimizer.build(model.trainable_variables)` there."
+    )
+
+
+_KERAS_STEPS = frozenset({"train_step", "test_step", "predict_step"})
+
+
+def _is_keras_step(fn) -> bool:
+    """Whether `fn` is a Keras model's `train_step`, `test_step` or
+    `predict_step` (what `fit`, `evaluate` and `predict` hand to
+    `strategy.run`), seen through TensorFlow's autograph wrapper."""
+    fn = inspect.unwrap(fn)
+    owner = getattr(fn, "__self__", None)
+    return getattr(fn, "__name__", None) in _KERAS_STEPS and hasattr(
+        owner, "make_train_function"
+    )
+
+
 def _grouped(result, group):
     """What `update` returns: one op when grouped (graph), else the results."""
     if not group or tf.executing_eagerly():
@@ -510,6 +549,13 @@ def _grouped(result, group):
 
 
 def _unwrap(var):
+    if isinstance(var, values.Mirrored) and all(
+        v is var._primary  # noqa: SLF001
+        for v in var.values
+    ):
+        # A variable every replica returned (`_one_value_per_replica`), e.g.
+        # the `(gradient, variable)` pairs of `call_for_each_replica`.
+        var = var._primary  # noqa: SLF001
     if isinstance(var, ps_values.AggregatingVariable):
         return var.get()
     if isinstance(var, (PartitionedVariable, ReplicatedVariable)):

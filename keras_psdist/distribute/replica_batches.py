@@ -12,7 +12,13 @@ weighs 0:
   weighted mean (`PSExtended._combine_list`, `aggregators.base.weighted_sum`),
 - its metric updates (`SUM` writes: totals and counts) are left out,
 - outputs with a leading dimension of 1 (the stand-in's row) are cut to 0
-  rows, so `predict` returns exactly one row per example.
+  rows, so `predict` returns exactly one row per example,
+- in a function of the user's own (a custom loop's `strategy.run`, not
+  Keras's `train_step`, `test_step` or `predict_step`), its other outputs
+  are zeros: what a sum, a count or `tf.nn.compute_average_loss` gives on
+  an empty batch, so a loop that adds up the replicas' losses or counts
+  gets the numbers of the examples there are. (Keras's steps return their
+  metrics' results, which every replica reads alike, and stay as they are.)
 
 The shares are read from the batches as they arrive, before any stand-in: each
 replica's fraction of the global batch.
@@ -61,8 +67,10 @@ class ReplicaBatches:
 
         return tf.nest.map_structure(fill, (args, kwargs))
 
-    def trim_outputs(self, outputs: Any) -> Any:
-        """Cuts stand-in rows out of the replicas' outputs."""
+    def trim_outputs(self, outputs: Any, zero_the_rest: bool = False) -> Any:
+        """Cuts stand-in rows out of the replicas' outputs; with
+        `zero_the_rest`, a replica without data gives zeros for its other
+        outputs (see the module docstring)."""
         if self.shares is None:
             return outputs
 
@@ -70,7 +78,7 @@ class ReplicaBatches:
             if not isinstance(value, values.PerReplica):
                 return value
             trimmed = [
-                _drop_stand_in_row(v, e)
+                _without_stand_in(v, e, zero_the_rest)
                 for v, e in zip(value.values, self.without_data, strict=True)
             ]
             return values.PerReplica(trimmed)
@@ -122,6 +130,19 @@ def _fill_empty(value, without_data, any_empty):
         for p, empty in zip(pieces, without_data, strict=True)
     ]
     return values.PerReplica(filled)
+
+
+def _without_stand_in(value, replica_was_empty, zero_the_rest: bool):
+    """An output of a replica's function, without the stand-in's part."""
+    if zero_the_rest and isinstance(value, tf.Tensor):
+        if _is_batched(value):
+            return tf.cond(
+                tf.logical_and(replica_was_empty, tf.not_equal(_rows(value), 1)),
+                lambda: tf.zeros_like(value),
+                lambda: _drop_stand_in_row(value, replica_was_empty),
+            )
+        return tf.where(replica_was_empty, tf.zeros_like(value), value)
+    return _drop_stand_in_row(value, replica_was_empty)
 
 
 def _drop_stand_in_row(value, replica_was_empty):

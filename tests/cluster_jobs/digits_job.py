@@ -11,7 +11,9 @@ writes `OUT_DIR/<task>.json` (what the test checks) and, in-graph,
 embedding table large enough for the strategy's partitioner to split it
 over the ps tasks (`EMBEDDING_PARTITIONER`), and writes
 `OUT_DIR/embedding_weights.npz`; and a third, `layer_zoo`'s layer types on
-global batches smaller than the replica count (`OUT_DIR/zoo_weights.npz`).
+global batches smaller than the replica count (`OUT_DIR/zoo_weights.npz`),
+and runs every pattern of `tutorial_patterns` (the report's
+`tutorial_patterns`).
 With `then_partial_batches` the script then runs `partial_batches_job`'s
 async and sync runs, writing into `OUT_DIR/partial_batches`.
 """
@@ -182,6 +184,12 @@ def main(out_dir, mode, seed=0):
         zoo.fit(layer_zoo.partial_batches(2), epochs=2, verbose=0)
         np.savez(
             os.path.join(out_dir, "zoo_weights.npz"), *[w.numpy() for w in zoo.weights]
+        )
+        # Every pattern of the distribute tutorials, on the cluster.
+        import tutorial_patterns
+
+        report["tutorial_patterns"] = tutorial_patterns.run_all(
+            lambda: strategy, skip=tutorial_patterns.IN_GRAPH_CRASHES
         )
         report["shards"] = [
             [p.name, p.device, list(p.shape)]

@@ -16,8 +16,14 @@ destroys at every epoch: on 4 logical CPU replicas about 100 ms to create and
 pieces are copied to their replicas' devices by the step that reads them (on
 a GPU, at the start of the step rather than prefetched).
 
-The iterator is a `CompositeTensor`, so Keras's train function takes it as an
-argument without retracing at each epoch.
+The dataset and its iterator are `CompositeTensor`s (their components are
+the pipelines' datasets and iterators), so both can be passed into and
+returned from a `tf.function` as TensorFlow's own can, and Keras's train
+function takes the iterator as an argument without retracing at each epoch.
+
+A pipeline's elements are global batches cut into pieces
+(`experimental_distribute_dataset`) or one replica's batch each
+(`distribute_datasets_from_function`); `pieces.py` has both readers.
 """
 
 from __future__ import annotations
@@ -34,34 +40,43 @@ from keras_psdist._tf import (
     input_lib,
     values,
 )
-from keras_psdist.distribute.input.pieces import Pieces
+from keras_psdist.distribute.input.pieces import (
+    Reader,
+    reader_from_tuple,
+    reader_to_tuple,
+)
 
-Pipeline = tuple[str, tf.data.Dataset, Pieces]
+Pipeline = tuple[str, tf.data.Dataset, Reader]
 
 
 class SplitDataset(input_lib.DistributedDataset):
-    """`strategy.experimental_distribute_dataset(...)` of a PSStrategy.
+    """The distributed dataset of a PSStrategy (both
+    `experimental_distribute_dataset` and `distribute_datasets_from_function`).
 
     A `tf.distribute.DistributedDataset`: iterate it in Python or inside a
-    `tf.function`, pass it to `model.fit`, or take `iter()` of it and call
-    `get_next()` / `get_next_as_optional()`; each element is a structure of
-    `PerReplica` values, one batch per replica.
+    `tf.function` (also one it is passed to as an argument), pass it to
+    `model.fit`, or take `iter()` of it and call `get_next()` /
+    `get_next_as_optional()`; each element is a structure of `PerReplica`
+    values, one batch per replica.
 
     Args:
-        pipelines: `(host device, dataset of global batches, the pieces it
-            keeps)` per input pipeline, in replica order.
-        strategy: The strategy the dataset belongs to.
+        pipelines: `(host device, dataset, the reader that turns its
+            elements into replicas' batches)` per input pipeline, in replica
+            order.
+        element_spec: The element's spec, if known (else traced).
     """
 
-    # TensorFlow's class is subclassed only so that Keras recognises the
-    # result as a distributed dataset (it checks the class name); none of its
-    # state or methods is used.
-    def __init__(self, pipelines: Sequence[Pipeline], strategy):
+    # TensorFlow's class is subclassed only so that Keras and autograph
+    # recognise the result as a distributed dataset (Keras checks the class);
+    # none of its state or methods is used but `reduce`, which autograph's
+    # `for x in dataset` inside a `tf.function` calls.
+    def __init__(self, pipelines: Sequence[Pipeline], element_spec=None):
         self._pipelines = tuple(pipelines)
-        self._strategy = strategy
-        self._element_spec = regroup_specs(
-            [spec for _, d, cut in self._pipelines for spec in piece_specs(d, cut)]
-        )
+        if element_spec is None:
+            element_spec = regroup_specs(
+                [spec for _, d, reader in self._pipelines for spec in reader.specs(d)]
+            )
+        self._element_spec = element_spec
 
     def __iter__(self) -> SplitIterator:
         iterators = []
@@ -76,7 +91,7 @@ class SplitDataset(input_lib.DistributedDataset):
         return SplitIterator(
             iterators,
             tuple(host for host, _, _ in self._pipelines),
-            tuple(cut for _, _, cut in self._pipelines),
+            tuple(reader for _, _, reader in self._pipelines),
             self._element_spec,
         )
 
@@ -91,11 +106,12 @@ class SplitDataset(input_lib.DistributedDataset):
         return np.int64(self._pipelines[0][1].cardinality().numpy())
 
     @property
-    def _type_spec(self):
-        raise TypeError(
-            "A PSStrategy distributed dataset cannot be passed into a "
-            "`tf.function` as an argument. Pass `iter(dataset)` instead, or "
-            "iterate over the dataset inside the function from a closure."
+    def _type_spec(self) -> SplitDatasetSpec:
+        return SplitDatasetSpec(
+            tuple(dataset._type_spec for _, dataset, _ in self._pipelines),  # noqa: SLF001
+            tuple(host for host, _, _ in self._pipelines),
+            tuple(reader for _, _, reader in self._pipelines),
+            self._element_spec,
         )
 
     def build(self, dataset_to_replace=None):
@@ -122,12 +138,12 @@ class SplitIterator(
         self,
         iterators: Sequence[tf.data.Iterator],
         hosts: tuple[str, ...],
-        pieces: tuple[Pieces, ...],
+        readers: tuple[Reader, ...],
         element_spec,
     ):
         self._iterators = tuple(iterators)
         self._hosts = hosts
-        self._pieces = pieces
+        self._readers = readers
         self._element_spec = element_spec
 
     def __iter__(self) -> SplitIterator:
@@ -140,43 +156,42 @@ class SplitIterator(
             raise StopIteration from None
 
     def get_next(self, name: str | None = None):
-        """The next global batch as `PerReplica` values; raises
+        """The next step's batches as `PerReplica` values; raises
         `tf.errors.OutOfRangeError` at the end of the data."""
         del name
         batches = []
-        for iterator, host in zip(self._iterators, self._hosts, strict=True):
+        for iterator, host, reader in self._parts():
             with tf.device(host):
-                batches.append(iterator.get_next())
-        return self._replica_pieces(batches)
+                batches.extend(reader.take(iterator))
+        return regroup(batches)
 
     def get_next_as_optional(self) -> tf.experimental.Optional:
-        """The next global batch as an `Optional`, empty at the end of the data."""
-        optionals = []
-        for iterator, host in zip(self._iterators, self._hosts, strict=True):
+        """The next step's batches as an `Optional`, empty at the end of the
+        data."""
+        taken = []
+        for iterator, host, reader in self._parts():
             with tf.device(host):
-                optionals.append(iterator.get_next_as_optional())
-        # The pipelines read the same global batches, so they end together.
-        has_value = optionals[0].has_value()
-        for optional in optionals[1:]:
-            has_value = tf.logical_and(has_value, optional.has_value())
+                taken.append((host, *reader.take_optional(iterator)))
+        # The pipelines read the same global batches (or, from a function,
+        # as many steps each), so they end together.
+        has_value = taken[0][1]
+        for _, other, _ in taken[1:]:
+            has_value = tf.logical_and(has_value, other)
 
         def value():
-            batches = [optional.get_value() for optional in optionals]
-            return tf.experimental.Optional.from_value(self._replica_pieces(batches))
+            batches = []
+            for host, _, batches_of in taken:
+                with tf.device(host):
+                    batches.extend(batches_of())
+            return tf.experimental.Optional.from_value(regroup(batches))
 
         def empty():
             return tf.experimental.Optional.empty(self._element_spec)
 
         return tf.cond(has_value, value, empty)
 
-    def _replica_pieces(self, batches):
-        """Each pipeline's global batch, cut into its replicas' pieces, as one
-        structure of `PerReplica` values."""
-        pieces = []
-        for batch, host, cut in zip(batches, self._hosts, self._pieces, strict=True):
-            with tf.device(host):
-                pieces.extend(cut.cut(batch))
-        return regroup(pieces)
+    def _parts(self):
+        return zip(self._iterators, self._hosts, self._readers, strict=True)
 
     @property
     def element_spec(self):
@@ -188,67 +203,66 @@ class SplitIterator(
         return SplitIteratorSpec(
             tuple(it._type_spec for it in self._iterators),  # noqa: SLF001
             self._hosts,
-            self._pieces,
+            self._readers,
             self._element_spec,
         )
 
 
-class SplitIteratorSpec(tf.TypeSpec):
-    """The `TypeSpec` of a `SplitIterator`: its pipelines' iterator specs,
-    hosts and pieces."""
+class _PipelinesSpec(tf.TypeSpec):
+    """What the specs of `SplitDataset` and `SplitIterator` share: their
+    components' specs (one per pipeline), hosts, readers and element spec."""
 
-    __slots__ = ["_iterator_specs", "_hosts", "_pieces", "_element_spec"]
+    __slots__ = ["_component_specs_", "_hosts", "_readers", "_element_spec"]
 
-    def __init__(self, iterator_specs, hosts, pieces, element_spec):
-        self._iterator_specs = tuple(iterator_specs)
+    def __init__(self, component_specs, hosts, readers, element_spec):
+        self._component_specs_ = tuple(component_specs)
         self._hosts = tuple(hosts)
-        # `Pieces`, or the plain tuples `_serialize` gives them as.
-        self._pieces = tuple(p if isinstance(p, Pieces) else Pieces(*p) for p in pieces)
+        # Readers, or the plain tuples `_serialize` gives them as.
+        self._readers = tuple(
+            reader_from_tuple(r) if isinstance(r, tuple) else r for r in readers
+        )
         self._element_spec = element_spec
+
+    def _serialize(self):
+        readers = tuple(reader_to_tuple(r) for r in self._readers)
+        return (self._component_specs_, self._hosts, readers, self._element_spec)
+
+    @property
+    def _component_specs(self):
+        return self._component_specs_
+
+
+class SplitDatasetSpec(_PipelinesSpec):
+    """The `TypeSpec` of a `SplitDataset`."""
+
+    __slots__ = []
+
+    @property
+    def value_type(self):
+        return SplitDataset
+
+    def _to_components(self, value):
+        return tuple(dataset for _, dataset, _ in value._pipelines)  # noqa: SLF001
+
+    def _from_components(self, components):
+        pipelines = zip(self._hosts, components, self._readers, strict=True)
+        return SplitDataset(tuple(pipelines), self._element_spec)
+
+
+class SplitIteratorSpec(_PipelinesSpec):
+    """The `TypeSpec` of a `SplitIterator`."""
+
+    __slots__ = []
 
     @property
     def value_type(self):
         return SplitIterator
 
-    def _serialize(self):
-        cuts = tuple((p.num_pieces, p.low, p.high) for p in self._pieces)
-        return (self._iterator_specs, self._hosts, cuts, self._element_spec)
-
-    @property
-    def _component_specs(self):
-        return self._iterator_specs
-
     def _to_components(self, value):
         return value._iterators  # noqa: SLF001
 
     def _from_components(self, components):
-        return SplitIterator(components, self._hosts, self._pieces, self._element_spec)
-
-
-def piece_specs(dataset: tf.data.Dataset, pieces: Pieces) -> tuple:
-    """The specs of the pieces `pieces.cut` makes of `dataset`'s elements
-    (traced once per element spec and cut, in a graph that never runs: each
-    `fit`, `evaluate` and `predict` distributes its data again)."""
-    spec = dataset.element_spec
-    try:
-        key = (spec, pieces)
-        hash(key)
-    except TypeError:  # a dict of inputs: traced each time
-        return _traced_piece_specs(spec, pieces)
-    if key not in _PIECE_SPECS:
-        _PIECE_SPECS[key] = _traced_piece_specs(spec, pieces)
-    return _PIECE_SPECS[key]
-
-
-# Type specs are immutable values, so the cached ones are shared safely.
-_PIECE_SPECS: dict = {}
-
-
-def _traced_piece_specs(spec, pieces: Pieces) -> tuple:
-    graph = tf.function(pieces.cut, autograph=False).get_concrete_function(spec)
-    return tf.nest.map_structure(
-        tf.type_spec_from_value, graph.structured_outputs, expand_composites=False
-    )
+        return SplitIterator(components, self._hosts, self._readers, self._element_spec)
 
 
 def regroup(per_replica: list):

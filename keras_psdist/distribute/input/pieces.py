@@ -1,4 +1,11 @@
-"""Cutting a global batch into the replicas' pieces.
+"""How an input pipeline's elements become its replicas' batches.
+
+Two readers, one per way a user hands over data:
+
+- `Pieces` (`experimental_distribute_dataset`): each element is a global
+  batch, cut into the replicas' pieces.
+- `ReplicaElements` (`distribute_datasets_from_function`): each element is
+  already one replica's batch; a step reads one per replica of the pipeline.
 
 Piece `k` of a batch of `B` examples cut into `n` pieces is rows
 `piece_bounds(B, n, k)`: consecutive, in replica order, of sizes that differ by
@@ -31,6 +38,21 @@ class Pieces:
     low: int
     high: int
 
+    def take(self, iterator) -> tuple:
+        """The kept pieces of the next global batch; raises
+        `tf.errors.OutOfRangeError` at the end of the data."""
+        return self.cut(iterator.get_next())
+
+    def take_optional(self, iterator):
+        """`(has_value, pieces)`: whether a global batch was left, and a
+        function that returns its kept pieces (called only if it was)."""
+        optional = iterator.get_next_as_optional()
+        return optional.has_value(), lambda: self.cut(optional.get_value())
+
+    def specs(self, dataset: tf.data.Dataset) -> tuple:
+        """The specs of the kept pieces of `dataset`'s elements."""
+        return piece_specs(dataset, self)
+
     def cut(self, element):
         """The kept pieces of one global batch, as a tuple of structures like
         `element`."""
@@ -48,6 +70,104 @@ class Pieces:
     def reaches(self, element) -> tf.Tensor:
         """Whether a global batch is large enough to give piece `low` a row."""
         return _global_batch_size(element) > self.low
+
+
+@dataclass(frozen=True)
+class ReplicaElements:
+    """A pipeline whose every element is one replica's batch: a step reads
+    `count` consecutive elements, one per replica of the pipeline, in replica
+    order (as TensorFlow's distributed iterator does).
+
+    At the end of the data a step may find fewer elements than replicas: the
+    replicas left over get a batch of zero rows (which
+    `keras_psdist.distribute.replica_batches` gives a stand-in weighing 0).
+
+    Attributes:
+        count: The pipeline's replicas.
+    """
+
+    count: int
+
+    def take(self, iterator) -> tuple:
+        """One element per replica; raises `tf.errors.OutOfRangeError` when
+        not even the first replica gets one."""
+        first = iterator.get_next()
+        rest = [iterator.get_next_as_optional() for _ in range(self.count - 1)]
+        return (first, *(_or_no_rows(optional, first) for optional in rest))
+
+    def take_optional(self, iterator):
+        """`(has_value, elements)`, as `Pieces.take_optional`."""
+        optionals = [iterator.get_next_as_optional() for _ in range(self.count)]
+
+        def elements():
+            first = optionals[0].get_value()
+            return (first, *(_or_no_rows(o, first) for o in optionals[1:]))
+
+        return optionals[0].has_value(), elements
+
+    def specs(self, dataset: tf.data.Dataset) -> tuple:
+        """Each replica's spec: the element's, any batch size (a replica
+        left without data at the end gets zero rows)."""
+        spec = tf.nest.map_structure(_any_batch_size, dataset.element_spec)
+        return (spec,) * self.count
+
+
+def _or_no_rows(optional, like):
+    """The optional's value, else `like` with zero rows."""
+    return tf.cond(
+        optional.has_value(),
+        optional.get_value,
+        lambda: tf.nest.map_structure(lambda x: rows(x, 0, 0), like),
+    )
+
+
+def _any_batch_size(spec):
+    shape = getattr(spec, "shape", None)
+    if shape is None or shape.rank == 0:
+        return spec
+    return spec._unbatch()._batch(None)  # noqa: SLF001
+
+
+def piece_specs(dataset: tf.data.Dataset, pieces: Pieces) -> tuple:
+    """The specs of the pieces `pieces.cut` makes of `dataset`'s elements
+    (traced once per element spec and cut, in a graph that never runs: each
+    `fit`, `evaluate` and `predict` distributes its data again)."""
+    spec = dataset.element_spec
+    try:
+        key = (spec, pieces)
+        hash(key)
+    except TypeError:  # a dict of inputs: traced each time
+        return _traced_piece_specs(spec, pieces)
+    if key not in _PIECE_SPECS:
+        _PIECE_SPECS[key] = _traced_piece_specs(spec, pieces)
+    return _PIECE_SPECS[key]
+
+
+# Type specs are immutable values, so the cached ones are shared safely.
+_PIECE_SPECS: dict = {}
+
+
+def _traced_piece_specs(spec, pieces: Pieces) -> tuple:
+    graph = tf.function(pieces.cut, autograph=False).get_concrete_function(spec)
+    return tf.nest.map_structure(
+        tf.type_spec_from_value, graph.structured_outputs, expand_composites=False
+    )
+
+
+Reader = Pieces | ReplicaElements
+
+
+def reader_to_tuple(reader: Reader) -> tuple:
+    """A reader as plain values (for a `TypeSpec`'s serialization)."""
+    if isinstance(reader, Pieces):
+        return ("pieces", reader.num_pieces, reader.low, reader.high)
+    return ("elements", reader.count)
+
+
+def reader_from_tuple(values: tuple) -> Reader:
+    """The inverse of `reader_to_tuple`."""
+    kind, *fields = values
+    return Pieces(*fields) if kind == "pieces" else ReplicaElements(*fields)
 
 
 def _global_batch_size(element) -> tf.Tensor:

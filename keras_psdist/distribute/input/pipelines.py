@@ -41,12 +41,11 @@ from keras_psdist._tf import (
     data_distribute,
     distribute_lib,
     input_lib,
-    input_util,
     nest,
 )
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.distribute.input.iterators import SplitDataset
-from keras_psdist.distribute.input.pieces import Pieces
+from keras_psdist.distribute.input.pieces import Pieces, ReplicaElements
 
 
 class InputPipelines:
@@ -85,37 +84,52 @@ class InputPipelines:
                     lambda *args: pieces.reaches(_element(dataset, args))
                 )
             host = topology.input_workers[0][0]
-            return SplitDataset([(host, dataset, pieces)], self._strategy)
+            return SplitDataset([(host, dataset, pieces)])
         hosts = [host for host, _ in topology.input_workers]
         clones = self._clone_to_workers(dataset) if len(hosts) > 1 else [dataset]
         pipelines, start = [], 0
         for (host, devices), clone in zip(topology.input_workers, clones, strict=True):
             pipelines.append((host, clone, Pieces(n, start, start + len(devices))))
             start += len(devices)
-        return SplitDataset(pipelines, self._strategy)
+        return SplitDataset(pipelines)
 
-    def distribute_datasets_from_function(self, dataset_fn, options):
+    def distribute_datasets_from_function(self, dataset_fn, options) -> SplitDataset:
         """`strategy.distribute_datasets_from_function`: `dataset_fn` runs once
-        per pipeline, with an `InputContext` naming the pipeline; in async mode
-        a pipeline is a training process."""
+        per pipeline, on its host, with an `InputContext` naming the pipeline
+        (in async mode a pipeline is a training process); each element of
+        its dataset is one replica's batch, and a step reads one per replica
+        of the pipeline, through the same plain iterators as
+        `distribute_dataset`."""
         topology = self._topology
-        workers = self.input_workers(options)
         if topology.between_graph:
             count = topology.num_training_processes
         else:
             count = len(topology.input_workers)
         first = self._first_pipeline_id()
-        contexts = [
-            distribute_lib.InputContext(
+        pipelines = []
+        for i, (host, devices) in enumerate(topology.input_workers):
+            context = distribute_lib.InputContext(
                 num_input_pipelines=count,
                 input_pipeline_id=first + i,
                 num_replicas_in_sync=self._num_replicas,
             )
-            for i in range(workers.num_workers)
-        ]
-        return input_util.get_distributed_datasets_from_function(
-            dataset_fn, workers, contexts, self._strategy, options=options
-        )
+            with tf.device(host):
+                dataset = dataset_fn(context)
+            if not isinstance(dataset, tf.data.Dataset):
+                raise TypeError(
+                    "`dataset_fn` passed to `distribute_datasets_from_function` "
+                    "must return a `tf.data.Dataset` of per-replica batches. "
+                    f"Received: {type(dataset).__name__} from input pipeline "
+                    f"{first + i}. Return e.g. "
+                    "`dataset.batch(context.get_per_replica_batch_size(global_batch))`."
+                )
+            check_batched(
+                dataset,
+                "one replica's batch",
+                "dataset.batch(context.get_per_replica_batch_size(global_batch_size))",
+            )
+            pipelines.append((host, dataset, ReplicaElements(len(devices))))
+        return SplitDataset(pipelines)
 
     def _clone_to_workers(self, dataset):
         """The dataset re-created on each worker task."""
@@ -152,19 +166,24 @@ def _element(dataset: tf.data.Dataset, args: tuple):
     return tf.nest.pack_sequence_as(dataset.element_spec, tf.nest.flatten(args))
 
 
-def check_batched(dataset: tf.data.Dataset) -> None:
+def check_batched(
+    dataset: tf.data.Dataset,
+    element: str = "a global batch",
+    fix: str = "dataset.batch(global_batch_size)",
+) -> None:
     """Raises `ValueError` unless every component of an element has a batch
-    dimension (the global batch is cut into the replicas' batches along it)."""
+    dimension (the global batch is cut into the replicas' batches along it;
+    a replica's batch may be cut to zero rows at the end of the data)."""
     spec = dataset.element_spec
     for path, leaf in _paths(spec):
         shape = getattr(leaf, "shape", None)
         if shape is not None and shape.rank == 0:
             raise ValueError(
-                "A distributed dataset's elements must be global batches: every "
-                "component needs a leading batch dimension to be split over the "
-                f"replicas. Received: component {path or '(the element)'} of "
+                f"A distributed dataset's elements must each be {element}: "
+                "every component needs a leading batch dimension. Received: "
+                f"component {path or '(the element)'} of "
                 f"shape () in element_spec={spec}. Batch the dataset first, "
-                "e.g. `dataset.batch(global_batch_size)`."
+                f"e.g. `{fix}`."
             )
 
 

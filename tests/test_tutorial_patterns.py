@@ -1,0 +1,98 @@
+"""The patterns of TensorFlow's and Keras's distribute tutorials
+(`tests/cluster_jobs/tutorial_patterns.py`) on one host.
+
+Each runs on `PSStrategy`, its partitioned variant (every variable split in
+two row shards over two parameter devices) and `PSStrategy(dense="all_reduce")`,
+each with 2 logical CPU replicas; `MirroredStrategy` (marked slow) shows the
+pattern is TensorFlow's own behaviour. The same patterns run on an in-graph
+cluster in `tests/test_cluster_training.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tutorial_patterns  # tests/cluster_jobs, see conftest.py
+
+import keras_psdist as kpd
+
+NUM_REPLICAS = 2
+
+
+@functools.cache
+def _mirrored(devices: tuple[str, ...]) -> tf.distribute.Strategy:
+    # One MirroredStrategy per process (tensorflow/tensorflow#62790).
+    return tf.distribute.MirroredStrategy(devices=list(devices))
+
+
+def make_strategy_factory(kind: str, cpu_devices: list[str]):
+    devices = cpu_devices[:NUM_REPLICAS]
+    if kind == "ps":
+        return lambda: kpd.PSStrategy(devices=devices)
+    if kind == "ps_partitioned":
+        return lambda: kpd.PSStrategy(
+            devices=devices,
+            parameter_devices=cpu_devices[NUM_REPLICAS : NUM_REPLICAS + 2],
+            partitioner=kpd.partitioners.Fixed(2),
+        )
+    if kind == "ps_all_reduce":
+        return lambda: kpd.PSStrategy(devices=devices, dense="all_reduce")
+    return lambda: _mirrored(tuple(devices))
+
+
+@pytest.mark.parametrize("pattern", sorted(tutorial_patterns.PATTERNS))
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "ps",
+        "ps_partitioned",
+        "ps_all_reduce",
+        pytest.param("mirrored", marks=pytest.mark.slow),
+    ],
+)
+def test_tutorial_pattern(pattern, kind, cpu_devices):
+    tutorial_patterns.PATTERNS[pattern](make_strategy_factory(kind, cpu_devices))
+
+
+class LazyGAN(tutorial_patterns.GAN):
+    """The GAN with its optimizers left to build themselves in the step."""
+
+    def compile(self, d_optimizer, g_optimizer):
+        keras.Model.compile(self)
+        self.d_optimizer = d_optimizer
+        self.g_optimizer = g_optimizer
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+
+def test_an_optimizer_built_inside_the_step_is_a_clear_error(cpu_devices):
+    """TensorFlow's own error is "... is out of scope and cannot be used
+    here" (MirroredStrategy fails too); ours names the fix."""
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+    with strategy.scope():
+        gan = LazyGAN()
+        gan.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.01))
+    real = np.zeros((32, 2), np.float32)
+    with pytest.raises(
+        ValueError, match=r"optimizer\.build\(model\.trainable_variables\)"
+    ):
+        gan.fit(real, batch_size=16, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize(
+    "dataset_fn, message",
+    [
+        (lambda context: [1, 2], r"must return a `tf.data.Dataset`.*Received: list"),
+        (
+            lambda context: tf.data.Dataset.range(4),
+            r"one replica's batch.*get_per_replica_batch_size",
+        ),
+    ],
+)
+def test_datasets_from_function_bad_dataset_fn(cpu_devices, dataset_fn, message):
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+    with pytest.raises((TypeError, ValueError), match=message):
+        strategy.distribute_datasets_from_function(dataset_fn)
