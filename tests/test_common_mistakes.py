@@ -86,6 +86,26 @@ def test_models_of_other_strategies_are_left_alone(cpu_devices):
     model.compile(optimizer, "mse", jit_compile=True)
 
 
+def test_placement_of_a_strategy_whose_scope_was_never_entered_says_so(strategy):
+    """Before: an empty table (a header and 0 bytes per device)."""
+    x, y = _data()
+    model = _build()
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    placement = strategy.extended.placement
+    for shown in (str(placement), repr(placement)):
+        assert shown.startswith(
+            "No variable has been created under this strategy's scope"
+        )
+        assert "/device:CPU:0" in shown  # The parameter devices.
+        assert "with strategy.scope():" in shown
+        assert "model.compile(...)" in shown
+    with strategy.scope():
+        _build()
+    assert str(placement).startswith("variable ")
+    assert repr(placement) == str(placement)
+
+
 def test_unbatched_dataset_names_the_fix(strategy):
     x, y = _data()
     with strategy.scope():
