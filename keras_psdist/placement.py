@@ -133,7 +133,9 @@ class PlacedVariable:
 class Placement:
     """The record of where every variable of a strategy was put.
 
-    `strategy.extended.placement` is one of these; `str()` prints a table.
+    `strategy.extended.placement` is one of these; `str()` (and `repr()`)
+    is a table of the variables, or, while none has been placed, says so and
+    how to build the model under the strategy's scope.
     """
 
     def __init__(self, devices: Sequence[str]):
@@ -219,6 +221,8 @@ class Placement:
         return len(self._rows)
 
     def __str__(self) -> str:
+        if not self._rows:
+            return _NOTHING_PLACED.format(devices=", ".join(self._devices))
         rows = [r for r in self._rows if r.slot_of is None]
         slots = len(self._rows) - len(rows)
         width = max([len(r.name) for r in rows] + [8])
@@ -242,6 +246,19 @@ class Placement:
         for device, nbytes in self.bytes_per_device().items():
             lines.append(f"  {device}: {nbytes}")
         return "\n".join(lines)
+
+    __repr__ = __str__  # The table, also where a REPL echoes the object.
+
+
+# Empty is never what the user meant to see: the model went elsewhere.
+_NOTHING_PLACED = """\
+No variable has been created under this strategy's scope, so nothing is placed
+on its parameter devices ({devices}). A model built outside
+`with strategy.scope():` belongs to no strategy: `fit` trains it on one device.
+Build and compile the model inside the scope:
+    with strategy.scope():
+        model = build_model()
+        model.compile(...)"""
 
 
 def _without_output_index(name: str) -> str:

@@ -86,6 +86,105 @@ def test_models_of_other_strategies_are_left_alone(cpu_devices):
     model.compile(optimizer, "mse", jit_compile=True)
 
 
+def test_model_made_outside_and_fit_inside_the_scope_names_the_fix(strategy):
+    """Before: TensorFlow's "Mixing different tf.distribute.Strategy
+    objects", or an error from the first update, after tracing."""
+    x, y = _data()
+    model = _build()
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    with strategy.scope():
+        with pytest.raises(ValueError) as e:
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    message = str(e.value)
+    assert "created and compiled outside `strategy.scope()` of PSStrategy" in message
+    assert "`fit` is called inside it" in message
+    assert "with strategy.scope():\n        model = build_model()" in message
+    assert "model.compile(...)" in message
+    # Evaluating it there is correct (no update): Keras's business.
+    with strategy.scope():
+        inside = model.evaluate(x, y, batch_size=16, verbose=0)
+    assert inside == pytest.approx(model.evaluate(x, y, batch_size=16, verbose=0))
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])
+def test_model_of_one_strategy_run_in_another_ones_scope_names_both(
+    strategy, cpu_devices, method
+):
+    """Before: "Mixing different tf.distribute.Strategy objects: PSStrategy(
+    devices=[...]) is not PSStrategy(devices=[...])", alike to the letter."""
+    x, y = _data()
+    with strategy.scope():
+        model = _build()
+        model.compile("sgd", "sparse_categorical_crossentropy")
+    other = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+    call = getattr(model, method)
+    args = (x,) if method == "predict" else (x, y)
+    with other.scope():
+        with pytest.raises(ValueError) as e:
+            call(*args, batch_size=16, verbose=0)
+    message = str(e.value)
+    assert (
+        f"created under the scope of one PSStrategy, and `{method}` is called "
+        "inside the scope of another PSStrategy (a different object)"
+    ) in message
+    assert f"Call {method} outside the `with strategy.scope():` block" in message
+    assert "create and compile the model inside that scope" in message
+    # Outside any scope it runs under its own strategy.
+    call(*args, batch_size=16, verbose=0)
+
+
+def test_mirrored_strategy_models_are_left_alone_and_not_mixed_in(
+    strategy, cpu_devices
+):
+    x, y = _data()
+    mirrored = tf.distribute.MirroredStrategy(devices=cpu_devices[:2])
+    with mirrored.scope():
+        model = _build()
+        model.compile("sgd", "sparse_categorical_crossentropy")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    with strategy.scope():
+        with pytest.raises(ValueError, match="scope of MirroredStrategy, and `fit`"):
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    with strategy.scope():
+        ours = _build()
+        ours.compile("sgd", "sparse_categorical_crossentropy")
+    with mirrored.scope():
+        with pytest.raises(
+            ValueError, match="scope of PSStrategy, and `fit` .* of MirroredStrategy:"
+        ):
+            ours.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+def test_a_model_of_no_strategy_fits_outside_any_scope(strategy):
+    x, y = _data()
+    model = _build()
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert model.distribute_strategy is tf.distribute.get_strategy()
+
+
+def test_placement_of_a_strategy_whose_scope_was_never_entered_says_so(strategy):
+    """Before: an empty table (a header and 0 bytes per device)."""
+    x, y = _data()
+    model = _build()
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    placement = strategy.extended.placement
+    for shown in (str(placement), repr(placement)):
+        assert shown.startswith(
+            "No variable has been created under this strategy's scope"
+        )
+        assert "/device:CPU:0" in shown  # The parameter devices.
+        assert "with strategy.scope():" in shown
+        assert "model.compile(...)" in shown
+    with strategy.scope():
+        _build()
+    assert str(placement).startswith("variable ")
+    assert repr(placement) == str(placement)
+
+
 def test_unbatched_dataset_names_the_fix(strategy):
     x, y = _data()
     with strategy.scope():

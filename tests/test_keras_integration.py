@@ -32,13 +32,15 @@ def test_every_patch_names_a_keras_attribute_and_why():
         assert hasattr(owner, name), patch.target
         assert patch.why, patch.target
     targets = [p.target for p in keras_patches.PATCHES]
-    # fit is wrapped twice: lost-task reporting inside, the sync session out.
+    # fit is wrapped three times: lost-task reporting inside, the sync
+    # session around it, and the scope check outermost (before the session).
     fit = "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit"
-    assert targets.count(fit) == 2
+    assert targets.count(fit) == 3
     wrappers = [p.wrapper for p in keras_patches.PATCHES if p.target == fit]
     assert wrappers == [
         "keras_psdist.cluster.task_loss:reporting",
         "keras_psdist.sync.keras_hooks:sync_fit",
+        "keras_psdist.integration.compile_checks:checked_in_scope",
     ]
 
 

@@ -5,7 +5,8 @@
                        first strategy is built, reversible; the one module
                        that names Keras's private modules
     checkpointing.py   the wrappers that make checkpoints chief-only and atomic
-    compile_checks.py  the wrapper that refuses `compile` mistakes with the fix
+    compile_checks.py  the wrappers that refuse `compile` and `fit` mistakes
+                       (a piece made outside the scope) with the fix
 
 Beside it, `keras_psdist/_tf.py` holds every import of TensorFlow's private
 modules and checks the supported TensorFlow and Keras versions on import.

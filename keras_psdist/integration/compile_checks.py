@@ -1,4 +1,5 @@
-"""Refuses, at `model.compile`, the set-ups that would train silently wrong.
+"""Refuses, at `model.compile` and `model.fit`, the set-ups that would train
+silently wrong or fail with TensorFlow's raw errors.
 
 Keras takes the distribution strategy from whatever scope is active when each
 object is made: the model at creation, the optimizer at creation, metrics at
@@ -19,15 +20,29 @@ piece and the fix:
 | `compile(jit_compile=True)`               | XLA compiles a step for one       |
 |                                           | device; fails with an XLA error   |
 
-Models of other strategies (or none) are left alone: the check looks only at
-models and scopes of a keras_psdist strategy.
+`fit` checks the scope it is called in (a model made and compiled outside,
+then fit inside, would otherwise meet TensorFlow's "Mixing different
+tf.distribute.Strategy objects"); `fit`, `evaluate` and `predict` check that
+no other strategy's scope is active:
+
+| mistake                                   | what it would do                  |
+|-------------------------------------------|-----------------------------------|
+| model made and compiled outside the       | `RuntimeError: Mixing different   |
+| scope, `fit` inside it                    | tf.distribute.Strategy objects`   |
+| model of one strategy, `fit`, `evaluate`  | the same, naming two look-alike   |
+| or `predict` in another strategy's scope  | strategies                        |
+
+Models of other strategies (or none) are left alone: the checks look only at
+models and scopes of a keras_psdist strategy. A model of no strategy fit or
+evaluated outside any scope, and one evaluated inside a scope (Keras runs it
+correctly), pass untouched.
 
 One set-up trains, but worse than the user meant, and is warned about rather
 than refused: an optimizer with its own momentum (`SGD(momentum=...)`,
 Adam's `beta_1`) under `worker_momentum`, where the two momenta compound.
 
-`checked_compile` wraps Keras's `Trainer.compile`
-(`keras_psdist.integration.keras_patches`).
+`checked_compile` wraps Keras's `Trainer.compile`, `checked_in_scope` its
+`fit`, `evaluate` and `predict` (`keras_psdist.integration.keras_patches`).
 """
 
 from __future__ import annotations
@@ -49,6 +64,17 @@ def checked_compile(compile_):
         return result
 
     return compile
+
+
+def checked_in_scope(method):
+    """Wraps `fit`, `evaluate` or `predict` with `check_call_scope`."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        check_call_scope(self, method.__name__)
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 def _is_ours(strategy) -> bool:
@@ -89,6 +115,57 @@ def check_scope(model) -> None:
             "        model = build_model()\n"
             "        model.compile(...)"
         )
+
+
+def check_call_scope(model, method: str) -> None:
+    """Before `fit`, `evaluate` or `predict`: no other strategy's scope.
+
+    Outside any scope, Keras runs the model under the strategy it was
+    created under, and a model of no strategy on one device. Inside a scope,
+    a model of another strategy cannot run; a model of no strategy cannot
+    train (its variables have no parameter device), though it evaluates.
+
+    Raises:
+        ValueError: naming both strategies (or the missing one) and the fix.
+    """
+    if not tf.distribute.has_strategy():
+        return
+    current = tf.distribute.get_strategy()
+    built_under = _model_strategy(model)
+    if built_under is current or not (_is_ours(current) or _is_ours(built_under)):
+        return
+    name = type(model).__name__
+    scope = type(current).__name__
+    if built_under is None:
+        if method != "fit":
+            return
+        raise ValueError(
+            f"This {name} was created and compiled outside `strategy.scope()` "
+            f"of {scope}, and `fit` is called inside it: its variables and "
+            "optimizer belong to no strategy, so they have no parameter device "
+            "and it cannot train under this one. Create and compile the model "
+            "inside the scope (fit may then be called inside or after it):\n" + _FIX
+        )
+    owner = type(built_under).__name__
+    if owner == scope:
+        owner, scope = f"one {owner}", f"another {scope} (a different object)"
+    raise ValueError(
+        f"This {name} was created under the scope of {owner}, and `{method}` "
+        f"is called inside the scope of {scope}: a model runs only under the "
+        f"strategy it was created under. Call {method} outside the "
+        "`with strategy.scope():` block (Keras uses the model's own "
+        "strategy), or inside the scope of the strategy it was created under. "
+        "To train under the strategy whose scope is active instead, create "
+        "and compile the model inside that scope:\n" + _FIX
+    )
+
+
+_FIX = (
+    "    with strategy.scope():\n"
+    "        model = build_model()\n"
+    "        model.compile(...)\n"
+    "    model.fit(...)"
+)
 
 
 def check_compiled(model) -> None:

@@ -1,7 +1,7 @@
 """Every Keras method keras_psdist replaces, in one list, installed together.
 
 A custom `tf.distribute.Strategy` reaches most of Keras through the strategy
-API (variable creators, `reduce_to`, `update`, distributed datasets). Eight
+API (variable creators, `reduce_to`, `update`, distributed datasets). Nine
 behaviours Keras 3 has no extension point for are added by wrapping a Keras
 method; each wrapper acts only for models, optimizers and variables of a
 keras_psdist strategy and passes every other call through unchanged (the
@@ -197,6 +197,32 @@ PATCHES: tuple[Patch, ...] = (
         "Retired by Keras checking it (it does for models, not optimizers).",
         "Keras checks at `compile` that the model was built under the "
         "scope, not the optimizer; there is no compile hook.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit",
+        "keras_psdist.integration.compile_checks:checked_in_scope",
+        "A model made outside the scope and fit inside it, or a model of one "
+        "strategy run in another's scope, meets TensorFlow's raw \"Mixing "
+        'different tf.distribute.Strategy objects", which names neither '
+        "the model nor the fix; fit must say what to create inside the "
+        "scope. Outermost, so it runs before the sync session. Retired by "
+        "Keras checking the scope at fit, as it does at compile for models.",
+        "The strategy's hooks (`run`, `experimental_distribute_dataset`) do "
+        "not see the model, and for a model of another strategy TensorFlow "
+        "raises before any hook of ours runs.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.evaluate",
+        "keras_psdist.integration.compile_checks:checked_in_scope",
+        "As fit, for a model of another strategy (one of no strategy "
+        "evaluates correctly inside the scope, and passes).",
+        "As fit.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.predict",
+        "keras_psdist.integration.compile_checks:checked_in_scope",
+        "As evaluate.",
+        "As fit.",
     ),
 )
 
