@@ -228,6 +228,7 @@ def format_table(results: list[Case]) -> str:
         f"{'min..max':>17} {'GB/s':>7} {'vs numpy':>9} {'time/mean':>9}"
     )
     lines = [head, "-" * len(head)]
+    kept = []  # the same table, for the JSON
     last = None
     for c in results:
         if last is not None and (c.n, c.d) != last:
@@ -237,6 +238,7 @@ def format_table(results: list[Case]) -> str:
         prefix = f"{c.n:>3} {c.d:>11,} {c.name:<18} {f:>2}"
         if c.status != "ok" or not c.times_s:
             lines.append(f"{prefix} {c.status}: {_short(c.reason)}")
+            kept.append(lines[-1].strip())
             continue
         numpy_case = _find(results, NUMPY, c.n, c.d)
         mean_case = _find(results, "mean", c.n, c.d)
@@ -248,6 +250,14 @@ def format_table(results: list[Case]) -> str:
             f"{prefix} {1e3 * c.median_s:>9.2f} {spread:>17} {c.gbps:>7.2f} "
             f"{_x(vs_numpy):>9} {_x(vs_mean):>9}{once}"
         )
+        kept.append(
+            [c.n, f"{c.d:,}", c.name, f, f"{1e3 * c.median_s:.2f}", spread]
+            + [f"{c.gbps:.2f}", _x(vs_numpy), _x(vs_mean) + once]
+        )
+    harness.keep_table(
+        ["n", "d", "rule", "f", "ms/call", "min..max", "GB/s", "vs numpy", "time/mean"],
+        kept,
+    )
     lines += [
         "",
         "GB/s      = input bytes (4*n*d) / median call time (1 GB = 1e9 bytes)",

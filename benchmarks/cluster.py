@@ -91,7 +91,7 @@ from harness import (
     RunFailed,
     finish,
     log_failure,
-    median_row,
+    median_table,
     read_reports,
     run_dir,
     run_process,
@@ -510,16 +510,29 @@ def format_vs_tf_keras(summary: dict, args) -> str:
         f"  {'steps/epoch':>11} {'tf_keras PSS':>13} {'async':>9} {'in-graph':>9}"
         f" {'async/PSS':>10} {'in-graph/PSS':>13}",
     ]
+    kept = []  # the same table, for the JSON
     for steps, row in summary.items():
-        cells = " ".join(
-            f"{_fmt(row[k]['median'], '.0f'):>{w}}"
-            for k, w in (("tf_keras", 13), ("async", 9), ("in-graph", 9))
-        )
-        lines.append(
-            f"  {steps:>11} {cells} "
-            f"{_fmt(row['async_ratio']['median'], '.2f', 'x'):>10} "
-            f"{_fmt(row['in-graph_ratio']['median'], '.2f', 'x'):>13}"
-        )
+        rates = [
+            _fmt(row[k]["median"], ".0f") for k in ("tf_keras", "async", "in-graph")
+        ]
+        ratios = [
+            _fmt(row[k]["median"], ".2f", "x")
+            for k in ("async_ratio", "in-graph_ratio")
+        ]
+        cells = " ".join(f"{r:>{w}}" for r, w in zip(rates, (13, 9, 9), strict=True))
+        lines.append(f"  {steps:>11} {cells} {ratios[0]:>10} {ratios[1]:>13}")
+        kept.append([steps, *rates, *ratios])
+    harness.keep_table(
+        [
+            "steps/epoch",
+            "tf_keras PSS",
+            "async",
+            "in-graph",
+            "async/PSS",
+            "in-graph/PSS",
+        ],
+        kept,
+    )
     return "\n".join(lines)
 
 
@@ -557,61 +570,62 @@ def format_table(summary: dict, args, sections: tuple[str, ...]) -> str:
     """The medians over rounds of the measurements in `sections`."""
     ig, asy = summary["in_graph"], summary["async"]
 
-    def row(label, median, spec, values, ratio=False):
-        return median_row(label, median, values, spec, 36, ratio)
-
     lines = [
         f"MLP 64-512-512-2, Adam, global batch {args.batch}; per run 1 warm-up "
         f"epoch + {args.epochs} timed epochs of {args.steps} steps; "
         f"{args.rounds} rounds, alternating; medians over rounds (min..max)."
     ]
     if "in-graph" in sections:
-        lines += [
-            "",
-            f"{'In-graph step time, 2 replicas':<38}{'ms/step':>10}   min..max",
-            row(
+        rows = [
+            (
                 "one process (4 logical CPUs)",
                 ig["one_process_median"],
-                ".1f",
                 ig["one_process_ms_per_step"],
+                ".1f",
             ),
-            row(
+            (
                 "cluster: chief + 2 workers + 2 ps",
                 ig["cluster_median"],
-                ".1f",
                 ig["cluster_ms_per_step"],
+                ".1f",
             ),
-            row(
+            (
                 "ratio cluster / one process",
                 ig["ratio_median"],
-                ".2f",
                 ig["ratios"],
-                ratio=True,
+                ".2f",
+                True,
             ),
         ]
-    if "async" in sections:
         lines += [
             "",
-            f"{'Between-graph async, 1 ps':<38}{'examples/s':>10}   min..max",
-            row(
+            *median_table("In-graph step time, 2 replicas", "ms/step", rows, 36),
+        ]
+    if "async" in sections:
+        rows = [
+            (
                 "1 worker",
                 asy["workers_1_median"],
-                ".0f",
                 asy["workers_1_examples_per_s"],
+                ".0f",
             ),
-            row(
+            (
                 "2 workers (sum over workers)",
                 asy["workers_2_median"],
-                ".0f",
                 asy["workers_2_examples_per_s"],
+                ".0f",
             ),
-            row(
+            (
                 "ratio 2 workers / 1 worker",
                 asy["ratio_median"],
-                ".2f",
                 asy["ratios"],
-                ratio=True,
+                ".2f",
+                True,
             ),
+        ]
+        lines += [
+            "",
+            *median_table("Between-graph async, 1 ps", "examples/s", rows, 36),
         ]
     return "\n".join(lines)
 

@@ -14,8 +14,11 @@
 * reporting: `markdown_table`, `text_table` / `format_row` (fixed-width
   tables), `median_row`, `ratio`, `times`, `fmt`, `value_range`;
 * results: `environment` (machine, load average, versions, git commit),
-  `write_results` (JSON with the environment), `finish` (the common end of
-  the cluster benchmarks), `figure` (a matplotlib figure saved as PNG);
+  `write_results` (JSON with the environment, the command line and every
+  table the run printed), `finish` (the common end of the cluster
+  benchmarks), `figure` (a matplotlib figure saved as PNG), `render` (a
+  result's tables as markdown again: ``python benchmarks/harness.py render
+  benchmarks/results/NAME.json``);
 * local clusters: `use_checkout`, `run_dir`, `run_process`, `read_reports`,
   `RunFailed`, `log_failure`, `ok`.
 
@@ -33,6 +36,7 @@ import os
 import platform
 import random
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -129,6 +133,7 @@ def attack_costs(
         f"{'mean':>5s} {'highest':>7s} {'sd':>4s} {'below clean mean':>16s} "
         f"{'below own clean':>15s}"
     ]
+    kept = []  # the same table, for the JSON
     for config in dict.fromkeys(c for c, _ in attacked):
         rows = {a: v for (c, a), v in attacked.items() if c == config}
         worst = min(rows, key=lambda a: statistics.fmean(rows[a]))
@@ -142,6 +147,17 @@ def attack_costs(
                 f"{100 * max(values):7.1f} {100 * statistics.stdev(values):4.2f} "
                 f"{gap:8.2f} +-{se:5.2f} {own:7.2f} +-{own_se:5.2f}{mark}"
             )
+            spread = (min(values), statistics.fmean(values), max(values))
+            kept.append(
+                [config, labels[attack], *(f"{100 * v:.1f}" for v in spread)]
+                + [f"{100 * statistics.stdev(values):.2f}", f"{gap:.2f} +- {se:.2f}"]
+                + [f"{own:.2f} +- {own_se:.2f}", mark.strip()]
+            )
+    keep_table(
+        ["configuration", "attack", "lowest", "mean", "highest", "sd"]
+        + ["below clean mean", "below own clean", ""],
+        kept,
+    )
     return "\n".join(lines)
 
 
@@ -541,6 +557,35 @@ def median_row(
     return f"  {label:<{width}}{value:>10}   {value_range(values, spec)}"
 
 
+def median_table(
+    title: str, unit: str, rows: Sequence[tuple | str], width: int
+) -> list[str]:
+    """The lines of a medians-over-rounds table: `title` and `unit` over
+    `median_row`s, one per ``(label, median, values, spec[, ratio])`` (a
+    string is printed as it is: a blank line between groups). The table goes
+    in the run's JSON too (see `write_results`).
+
+    >>> print("\\n".join(median_table("Async", "examples/s",
+    ...     [("1 worker", 950.0, [900.0, 1000.0], ".0f")], 12)))
+    Async         examples/s   min..max
+      1 worker           950   900..1000
+    """
+    kept, lines = [], [f"{title:<{width + 2}}{unit:>10}   min..max"]
+    for row in rows:
+        if isinstance(row, str):
+            kept.append(row)
+            lines.append(row)
+            continue
+        label, median, values, spec, *ratio = row
+        ratio = bool(ratio and ratio[0])
+        kept.append(
+            [label, fmt(median, spec, "x" if ratio else ""), value_range(values, spec)]
+        )
+        lines.append(median_row(label, median, values, spec, width, ratio))
+    keep_table([title, unit, "min..max"], kept)
+    return lines
+
+
 @dataclass(frozen=True)
 class Column:
     """A column of a fixed-width table: its title, width and alignment
@@ -564,6 +609,24 @@ def format_row(columns: Sequence[Column], cells: Sequence[Any], sep: str = " ") 
     )
 
 
+# Every table this process printed through `text_table` or `markdown_table`
+# since the last `write_results`, which stores them in the run's JSON
+# (`"tables"`): `render` prints them again from there.
+_printed_tables: list[dict[str, list]] = []
+
+
+def keep_table(columns: Sequence[str], rows: Sequence[Sequence[Any] | str]) -> None:
+    """Keeps a table for the run's JSON (see `write_results`), as `text_table`
+    does: for a table a script prints in a layout of its own. A row that is
+    a string is a note."""
+    _printed_tables.append(
+        {
+            "columns": [str(c) for c in columns],
+            "rows": [r if isinstance(r, str) else [str(c) for c in r] for r in rows],
+        }
+    )
+
+
 def text_table(
     columns: Sequence[Column],
     rows: Iterable[Sequence[Any] | str],
@@ -572,7 +635,8 @@ def text_table(
 ) -> list[str]:
     """The lines of a fixed-width table: the titles, a rule of dashes as long
     as they (with `rule`), then one line per row; a row that is a string is
-    kept as it is (a note, a blank line, a failed run's message).
+    kept as it is (a note, a blank line, a failed run's message). The table
+    goes in the run's JSON too (see `write_results`).
 
     >>> print("\\n".join(text_table([Column("rule", 6, "<"), Column("ms", 5)],
     ...                             [["mean", "1.25"], "median failed"])))
@@ -581,6 +645,8 @@ def text_table(
     mean    1.25
     median failed
     """
+    rows = list(rows)
+    keep_table([c.title for c in columns], rows)
     header = format_row(columns, [c.title for c in columns], sep)
     lines = [header, "-" * len(header)] if rule else [header]
     for row in rows:
@@ -593,6 +659,7 @@ def markdown_table(
 ) -> str:
     """A GitHub-flavoured markdown table: `columns` are its titles; a row is
     a sequence of cells, or a mapping from titles to cells (missing: empty).
+    The table goes in the run's JSON too (see `write_results`).
 
     >>> print(markdown_table([["mean", "97.2"], {"rule": "krum"}], ["rule", "none"]))
     | rule | none |
@@ -600,11 +667,26 @@ def markdown_table(
     | mean | 97.2 |
     | krum |  |
     """
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        cells = [row.get(c, "") for c in columns] if isinstance(row, Mapping) else row
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)
+    rows = [
+        [row.get(c, "") for c in columns] if isinstance(row, Mapping) else row
+        for row in rows
+    ]
+    keep_table(columns, rows)
+    return _markdown(rows, columns)
+
+
+def _markdown(rows: Iterable[Sequence[Any]], columns: Sequence[str]) -> str:
+    """`markdown_table`'s text, the table not kept; short rows are padded
+    and a ``|`` in a cell escaped."""
+
+    def line(cells):
+        cells = [str(c).replace("|", "\\|") for c in cells]
+        cells += [""] * (len(columns) - len(cells))
+        return "| " + " | ".join(cells) + " |"
+
+    return "\n".join(
+        [line(columns), "|" + "---|" * len(columns), *(line(r) for r in rows)]
+    )
 
 
 # ----------------------------------------------------------------- results
@@ -682,6 +764,12 @@ def save_json(path: str | Path, payload: dict, indent: int = 2, end: str = "\n")
     return out
 
 
+def command_line() -> str:
+    """The command that started this run, to run it again from the
+    repository root: ``python benchmarks/NAME.py --flag ...``."""
+    return shlex.join(["python", *sys.argv])
+
+
 def write_results(
     path: str | Path,
     payload: dict,
@@ -690,12 +778,69 @@ def write_results(
     indent: int = 2,
     end: str = "\n",
 ) -> Path:
-    """Writes `payload` as JSON with the run's `environment()` under
-    `env_key` (where the payload has that key already, there, its entries
-    added to the environment's); returns the path."""
+    """Writes `payload` as JSON with the run's `command` (`command_line()`),
+    the `tables` it printed since the last call (`text_table`,
+    `markdown_table`; `render` prints them again) and its `environment()`
+    under `env_key` (where the payload has that key already, there, its
+    entries added to the environment's); returns the path."""
     env = environment()
     env.update(payload.get(env_key) or {})
-    return save_json(path, {**payload, env_key: env}, indent=indent, end=end)
+    tables = list(_printed_tables)
+    _printed_tables.clear()
+    recorded = {"command": command_line(), "tables": tables}
+    return save_json(
+        path, {**recorded, **payload, env_key: env}, indent=indent, end=end
+    )
+
+
+def render(path: str | Path, table: int | None = None) -> str:
+    """The tables a run's JSON recorded (`write_results`), as markdown: each
+    numbered, after the command that made them, its notes (failed runs,
+    remarks) below it. `table` picks one, counted from 1.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = save_json(Path(tmp, "demo.json"), {
+    ...         "command": "python benchmarks/demo.py --steps 5",
+    ...         "tables": [{"columns": ["rule", "ms"],
+    ...                     "rows": [["mean", "1.25"], "median failed"]}]})
+    ...     print(render(path))
+    <!-- python benchmarks/demo.py --steps 5 -->
+    <BLANKLINE>
+    table 1:
+    <BLANKLINE>
+    | rule | ms |
+    |---|---|
+    | mean | 1.25 |
+    <BLANKLINE>
+    median failed
+
+    Raises:
+        ValueError: if the JSON has no table (or not that one), naming the
+            command that makes one.
+    """
+    payload = json.loads(Path(path).read_text())
+    command = payload.get("command", "(command not recorded)")
+    tables = payload.get("tables") or []
+    if not tables:
+        raise ValueError(
+            f"{path} records no table: it was written before the benchmarks "
+            "recorded their tables, or by a script that prints none. Run it "
+            f"again: {command}"
+        )
+    chosen = range(1, len(tables) + 1) if table is None else [table]
+    if table is not None and not 1 <= table <= len(tables):
+        raise ValueError(
+            f"{path} has tables 1 to {len(tables)}. Received: --table {table}"
+        )
+    out = [f"<!-- {command} -->"]
+    for number in chosen:
+        columns, rows = tables[number - 1]["columns"], tables[number - 1]["rows"]
+        notes = [r for r in rows if isinstance(r, str) and r.strip()]
+        cells = [r for r in rows if not isinstance(r, str)]
+        out += ["", f"table {number}:", "", _markdown(cells, columns)]
+        out += ["", *notes] if notes else []
+    return "\n".join(out)
 
 
 def finish(
@@ -718,7 +863,6 @@ def finish(
         args.json,
         {
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "settings": {k: getattr(args, k) for k in settings},
             "machine": {},
             "loadavg_start": load_start,
@@ -900,3 +1044,31 @@ def ok(entry: dict, key: str) -> bool:
     (True, False)
     """
     return key in entry and "error" not in entry[key]
+
+
+# ------------------------------------------------------------ command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/harness.py render RESULT.json [--table N]``."""
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/harness.py",
+        description="Print the tables a benchmark run recorded in its JSON "
+        "as markdown, to put in (or check against) the docs.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    show = commands.add_parser("render", help="a result's tables as markdown")
+    show.add_argument(
+        "json", metavar="RESULT.json", help="e.g. benchmarks/results/faults.json"
+    )
+    show.add_argument("--table", type=positive, help="only table N (from 1)")
+    args = parser.parse_args(argv)
+    try:
+        print(render(args.json, args.table))
+    except (OSError, ValueError) as e:
+        parser.exit(1, f"error: {e}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -443,11 +443,8 @@ def main(argv=None) -> int:
         f"wall time: {wall:.1f}s; load average at start {load_start}, at end "
         f"{harness.loadavg()}"
     )
-    if args.json:
-        harness.save_json(
-            args.json,
-            {"args": vars(args), "environment": harness.environment(), **payload},
-        )
+    harness.write_results(args.json, {"args": vars(args), **payload})
+    print(f"wrote {args.json}")
     if args.plot:
         write_plot(args.plot, args, payload)
         print(f"wrote {args.plot}")

@@ -41,12 +41,18 @@ up to 20 s under the optimised attacks.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
 import robustness
-from harness import attack_costs, chance_gap, name_list
+from harness import (
+    RESULTS,
+    attack_costs,
+    chance_gap,
+    keep_table,
+    name_list,
+    write_results,
+)
 
 # Training seeds are offset from the split's, so that no run repeats a run of
 # the table (whose training seed is its --seed).
@@ -82,13 +88,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tolerance", type=float, default=2.0, help="points, for P(gap > tol)"
     )
-    parser.add_argument("--json", metavar="PATH", help="raw accuracies")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="raw accuracies (default "
+        "benchmarks/results/robustness_noise_seed<SEED>.json)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 2:
         parser.error(f"--runs must be at least 2 (got {args.runs})")
     if args.columns < 1:
         parser.error(f"--columns must be at least 1 (got {args.columns})")
     args.attacks = [a for a in args.attacks if a != "none"]
+    if args.json is None:
+        args.json = str(RESULTS / f"robustness_noise_seed{args.seed}.json")
     return args
 
 
@@ -134,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'configuration':34s} {'lowest':>7s} {'mean':>7s} {'highest':>7s} "
         f"{'sd':>5s} {'chance gap':>11s} {f'P(gap > {args.tolerance:g})':>13s}"
     )
+    kept = []  # the same table, for the JSON
     for config, values in accuracies.items():
         runs = np.array(values)
         gap, p = chance_gap(accuracies["mean"], values, args.columns, args.tolerance)
@@ -142,6 +156,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{100 * runs.max():7.1f} {100 * runs.std(ddof=1):5.2f} "
             f"{gap:11.2f} {p:13.2f}"
         )
+        kept.append(
+            [config]
+            + [f"{100 * v:.1f}" for v in (runs.min(), runs.mean(), runs.max())]
+            + [f"{100 * runs.std(ddof=1):.2f}", f"{gap:.2f}", f"{p:.2f}"]
+        )
+    keep_table(
+        ["configuration", "lowest", "mean", "highest", "sd", "chance gap"]
+        + [f"P(gap > {args.tolerance:g})"],
+        kept,
+    )
     if attacked:
         print()
         labels = {a: robustness.ATTACKS[a].label for a in args.attacks}
@@ -155,19 +179,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_json(args, accuracies, attacked) -> None:
-    """The raw accuracies to `--json`, if given: clean runs by configuration,
-    attacked runs by `"configuration x attack"`."""
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "args": vars(args),
-                    "accuracies": accuracies,
-                    "attacked": {f"{c} x {a}": v for (c, a), v in attacked.items()},
-                },
-                f,
-                indent=1,
-            )
+    """The raw accuracies to `--json`: clean runs by configuration, attacked
+    runs by `"configuration x attack"` (with the command and the machine)."""
+    write_results(
+        args.json,
+        {
+            "args": vars(args),
+            "accuracies": accuracies,
+            "attacked": {f"{c} x {a}": v for (c, a), v in attacked.items()},
+        },
+        indent=1,
+    )
+    print(f"wrote {args.json}", file=sys.stderr)
 
 
 if __name__ == "__main__":

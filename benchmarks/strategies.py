@@ -64,7 +64,8 @@ From the repository root::
 Options: ``--replicas N``, ``--steps S``, ``--repeats R``, ``--batch B``,
 ``--strategies default,mirrored,central_storage,ps`` (any subset),
 ``--warmup-steps W``, ``--seed``, ``--json PATH`` (raw numbers and
-environment), ``--plot PATH`` (PNG bar chart).
+environment; default ``benchmarks/results/strategies.json``), ``--plot
+PATH`` (PNG bar chart).
 """
 
 from __future__ import annotations
@@ -713,8 +714,8 @@ def parse_args(argv: list[str] | None = None):
     parser = harness.BenchmarkParser(
         "Time model.fit steps of one MLP under the default strategy, "
         "MirroredStrategy, CentralStorageStrategy and keras_psdist.PSStrategy.",
+        name="strategies",
         plot="write a PNG bar chart",
-        json_help="write raw numbers + environment",
     )
     parser.add_argument(
         "--replicas", type=_positive, default=4, help="logical CPU devices (default 4)"
@@ -775,9 +776,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['loadavg_start']}, at end {info['loadavg_end']} "
         f"on {os.cpu_count()} CPUs"
     )
-    if args.json:
-        write_json(args.json, cases, info, args, wall_s)
-        print(f"wrote {args.json}")
+    write_json(args.json, cases, info, args, wall_s)
+    print(f"wrote {args.json}")
     if args.plot:
         write_plot(args.plot, cases, args, epochs)
         print(f"wrote {args.plot}")

@@ -182,7 +182,7 @@ def main(argv=None) -> int:
         f"{'rule':<32}{'clean':>8}{'attacked':>10}{'drop (points)':>16}"
         f"   per seed ({seeds}): clean/attacked"
     )
-    summary = {}
+    summary, kept = {}, []
     for name in args.rules:
         per_seed = [
             (
@@ -208,6 +208,10 @@ def main(argv=None) -> int:
             f"{name:<32}{cells[0]:>8}{cells[1]:>10}{harness.fmt(drop, '.1f'):>16}"
             f"   {detail}"
         )
+        kept.append([name, *cells, harness.fmt(drop, ".1f"), detail])
+    harness.keep_table(
+        ["rule", "clean", "attacked", "drop (points)", f"per seed ({seeds})"], kept
+    )
     print(
         f"\n{args.workers} workers + 1 ps, worker {args.workers - 1} runs "
         f"{args.attack}; f = {args.num_byzantine} (mean: 0)"

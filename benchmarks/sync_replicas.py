@@ -320,8 +320,35 @@ def format_table(summary: dict, args) -> str:
 
     def row(label, entry, spec, ratio=False):
         values = entry.get("updates_per_s", entry.get("values"))
-        return harness.median_row(label, entry["median"], values, spec, 44, ratio)
+        return (label, entry["median"], values, spec, ratio)
 
+    rows = [
+        *(row(c.label, summary[c.key], ".1f") for c in CONFIGURATIONS),
+        row(
+            "straggler's own steps/s (in the R=2 run)",
+            summary["straggler_own_steps_per_s"],
+            ".1f",
+        ),
+        "",
+        row(
+            "R=2 with straggler / no straggler",
+            summary["ratio_straggler_r2"],
+            ".2f",
+            ratio=True,
+        ),
+        row(
+            "R=3 with straggler / no straggler",
+            summary["ratio_straggler_r3"],
+            ".2f",
+            ratio=True,
+        ),
+        row(
+            "straggler's own rate / no straggler",
+            summary["ratio_straggler_own"],
+            ".2f",
+            ratio=True,
+        ),
+    ]
     return "\n".join(
         [
             f"Digits MLP 64-64-64-10, Adam, batch {args.batch} per worker; "
@@ -331,32 +358,7 @@ def format_table(summary: dict, args) -> str:
             f"{args.warmup_steps}th step; {args.rounds} round(s), medians "
             "(min..max).",
             "",
-            f"{'':<46}{'updates/s':>10}   min..max",
-            *(row(c.label, summary[c.key], ".1f") for c in CONFIGURATIONS),
-            row(
-                "straggler's own steps/s (in the R=2 run)",
-                summary["straggler_own_steps_per_s"],
-                ".1f",
-            ),
-            "",
-            row(
-                "R=2 with straggler / no straggler",
-                summary["ratio_straggler_r2"],
-                ".2f",
-                ratio=True,
-            ),
-            row(
-                "R=3 with straggler / no straggler",
-                summary["ratio_straggler_r3"],
-                ".2f",
-                ratio=True,
-            ),
-            row(
-                "straggler's own rate / no straggler",
-                summary["ratio_straggler_own"],
-                ".2f",
-                ratio=True,
-            ),
+            *harness.median_table("", "updates/s", rows, 44),
         ]
     )
 

@@ -73,6 +73,37 @@ def default_parameter_devices(compute_devices: Sequence[str]) -> list[str]:
     return [device_util.canonicalize("/device:CPU:0")]
 
 
+def canonical_names(devices: Sequence[str] | None, what: str) -> list[str] | None:
+    """Canonicalizes user-given device names, without looking them up.
+
+    The strategies call it before connecting to a cluster, whose devices
+    this process cannot list yet: a malformed argument is refused at once.
+
+    Args:
+        devices: Device names such as `"/gpu:0"`, or `None`.
+        what: The argument name, for error messages.
+
+    Returns:
+        The canonical names, or `None` when `devices` is `None`.
+
+    Raises:
+        ValueError: if `devices` is not a list of non-empty strings, is
+            empty, has an unparsable name or names a device twice.
+
+    Examples:
+
+    >>> canonical_names(["/cpu:0"], "devices")
+    ['/job:localhost/replica:0/task:0/device:CPU:0']
+    >>> canonical_names([0], "devices")
+    Traceback (most recent call last):
+    ...
+    ValueError: `devices` must be a list of device names (strings such as '/gpu:0' or '/cpu:0'). Received: devices=[0], whose item 0 is an int. Pass names, e.g. devices=['/gpu:0'].
+    """
+    if devices is None:
+        return None
+    return _checked(devices, what)[1]
+
+
 def resolve(devices: Sequence[str] | None, what: str) -> list[str] | None:
     """Canonicalizes and checks user-given device names.
 
@@ -84,32 +115,12 @@ def resolve(devices: Sequence[str] | None, what: str) -> list[str] | None:
         The canonical names, or `None` when `devices` is `None`.
 
     Raises:
-        ValueError: if the list is empty, has duplicates or names a device
-            this process does not have.
+        ValueError: as `canonical_names`, or if a name is of a device this
+            process does not have.
     """
     if devices is None:
         return None
-    if isinstance(devices, str):
-        raise ValueError(
-            f"`{what}` must be a list of device names. Received: {what}={devices!r}."
-            f" Did you mean {what}=[{devices!r}]?"
-        )
-    devices = list(devices)
-    if not devices:
-        raise ValueError(f"`{what}` must name at least one device. Received: {what}=[]")
-    canonical = []
-    for d in devices:
-        try:
-            canonical.append(device_util.canonicalize(d))
-        except (ValueError, TypeError) as e:
-            raise ValueError(
-                f"`{what}` has an unparsable device name {d!r}: {e}"
-            ) from None
-    duplicates = sorted({d for d in canonical if canonical.count(d) > 1})
-    if duplicates:
-        raise ValueError(
-            f"`{what}` names a device twice: {duplicates}. Received: {devices}"
-        )
+    devices, canonical = _checked(devices, what)
     available = local_devices()
     unknown = [d for d, c in zip(devices, canonical, strict=True) if c not in available]
     if unknown:
@@ -120,3 +131,59 @@ def resolve(devices: Sequence[str] | None, what: str) -> list[str] | None:
             "initializes."
         )
     return canonical
+
+
+def _checked(devices: Sequence[str], what: str) -> tuple[list, list[str]]:
+    """`(devices as a list, their canonical names)`, checked (see
+    `canonical_names`)."""
+    if isinstance(devices, str):
+        raise ValueError(
+            f"`{what}` must be a list of device names. Received: {what}={devices!r}."
+            f" Did you mean {what}=[{devices!r}]?"
+        )
+    try:
+        devices = list(devices)
+    except TypeError:
+        raise ValueError(
+            f"`{what}` must be a list of device names (strings such as '/gpu:0' "
+            f"or '/cpu:0'). Received: {what}={devices!r} ({_kind(devices)}). "
+            f"Pass a list, e.g. {what}=['/gpu:0']."
+        ) from None
+    if not devices:
+        raise ValueError(f"`{what}` must name at least one device. Received: {what}=[]")
+    for d in devices:
+        # TF reads a falsy name (0, "", None) as the default device: refuse it.
+        if not isinstance(d, str) or not d.strip():
+            index = isinstance(d, int) and not isinstance(d, bool) and d >= 0
+            example = f"'/gpu:{d}'" if index else "'/gpu:0'"
+            raise ValueError(
+                f"`{what}` must be a list of device names (strings such as "
+                f"'/gpu:0' or '/cpu:0'). Received: {what}={devices!r}, whose item "
+                f"{d!r} is {_kind(d)}. Pass names, e.g. {what}=[{example}]."
+            )
+    canonical = []
+    for d in devices:
+        try:
+            canonical.append(device_util.canonicalize(d))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"`{what}` has an unparsable device name {d!r}: {e}. Received: "
+                f"{what}={devices!r}. Use names such as '/gpu:0' or "
+                "'/job:worker/replica:0/task:1/device:CPU:0'."
+            ) from None
+    duplicates = sorted({d for d in canonical if canonical.count(d) > 1})
+    if duplicates:
+        raise ValueError(
+            f"`{what}` names a device twice: {duplicates}. Received: {devices}"
+        )
+    return devices, canonical
+
+
+def _kind(value) -> str:
+    """`"an int"`, `"an empty string"`, `"None"`: what a received value is."""
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return "an empty string"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"

@@ -1,18 +1,22 @@
 """Bad input over the public surface: a clear `ValueError`, never anything else.
 
-Fuzz-style (hypothesis) for TF_CONFIG, whose every field a user or an
-orchestrator writes by hand (the messages for each kind of mistake are
-checked in test_cluster_config.py); targeted tests for what two processes can
-disagree on (the model each builds). The other bad arguments are tested
+Fuzz-style (hypothesis) for what users write by hand: TF_CONFIG (the messages
+for each kind of mistake are checked in test_cluster_config.py), aggregator
+and attack config dicts, device lists; targeted tests for what two processes
+can disagree on (the model each builds), and for arguments that used to slip
+through as another exception or be taken silently (one table, each message
+checked for what was received and the fix). Other bad arguments are tested
 beside the code they belong to; docs/reliability.md lists them all.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import string
 import types
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +25,7 @@ from hypothesis import strategies as st
 import keras_psdist as kpd
 from keras_psdist import cluster
 from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.devices import canonical_names
 from keras_psdist.sync.protocol import SyncConfig
 from keras_psdist.sync.training import SyncTraining
 
@@ -198,3 +203,231 @@ def test_a_class_where_an_instance_or_id_goes_names_the_fix(get, identifier, exp
     with pytest.raises(ValueError) as e:
         get(identifier)
     assert expected in str(e.value)
+
+
+# -------------------------------------------- config dicts and constructor args
+
+_MEDIAN_BOGUS = {"class_name": "median", "config": {"bogus": 1}}
+_MEDIAN_NAMED = [
+    "Could not build Median from its config: unknown argument 'bogus'",
+    "Median accepts: num_byzantine, jit_compile.",
+    "Received: config={'bogus': 1}",
+]
+_ALIE_BOGUS = {"class_name": "alie", "config": {"replicas": [1], "bogus": 1}}
+_ALIE_NAMED = [
+    "Could not build ALIE from its config: unknown argument 'bogus'",
+    "ALIE accepts: replicas, z.",
+]
+_FROM_TF_CONFIG = "cluster_resolver=keras_psdist.cluster.from_tf_config(...)"
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: kpd.aggregators.get(_MEDIAN_BOGUS), _MEDIAN_NAMED),
+        (lambda: kpd.PSStrategy(aggregator=_MEDIAN_BOGUS), _MEDIAN_NAMED),
+        (lambda: kpd.SyncReplicaStrategy(aggregator=_MEDIAN_BOGUS), _MEDIAN_NAMED),
+        (
+            lambda: kpd.aggregators.get(
+                {"class_name": "bucketing", "config": {"aggregator": _MEDIAN_BOGUS}}
+            ),
+            _MEDIAN_NAMED,
+        ),
+        (
+            lambda: kpd.aggregators.get(
+                {"class_name": "trimmed_mean", "config": {"num_byzantin": 1}}
+            ),
+            ["unknown argument 'num_byzantin' (did you mean 'num_byzantine'?)"],
+        ),
+        (
+            lambda: kpd.aggregators.get({"class_name": "median", "config": [1]}),
+            ["must be a dict of constructor arguments", "Received: config=[1]"],
+        ),
+        (
+            lambda: kpd.aggregators.get({"class_name": "median", "num_byzantine": 1}),
+            ["Received unknown keys ['num_byzantine']", "inside 'config'"],
+        ),
+        (
+            lambda: kpd.aggregators.get({"class_name": ["median"]}),
+            ["Unknown aggregator ['median']. Expected one of: mean, median"],
+        ),
+        (lambda: kpd.attacks.get(_ALIE_BOGUS), _ALIE_NAMED),
+        (lambda: kpd.PSStrategy(attack=_ALIE_BOGUS), _ALIE_NAMED),
+        (
+            lambda: kpd.attacks.get({"class_name": "alie", "config": {}}),
+            ["Could not build ALIE from its config: it needs 'replicas'", "Add it"],
+        ),
+        (
+            lambda: kpd.aggregators.TrimmedMean(jit_compile="no"),
+            ["TrimmedMean's `jit_compile` must be True or False.", "'no' (a str)"],
+        ),
+        (
+            lambda: kpd.PSStrategy(devices=[1]),
+            ["Received: devices=[1], whose item 1 is an int", "devices=['/gpu:1']"],
+        ),
+        (
+            lambda: kpd.PSStrategy(devices=[0]),
+            ["Received: devices=[0], whose item 0 is an int", "devices=['/gpu:0']"],
+        ),
+        (
+            lambda: kpd.PSStrategy(devices=[""]),
+            ["Received: devices=['']", "is an empty string"],
+        ),
+        (
+            lambda: kpd.PSStrategy(devices=3),
+            ["Received: devices=3 (an int). Pass a list"],
+        ),
+        (
+            lambda: kpd.PSStrategy(parameter_devices=[None]),
+            ["Received: parameter_devices=[None], whose item None is None"],
+        ),
+        (
+            lambda: kpd.PSStrategy(devices=["/cpu:0"], parameter_devices=[0]),
+            ["Received: parameter_devices=[0], whose item 0 is an int"],
+        ),
+        (
+            lambda: kpd.SyncReplicaStrategy(parameter_devices=[0]),
+            ["Received: parameter_devices=[0], whose item 0 is an int"],
+        ),
+        (
+            lambda: kpd.PSStrategy(cluster_resolver="x"),
+            [
+                "`cluster_resolver` must be a tf.distribute.cluster_resolver."
+                "ClusterResolver or a keras_psdist.cluster.ClusterConfig. "
+                "Received: cluster_resolver='x' (a str).",
+                _FROM_TF_CONFIG,
+            ],
+        ),
+        (
+            lambda: kpd.SyncReplicaStrategy(cluster_resolver={"cluster": {}}),
+            ["Received: cluster_resolver={'cluster': {}} (a dict)", _FROM_TF_CONFIG],
+        ),
+        (
+            lambda: kpd.PSStrategy(cluster_resolver=3),
+            ["Received: cluster_resolver=3 (an int)."],
+        ),
+        (
+            lambda: cluster.from_resolver("x"),
+            ["`resolver` must be a tf.distribute.cluster_resolver.ClusterResolver."],
+        ),
+    ],
+    ids=[
+        "aggregator-unknown-key",
+        "ps-aggregator-unknown-key",
+        "sync-aggregator-unknown-key",
+        "inner-aggregator-unknown-key",
+        "aggregator-near-miss-key",
+        "aggregator-config-not-a-dict",
+        "aggregator-argument-outside-config",
+        "aggregator-unhashable-id",
+        "attack-unknown-key",
+        "ps-attack-unknown-key",
+        "attack-missing-argument",
+        "jit-compile-str",
+        "devices-int",
+        "devices-zero",
+        "devices-empty-name",
+        "devices-not-a-list",
+        "parameter-devices-none",
+        "parameter-devices-int",
+        "sync-parameter-devices-int",
+        "cluster-resolver-str",
+        "sync-cluster-resolver-dict",
+        "cluster-resolver-int",
+        "from-resolver-str",
+    ],
+)
+def test_bad_arguments_name_what_was_received_and_the_fix(make, expected):
+    with pytest.raises(ValueError) as error:
+        make()
+    message = str(error.value)
+    for part in expected:
+        assert part in message, message
+
+
+_JIT_COMPILE_RULES = [
+    name
+    for name in kpd.aggregators.names()
+    if "jit_compile"
+    in inspect.signature(kpd.aggregators.get(name).__class__).parameters
+]
+
+
+def test_every_rule_with_jit_compile_is_checked():
+    assert len(_JIT_COMPILE_RULES) >= 8, _JIT_COMPILE_RULES
+
+
+@pytest.mark.parametrize("name", _JIT_COMPILE_RULES)
+@pytest.mark.parametrize("value", ["no", 1, 0.0, None, [True]])
+def test_jit_compile_is_a_bool_not_a_truthy_value(name, value):
+    cls = type(kpd.aggregators.get(name))
+    with pytest.raises(ValueError, match=f"{cls.__name__}'s `jit_compile` must be"):
+        kpd.aggregators.get({"class_name": name, "config": {"jit_compile": value}})
+    assert cls(jit_compile=np.False_).jit_compile is False
+
+
+# Any config dict, near-miss or not: a rule / an attack, or a ValueError.
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 9),
+    st.floats(allow_nan=True),
+    st.text(max_size=6),
+    st.lists(st.integers(-1, 9), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+
+
+def _config_dicts(registry):
+    """Mostly a registered id with a dict of its own arguments (some
+    misspelt), each of any value; else a malformed dict."""
+
+    def of(name):
+        own = st.sampled_from(list(inspect.signature(registry[name]).parameters))
+        arguments = st.dictionaries(
+            st.one_of(own, own, own, st.text(max_size=6)), _VALUES, max_size=4
+        )
+        return st.fixed_dictionaries({"class_name": st.just(name), "config": arguments})
+
+    well_formed = st.sampled_from(sorted(registry)).flatmap(of)
+    malformed = st.one_of(
+        st.fixed_dictionaries(
+            {"class_name": st.one_of(st.sampled_from(sorted(registry)), _VALUES)},
+            optional={"config": _VALUES},
+        ),
+        st.dictionaries(st.sampled_from(["class_name", "config", "x"]), _VALUES),
+    )
+    return st.one_of(well_formed, well_formed, well_formed, malformed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_config_dicts(kpd.aggregators.registry._REGISTRY))
+def test_any_aggregator_config_builds_or_raises_value_error(config):
+    try:
+        rule = kpd.aggregators.get(config)
+    except ValueError as e:
+        assert str(e)
+        return
+    assert isinstance(rule, kpd.aggregators.Aggregator)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_config_dicts(kpd.attacks._REGISTRY))
+def test_any_attack_config_builds_or_raises_value_error(config):
+    try:
+        attack = kpd.attacks.get(config)
+    except ValueError as e:
+        assert str(e)
+        return
+    assert isinstance(attack, kpd.attacks.Attack)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(_VALUES, st.lists(_VALUES, max_size=3)))
+def test_any_device_list_is_canonical_or_a_value_error(devices):
+    try:
+        names = canonical_names(devices, "devices")
+    except ValueError as e:
+        assert "devices" in str(e)
+        return
+    assert names is None or all(n.startswith("/job:") for n in names)

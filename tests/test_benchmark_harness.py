@@ -240,3 +240,96 @@ def test_robustness_noise_names_an_unknown_attack_and_the_choices(script_runs):
         "unknown attacks ['bogus']; choose from none,sign_flip," in (unknown["stderr"])
     )
     assert "optimal_alie" in unknown["stderr"].split("choose from")[1]
+
+
+# ------------------------------------------------ results: JSON and render
+
+
+@pytest.fixture
+def harness(monkeypatch):
+    """A fresh `benchmarks/harness.py`, its machine description stubbed (the
+    real one imports TensorFlow)."""
+    spec = importlib.util.spec_from_file_location("harness", BENCHMARKS / "harness.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "harness", module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "environment", lambda: {"cpu_count": 2})
+    return module
+
+
+def _render(*args):
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / "harness.py"), "render", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_run_json_keeps_its_command_and_tables_and_renders_them(
+    harness, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(sys, "argv", ["benchmarks/demo.py", "--rules", "a b"])
+    column = harness.Column
+    harness.text_table(
+        [column("rule", 8, "<"), column("ms/step", 8)],
+        [["mean", "1.25"], ["a|b", "2.50"], "krum failed: ValueError"],
+    )
+    harness.median_table(
+        "Async", "examples/s", [("1 worker", 9.0, [8.0, 10.0], ".1f")], 12
+    )
+    path = harness.write_results(tmp_path / "demo.json", {"results": [1, 2]})
+    payload = json.loads(path.read_text())
+    assert payload["command"] == "python benchmarks/demo.py --rules 'a b'"
+    assert payload["results"] == [1, 2] and payload["environment"] == {"cpu_count": 2}
+    assert [t["columns"] for t in payload["tables"]] == [
+        ["rule", "ms/step"],
+        ["Async", "examples/s", "min..max"],
+    ]
+
+    result = _render(path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "<!-- python benchmarks/demo.py --rules 'a b' -->\n"
+        "\n"
+        "table 1:\n"
+        "\n"
+        "| rule | ms/step |\n"
+        "|---|---|\n"
+        "| mean | 1.25 |\n"
+        "| a\\|b | 2.50 |\n"
+        "\n"
+        "krum failed: ValueError\n"
+        "\n"
+        "table 2:\n"
+        "\n"
+        "| Async | examples/s | min..max |\n"
+        "|---|---|---|\n"
+        "| 1 worker | 9.0 | 8.0..10.0 |\n"
+    )
+    only = _render(path, "--table", 2)
+    assert only.returncode == 0 and "table 1:" not in only.stdout
+    assert "| 1 worker | 9.0 | 8.0..10.0 |" in only.stdout
+
+    # The tables went with the first JSON: the next run's starts empty.
+    again = harness.write_results(tmp_path / "next.json", {})
+    assert json.loads(again.read_text())["tables"] == []
+    empty = _render(again)
+    assert empty.returncode == 1
+    assert "records no table" in empty.stderr
+    assert "Run it again: python benchmarks/demo.py --rules 'a b'" in empty.stderr
+    beyond = _render(path, "--table", 3)
+    assert beyond.returncode == 1
+    assert "has tables 1 to 2. Received: --table 3" in beyond.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_writes_its_json_under_results_with_the_command(script):
+    # Read from the source: each parser names the default JSON under
+    # benchmarks/results (BenchmarkParser's `name=`, or RESULTS itself), and
+    # the JSON goes through write_results (directly or by `finish`), which
+    # records the command line and the tables.
+    source = (BENCHMARKS / script).read_text()
+    assert "BenchmarkParser(" in source and "name=" in source or "RESULTS /" in source
+    assert "write_results(" in source or "finish(" in source
+    assert "if args.json:" not in source  # written on every run

@@ -10,6 +10,7 @@ import tensorflow as tf
 from keras_psdist.aggregators import distances
 from keras_psdist.aggregators.base import Aggregation, Aggregator, check_honest_majority
 from keras_psdist.aggregators.clipping import clip
+from keras_psdist.aggregators.configs import check_bool
 from keras_psdist.aggregators.pre_aggregation import PreAggregation
 
 
@@ -98,7 +99,7 @@ class ARC(PreAggregation):
         jit_compile: bool = True,
     ):
         super().__init__(aggregator, num_byzantine)
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
         # ARC's own condition first: its error names ARC, not the inner rule.

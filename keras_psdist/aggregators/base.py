@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from keras_psdist.aggregators import sparse as sparse_lib
+from keras_psdist.aggregators.configs import check_arguments
 
 ReduceOp = tf.distribute.ReduceOp
 
@@ -317,7 +318,13 @@ class Aggregator:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Aggregator:
-        """Builds the rule from `get_config()`'s output."""
+        """Builds the rule from `get_config()`'s output.
+
+        Raises:
+            ValueError: for a key the rule does not take or an argument it
+                needs, listing the ones it accepts.
+        """
+        check_arguments(cls, config)
         return cls(**config)
 
     def __repr__(self) -> str:

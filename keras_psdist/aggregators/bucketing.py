@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from keras_psdist.aggregators import combine
 from keras_psdist.aggregators.base import Aggregation, Aggregator
+from keras_psdist.aggregators.configs import check_bool
 from keras_psdist.aggregators.pre_aggregation import PreAggregation
 
 
@@ -96,7 +97,7 @@ class Bucketing(PreAggregation):
         )
         self.bucket_size = bucket_size
         self.seed = seed
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
     def inner_replicas(self, num_replicas: int) -> int:
         return math.ceil(num_replicas / self.bucket_size)

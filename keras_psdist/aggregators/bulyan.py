@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_psdist.aggregators import distances
 from keras_psdist.aggregators.base import Aggregation, Aggregator
+from keras_psdist.aggregators.configs import check_bool
 from keras_psdist.aggregators.krum import REPORT_NAME, krum_scores
 from keras_psdist.aggregators.order_statistics import sort_columns
 
@@ -70,7 +71,7 @@ class Bulyan(Aggregator):
 
     def __init__(self, num_byzantine: int | None = None, *, jit_compile: bool = True):
         super().__init__(num_byzantine)
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
         super().check(num_replicas, num_byzantine)

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from keras_psdist.aggregators import combine, distances
 from keras_psdist.aggregators.base import Aggregation, Aggregator
+from keras_psdist.aggregators.configs import check_bool
 from keras_psdist.aggregators.pre_aggregation import PreAggregation
 
 
@@ -99,7 +100,7 @@ class Clipping(PreAggregation):
             )
         super().__init__(aggregator, num_byzantine)
         self.threshold = float(threshold)
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
     def apply(
         self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()

@@ -25,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist.aggregators.base import Aggregation, Aggregator, check_honest_majority
+from keras_psdist.aggregators.configs import check_bool
 from keras_psdist.aggregators.order_statistics import sanitize, sort_columns
 
 REPORT_NAME = "extreme_fraction"
@@ -236,7 +237,7 @@ class OrderStatisticsMean(Aggregator):
 
     def __init__(self, num_byzantine: int | None = None, jit_compile: bool = True):
         super().__init__(num_byzantine)
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
     def kept(self, n: int) -> tuple[int, int]:
         """`(lo, hi)`: the first and last order statistic kept, inclusive."""

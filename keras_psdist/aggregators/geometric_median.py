@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_psdist.aggregators import combine, distances
 from keras_psdist.aggregators.base import Aggregation, Aggregator, check_honest_majority
+from keras_psdist.aggregators.configs import check_bool
 
 REPORT_NAME = "weight"
 
@@ -85,7 +86,7 @@ class GeometricMedian(Aggregator):
             )
         self.iterations = iterations
         self.smoothing = float(smoothing)
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
         super().check(num_replicas, num_byzantine)

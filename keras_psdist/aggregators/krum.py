@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_psdist.aggregators import combine, distances
 from keras_psdist.aggregators.base import Aggregation, Aggregator
+from keras_psdist.aggregators.configs import check_bool
 
 REPORT_NAME = "selected"
 
@@ -135,7 +136,7 @@ class MultiKrum(Aggregator):
         self.m = m
         # With m set, f = 0 still selects the m most central replicas.
         self.needs_num_byzantine = m is None
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
         super().check(num_replicas, num_byzantine)

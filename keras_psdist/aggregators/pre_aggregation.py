@@ -100,4 +100,4 @@ class PreAggregation(Aggregator):
         config = dict(config)
         if isinstance(config.get("aggregator"), dict):
             config["aggregator"] = registry.deserialize(config["aggregator"])
-        return cls(**config)
+        return super().from_config(config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_psdist.aggregators.base import Aggregator
+from keras_psdist.aggregators.configs import split_config
 
 _REGISTRY: dict[str, type[Aggregator]] = {}
 
@@ -52,21 +53,27 @@ def serialize(aggregator: Aggregator) -> dict[str, Any]:
 
 
 def deserialize(config: dict[str, Any]) -> Aggregator:
-    """Inverse of `serialize`."""
-    if not isinstance(config, dict) or "class_name" not in config:
-        raise ValueError(
-            "An aggregator config must be a dict with 'class_name' and "
-            f"'config'. Received: {config!r}"
-        )
-    cls = _lookup(config["class_name"])
-    return cls.from_config(config.get("config") or {})
+    """Inverse of `serialize`.
+
+    Raises:
+        ValueError: for a malformed config, an unknown `class_name` (naming
+            the valid ones) or an argument the rule does not take (naming
+            the ones it does).
+    """
+    name, arguments = split_config(
+        config,
+        "aggregator",
+        "{'class_name': 'trimmed_mean', 'config': {'num_byzantine': 1}}",
+    )
+    return _lookup(name).from_config(arguments)
 
 
 def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
     """Returns an aggregator from a string id, a config dict or an instance.
 
     Raises:
-        ValueError: for an unknown id, naming the valid ones.
+        ValueError: for an unknown id, naming the valid ones, or a config
+            dict the rule cannot be built from, naming what it accepts.
     """
     if isinstance(identifier, Aggregator):
         return identifier
@@ -86,14 +93,14 @@ def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
     )
 
 
-def _lookup(name: str) -> type[Aggregator]:
+def _lookup(name: Any) -> type[Aggregator]:
     try:
         return _REGISTRY[name]
-    except KeyError:
+    except (KeyError, TypeError):
         by_class = {cls.__name__: id_ for id_, cls in _REGISTRY.items()}
         hint = (
             f" {name!r} is the class of {by_class[name]!r}: pass that id."
-            if name in by_class
+            if isinstance(name, str) and name in by_class
             else ""
         )
         raise ValueError(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keras_psdist.aggregators.configs import split_config
 from keras_psdist.attacks.adaptive import OptimalALIE, OptimalIPM
 from keras_psdist.attacks.base import AdaptiveAttack, Attack, GradientAttack
 from keras_psdist.attacks.crafted import ALIE, IPM, Mimic
@@ -69,22 +70,13 @@ def deserialize(config: dict[str, Any]) -> Attack:
     """Inverse of `serialize`.
 
     Raises:
-        ValueError: for a malformed config or an unknown `class_name`.
+        ValueError: for a malformed config, an unknown `class_name` or an
+            argument the attack does not take (naming the ones it does).
     """
-    if not isinstance(config, dict) or "class_name" not in config:
-        raise ValueError(
-            "An attack config must be a dict with 'class_name' and 'config', "
-            "e.g. {'class_name': 'sign_flip', 'config': {'replicas': [7]}}. "
-            f"Received: {config!r}"
-        )
-    unknown = set(config) - {"class_name", "config"}
-    if unknown:
-        raise ValueError(
-            f"An attack config has only the keys 'class_name' and 'config'. "
-            f"Received unknown keys {sorted(unknown)} in {config!r}"
-        )
-    cls = _lookup(config["class_name"])
-    return cls.from_config(dict(config.get("config") or {}))
+    name, arguments = split_config(
+        config, "attack", "{'class_name': 'sign_flip', 'config': {'replicas': [7]}}"
+    )
+    return _lookup(name).from_config(arguments)
 
 
 def get(identifier: dict[str, Any] | Attack | None) -> Attack | None:

@@ -28,6 +28,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_psdist.aggregators.configs import check_arguments
+
 PerReplica = Sequence[Sequence[tf.Tensor]]
 # An aggregation rule as an adaptive attack sees it: `rule(values)`, with
 # `values[v][r]` replica r's value of variable v, is one tensor per variable.
@@ -142,15 +144,11 @@ class Attack:
         """Builds the attack from `get_config()`'s output.
 
         Raises:
-            ValueError: if `config` holds an argument the attack does not take.
+            ValueError: for a key the attack does not take or an argument it
+                needs, listing the ones it accepts.
         """
-        try:
-            return cls(**config)
-        except TypeError as error:
-            raise ValueError(
-                f"Could not build {cls.__name__} from its config: {error}. "
-                f"Received: config={config!r}"
-            ) from None
+        check_arguments(cls, config)
+        return cls(**config)
 
     def __repr__(self) -> str:
         args = ", ".join(

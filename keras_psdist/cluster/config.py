@@ -306,7 +306,8 @@ def from_resolver(resolver) -> ClusterConfig:
     `task_id`.
 
     Raises:
-        ValueError: If the resolver's cluster is not a valid cluster.
+        ValueError: If `resolver` is not a cluster resolver, or its cluster
+            is not a valid cluster.
 
     Examples:
 
@@ -317,6 +318,8 @@ def from_resolver(resolver) -> ClusterConfig:
     >>> from_resolver(resolver).task_address
     'h:1'
     """
+    if not callable(getattr(resolver, "cluster_spec", None)):
+        raise not_a_resolver(resolver, "resolver")
     source = f"{type(resolver).__name__}"
     cluster = resolver.cluster_spec().as_dict()
     task_type = getattr(resolver, "task_type", None)
@@ -325,6 +328,29 @@ def from_resolver(resolver) -> ClusterConfig:
         task_id = None
     jobs = _validate(cluster, task_type, task_id, source)
     return ClusterConfig(jobs, task_type, task_id)
+
+
+def not_a_resolver(value: Any, what: str) -> ValueError:
+    """The error for a `cluster_resolver` (named `what`) that is none: what
+    it must be, what was received, and for TF_CONFIG's text or dict, the
+    call that reads it."""
+    hint = ""
+    if isinstance(value, str | Mapping):
+        hint = (
+            " For TF_CONFIG's JSON (text or dict), pass "
+            f"{what}=keras_psdist.cluster.from_tf_config(...); to read the "
+            f"TF_CONFIG environment variable, leave {what} out."
+        )
+    # A strategy's `cluster_resolver` also takes a ClusterConfig.
+    config = (
+        " or a keras_psdist.cluster.ClusterConfig" if what == "cluster_resolver" else ""
+    )
+    kind = type(value).__name__
+    return ValueError(
+        f"`{what}` must be a tf.distribute.cluster_resolver.ClusterResolver"
+        f"{config}. Received: {what}={_short(repr(value))} "
+        f"({'an' if kind[0] in 'aeiou' else 'a'} {kind}).{hint}"
+    )
 
 
 def _validate(

@@ -25,6 +25,7 @@ import shlex
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -35,6 +36,7 @@ from keras_psdist.cluster.config import (
     ClusterConfig,
     from_environment,
     from_resolver,
+    not_a_resolver,
 )
 from keras_psdist.cluster.ports import check_port_free, wait_reachable
 
@@ -175,12 +177,31 @@ def local_topology(
 
 
 def resolve_config(cluster_resolver) -> ClusterConfig | None:
-    """The cluster from `cluster_resolver`, else from TF_CONFIG, else `None`."""
+    """The cluster from `cluster_resolver` (see `check_cluster_resolver`),
+    else from TF_CONFIG, else `None`."""
     if cluster_resolver is not None:
         if isinstance(cluster_resolver, ClusterConfig):
             return cluster_resolver
         return from_resolver(cluster_resolver)
     return from_environment()
+
+
+def check_cluster_resolver(cluster_resolver: Any) -> None:
+    """Raises `ValueError` unless `cluster_resolver` is `None`, a
+    `ClusterConfig` or a cluster resolver (anything with `cluster_spec()`).
+
+    Examples:
+
+    >>> check_cluster_resolver(None)
+    >>> check_cluster_resolver("ps:2222")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: `cluster_resolver` must be a tf.distribute.cluster_resolver.ClusterResolver or a keras_psdist.cluster.ClusterConfig. Received: cluster_resolver='ps:2222' (a str). ...
+    """
+    if cluster_resolver is None or isinstance(cluster_resolver, ClusterConfig):
+        return
+    if not callable(getattr(cluster_resolver, "cluster_spec", None)):
+        raise not_a_resolver(cluster_resolver, "cluster_resolver")
 
 
 def connect(

@@ -8,6 +8,7 @@ from typing import Any
 from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
+from keras_psdist import devices as devices_lib
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist import synchronization
@@ -129,8 +130,10 @@ class PSStrategy(distribute_lib.Strategy):
             docs/hybrid.md. Defaults to `"ps"`.
 
     Raises:
-        ValueError: for unknown devices, placement or aggregator names, an
-            aggregator that cannot tolerate `num_byzantine` faulty replicas,
+        ValueError: for unknown or malformed devices, placement or
+            aggregator names, an aggregator or attack config with an
+            argument its class does not take, a `cluster_resolver` that is
+            not one, an aggregator that cannot tolerate `num_byzantine` faulty replicas,
             an attack on replicas that do not exist, an invalid cluster (or
             TF_CONFIG), or a task that cannot play the mode's role.
         ConnectionError: if a task of the cluster does not answer within
@@ -168,7 +171,10 @@ class PSStrategy(distribute_lib.Strategy):
         dense: str | synchronization.ChooserFn = "ps",
     ):
         synchronization.get_chooser(dense)
+        devices_lib.canonical_names(devices, "devices")
         partitioner, aggregator, worker_momentum = check_shared_arguments(
+            parameter_devices=parameter_devices,
+            cluster_resolver=cluster_resolver,
             placement=placement,
             partitioner=partitioner,
             aggregator=aggregator,
@@ -290,6 +296,8 @@ class PSStrategy(distribute_lib.Strategy):
 
 def check_shared_arguments(
     *,
+    parameter_devices: Any,
+    cluster_resolver: Any,
     placement: Any,
     partitioner: Any,
     aggregator: Any,
@@ -300,6 +308,8 @@ def check_shared_arguments(
     """Checks the arguments every strategy front takes (`ValueError` naming
     the fix); returns the partitioner, the (unbound) aggregator and the
     worker momentum, resolved."""
+    devices_lib.canonical_names(parameter_devices, "parameter_devices")
+    runtime.check_cluster_resolver(cluster_resolver)
     check_placement(placement)
     worker_momentum = check_beta(worker_momentum)
     partitioner = partitioners_lib.get(partitioner)

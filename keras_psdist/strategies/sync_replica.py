@@ -97,9 +97,11 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             (`keras_psdist.cluster.task_loss`). Defaults to 30.
 
     Raises:
-        ValueError: without a cluster, for counts that do not fit it, or for
-            an aggregator that cannot tolerate `num_byzantine` faulty
-            workers out of `replicas_to_aggregate`.
+        ValueError: without a cluster, for a `cluster_resolver` that is not
+            one, malformed `parameter_devices`, counts that do not fit the
+            cluster, an aggregator or attack config with an argument its
+            class does not take, or an aggregator that cannot tolerate
+            `num_byzantine` faulty workers out of `replicas_to_aggregate`.
 
     Examples:
 
@@ -137,6 +139,8 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             if value is not None:
                 check_count(name, value, minimum=1)
         partitioner, aggregator, worker_momentum = check_shared_arguments(
+            parameter_devices=parameter_devices,
+            cluster_resolver=cluster_resolver,
             placement=placement,
             partitioner=partitioner,
             aggregator=aggregator,
