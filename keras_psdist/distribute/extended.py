@@ -549,7 +549,7 @@ def _grouped(result, group):
 
 
 def _unwrap(var):
-    if isinstance(var, values.Mirrored) and all(
+    if type(var) is values.Mirrored and all(
         v is var._primary  # noqa: SLF001
         for v in var.values
     ):
