@@ -1,7 +1,7 @@
 """Every Keras method keras_psdist replaces, in one list, installed together.
 
 A custom `tf.distribute.Strategy` reaches most of Keras through the strategy
-API (variable creators, `reduce_to`, `update`, distributed datasets). Eight
+API (variable creators, `reduce_to`, `update`, distributed datasets). Nine
 behaviours Keras 3 has no extension point for are added by wrapping a Keras
 method; each wrapper acts only for models, optimizers and variables of a
 keras_psdist strategy and passes every other call through unchanged (the
@@ -187,6 +187,27 @@ PATCHES: tuple[Patch, ...] = (
         "same trainer hook as fit above.",
         "Callbacks mark the steps (`_Progress`), but leaving the protocol "
         "must also happen when `fit` raises, and callbacks are not told.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function",
+        "keras_psdist.integration.xla:compiled_per_replica",
+        "`compile(jit_compile=True)` puts the whole step (replicas, gradient "
+        "reduction, update, reads of variables on other devices) in one XLA "
+        "cluster, which fails. The wrapper builds the step without XLA and "
+        "compiles each replica's forward and backward pass on its device "
+        "(`integration/xla.py`). Retired by a Keras trainer that compiles "
+        "only the replica's pure part, as its JAX backend does.",
+        "`jit_compile` is read when Keras builds the step function; the "
+        "strategy's `_call_for_each_replica` runs inside the compiled function "
+        "and cannot leave it, and XLA cannot call `merge_call`.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_predict_function",
+        "keras_psdist.integration.xla:predict_without_xla",
+        "As `_make_function`: `predict` is built without XLA (Keras calls "
+        "`predict_step` only when the function is first traced, too late to "
+        "swap in a compiled one). Retired with it.",
+        "As `_make_function`.",
     ),
     Patch(
         "keras.src.trainers.trainer:Trainer.compile",
