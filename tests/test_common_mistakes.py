@@ -61,13 +61,6 @@ def test_model_created_outside_the_scope(strategy):
             model.compile("sgd", "sparse_categorical_crossentropy")
 
 
-def test_jit_compile_is_refused_with_the_reason(strategy):
-    with strategy.scope():
-        model = _build()
-        with pytest.raises(ValueError, match=r"jit_compile=True\) is not supported"):
-            model.compile("sgd", "mse", jit_compile=True)
-
-
 def test_the_right_set_up_compiles_and_counts_steps_once(strategy):
     x, y = _data()
     with strategy.scope():

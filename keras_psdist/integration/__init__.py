@@ -7,6 +7,8 @@
     checkpointing.py   the wrappers that make checkpoints chief-only and atomic
     compile_checks.py  the wrappers that refuse `compile` and `fit` mistakes
                        (a piece made outside the scope) with the fix
+    xla.py             `jit_compile=True`: each replica's forward and backward
+                       pass compiled on its device, the update outside XLA
 
 Beside it, `keras_psdist/_tf.py` holds every import of TensorFlow's private
 modules and checks the supported TensorFlow and Keras versions on import.

@@ -17,8 +17,9 @@ piece and the fix:
 |                                           | makes are not the strategy's      |
 | optimizer created outside the scope       | `iterations` advances once per    |
 |                                           | replica, schedules run n x fast   |
-| `compile(jit_compile=True)`               | XLA compiles a step for one       |
-|                                           | device; fails with an XLA error   |
+| `compile(jit_compile=True)` with a custom | the step cannot be cut where XLA  |
+| `train_step` / `test_step`, or between-   | must stop (`integration/xla.py`)  |
+| graph and sync-replica runs               |                                   |
 
 `fit` checks the scope it is called in (a model made and compiled outside,
 then fit inside, would otherwise meet TensorFlow's "Mixing different
@@ -51,6 +52,8 @@ import functools
 
 import tensorflow as tf
 from absl import logging
+
+from keras_psdist.integration import xla
 
 
 def checked_compile(compile_):
@@ -169,7 +172,8 @@ _FIX = (
 
 
 def check_compiled(model) -> None:
-    """After `compile`: the optimizer is the strategy's and XLA is off."""
+    """After `compile`: the optimizer is the strategy's, and XLA (if on) can
+    compile each replica's step."""
     strategy = _model_strategy(model)
     if not _is_ours(strategy):
         return
@@ -194,14 +198,7 @@ def check_compiled(model) -> None:
             )
     _warn_if_momentum_compounds(strategy, inner)
     if getattr(model, "jit_compile", False) is True:
-        raise ValueError(
-            f"compile(jit_compile=True) is not supported under "
-            f"{type(strategy).__name__}: XLA compiles a step for one device, "
-            "while this strategy's step runs replicas on several devices and "
-            "reads and updates variables on the parameter devices. Leave "
-            "jit_compile out: Keras's default ('auto') turns XLA off under "
-            "tf.distribute strategies, MirroredStrategy included."
-        )
+        xla.check_supported(model, strategy)
 
 
 def _worker_momentum_of(strategy) -> float:

@@ -189,6 +189,27 @@ PATCHES: tuple[Patch, ...] = (
         "must also happen when `fit` raises, and callbacks are not told.",
     ),
     Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function",
+        "keras_psdist.integration.xla:compiled_per_replica",
+        "`compile(jit_compile=True)` puts the whole step (replicas, gradient "
+        "reduction, update, reads of variables on other devices) in one XLA "
+        "cluster, which fails. The wrapper builds the step without XLA and "
+        "compiles each replica's forward and backward pass on its device "
+        "(`integration/xla.py`). Retired by a Keras trainer that compiles "
+        "only the replica's pure part, as its JAX backend does.",
+        "`jit_compile` is read when Keras builds the step function; the "
+        "strategy's `_call_for_each_replica` runs inside the compiled function "
+        "and cannot leave it, and XLA cannot call `merge_call`.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_predict_function",
+        "keras_psdist.integration.xla:predict_without_xla",
+        "As `_make_function`: `predict` is built without XLA (Keras calls "
+        "`predict_step` only when the function is first traced, too late to "
+        "swap in a compiled one). Retired with it.",
+        "As `_make_function`.",
+    ),
+    Patch(
         "keras.src.trainers.trainer:Trainer.compile",
         "keras_psdist.integration.compile_checks:checked_compile",
         "Keras takes each object's strategy from the scope active when it is "

@@ -1,0 +1,190 @@
+"""`compile(jit_compile=True)`: each replica's forward and backward pass is
+compiled with XLA on its device (`keras_psdist/integration/xla.py`), and the
+run trains to the weights of `jit_compile=False`."""
+
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_psdist as kpd
+from keras_psdist.integration import xla
+
+EPOCHS = 3
+# 130 examples in global batches of 64: the last batch of 2 leaves one of
+# three replicas without data (it runs on a stand-in, weighed 0).
+NUM_EXAMPLES = 130
+BATCH_SIZE = 64
+
+
+@pytest.fixture
+def data(digits):
+    x, y, _, _ = digits
+    return x[:NUM_EXAMPLES], y[:NUM_EXAMPLES]
+
+
+def _build(jit_compile, batch_norm, optimizer):
+    layers = [
+        keras.Input((64,)),
+        keras.layers.Dense(32, activation="relu", kernel_regularizer="l2"),
+    ]
+    if batch_norm:
+        layers.append(keras.layers.BatchNormalization())
+    layers += [
+        keras.layers.Dense(10),
+        keras.layers.Activation("linear", dtype="float32"),
+    ]
+    model = keras.Sequential(layers)
+    model.compile(
+        optimizer(),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        jit_compile=jit_compile,
+    )
+    return model
+
+
+def _train(make_strategy, jit_compile, data, batch_norm=True, optimizer=None):
+    """Trains under a fresh strategy; returns the weights, the history, the
+    evaluation and the model."""
+    x, y = data
+    strategy = make_strategy()
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = _build(
+            jit_compile, batch_norm, optimizer or (lambda: keras.optimizers.SGD(0.3))
+        )
+    history = model.fit(
+        x, y, batch_size=BATCH_SIZE, epochs=EPOCHS, shuffle=False, verbose=0
+    )
+    evaluation = model.evaluate(x, y, batch_size=BATCH_SIZE, verbose=0)
+    return [w.numpy() for w in model.weights], history.history, evaluation, model
+
+
+def _compiled_calls(graphs):
+    """`(device, must compile, resource inputs)` of every call of the
+    compiled forward and backward pass in the step graphs that made them."""
+    calls = []
+    for graph in graphs:
+        for op in graph.get_operations():
+            if op.type not in ("PartitionedCall", "StatefulPartitionedCall"):
+                continue
+            name = op.get_attr("f").name
+            if "forward_backward" not in name:
+                continue
+            definition = graph._get_function(name).cached_definition
+            calls.append(
+                (
+                    op.device,
+                    definition.attr["_XlaMustCompile"].b,
+                    sum(t.dtype == tf.resource for t in op.inputs),
+                )
+            )
+    return calls
+
+
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        lambda d: kpd.PSStrategy(devices=d[:3]),
+        lambda d: kpd.PSStrategy(
+            devices=d[:3],
+            parameter_devices=d[3:5],
+            partitioner=kpd.partitioners.Fixed(2, min_variable_bytes=0),
+        ),
+        lambda d: kpd.PSStrategy(devices=d[:3], aggregator="median", num_byzantine=1),
+    ],
+    ids=["ps", "partitioned", "median"],
+)
+def test_weights_equal_those_without_xla(cpu_devices, data, make_strategy, monkeypatch):
+    # The compiled function's outer graphs: where each replica calls it.
+    graphs = set()
+    forward = xla._forward
+
+    def spy(*args, **kwargs):
+        graphs.add(tf.compat.v1.get_default_graph().outer_graph)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(xla, "_forward", spy)
+    expected = _train(lambda: make_strategy(cpu_devices), False, data)
+    assert not graphs
+    weights, history, evaluation, model = _train(
+        lambda: make_strategy(cpu_devices), True, data
+    )
+    assert model.jit_compile is True
+    for a, b in zip(expected[0], weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(expected[1]["loss"], history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(expected[2], evaluation, rtol=1e-5)
+    assert model.predict(data[0][:5], verbose=0).shape == (5, 10)
+
+    # One compiled call per replica, on the replica's device, with no
+    # variable inside (values come in as tensors).
+    calls = _compiled_calls(graphs)
+    devices = {
+        tf.DeviceSpec.from_string(d).to_string()
+        for d in model.distribute_strategy.extended.worker_devices
+    }
+    assert {tf.DeviceSpec.from_string(d).to_string() for d, _, _ in calls} == devices
+    assert all(must for _, must, _ in calls)
+    assert not any(resources for _, _, resources in calls)
+
+
+@pytest.mark.parametrize(
+    "policy, atol",
+    # bfloat16 keeps 8 bits of mantissa, float16 11: XLA and the kernels
+    # without it round differently, as on one device (bfloat16, measured:
+    # 8e-4 here, 1.3e-3 between Keras's own XLA and none on one device).
+    [("mixed_bfloat16", 5e-3), ("mixed_float16", 1e-3)],
+)
+def test_mixed_precision_is_close_to_without_xla(cpu_devices, data, policy, atol):
+    # mixed_float16 with dynamic loss scaling: the compiled backward pass
+    # takes the scaled loss.
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        # Without BatchNormalization: in low precision its statistics amplify
+        # rounding (Keras's own XLA on one device then moves these weights
+        # by 0.04 against no XLA).
+        expected, (weights, history, _, model) = (
+            _train(
+                lambda: kpd.PSStrategy(devices=cpu_devices[:3]),
+                jit,
+                data,
+                batch_norm=False,
+                optimizer=lambda: keras.optimizers.LossScaleOptimizer(
+                    keras.optimizers.SGD(0.3)
+                ),
+            )
+            for jit in (False, True)
+        )
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.layers[0].compute_dtype == policy.split("_")[1]
+    for a, b in zip(expected[0], weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
+    np.testing.assert_allclose(expected[1]["loss"], history["loss"], rtol=1e-2)
+
+
+def test_a_custom_train_step_is_refused_with_the_fix(cpu_devices):
+    class Custom(keras.Sequential):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    with kpd.PSStrategy(devices=cpu_devices[:2]).scope():
+        model = Custom([keras.Input((8,)), keras.layers.Dense(3)])
+        with pytest.raises(ValueError, match="overrides `train_step`") as e:
+            model.compile("sgd", "mse", jit_compile=True)
+    assert "stateless_call" in str(e.value)
+
+
+def test_between_graph_runs_are_refused():
+    # A stand-in for a between-graph strategy (it needs a cluster to build).
+    class PSStrategy:
+        extended = types.SimpleNamespace(
+            sync_training=None, experimental_between_graph=True
+        )
+
+    with pytest.raises(ValueError, match="not supported under PSStrategy with worker"):
+        xla.check_supported(keras.Sequential(), PSStrategy())
