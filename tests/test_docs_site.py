@@ -180,6 +180,17 @@ def test_strategy_entries_document_every_argument(site):
 
 
 @pytest.mark.timeout(300)
+def test_signatures_are_formatted(site):
+    """mkdocstrings formats a long signature one parameter a line, when it
+    finds ruff or black (the `docs` extra has ruff); else it is one line."""
+    html = _page(site, "api/strategies")
+    start = html.index('class="doc-signature')
+    signature = re.sub(r"<[^>]+>", "", html[start : html.index("</code>", start)])
+    assert "PSStrategy(\n    devices:" in signature, signature[:400]
+    assert max(map(len, signature.splitlines())) <= 88, signature
+
+
+@pytest.mark.timeout(300)
 def test_diagrams_and_figures_are_in_the_pages(site):
     assert _page(site, "architecture").count('class="mermaid"') >= 5
     assert 'src="images/strategies_epochs.png"' in _page(site, "benchmarks")
