@@ -139,7 +139,7 @@ def run_demo(
     if undefended:
         attackers = ", ".join(map(str, strategy.extended.attack.replicas))
         print(
-            f"baseline:   --num_byzantine {num_byzantine}: replica{'s' if num_byzantine > 1 else ''} "
+            f"baseline:   --num-byzantine {num_byzantine}: replica{'s' if num_byzantine > 1 else ''} "
             f"{attackers} attack{'' if num_byzantine > 1 else 's'} and the mean lets it "
             "through; try --aggregator median"
         )

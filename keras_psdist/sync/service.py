@@ -238,7 +238,7 @@ class UpdateService:
                 f"remaining workers ({config.names(sorted(self._active))}) cannot "
                 "make an update "
                 f"of replicas_to_aggregate={config.replicas_to_aggregate}. "
-                "Restart it (`keras-psdist launch --max_restarts`), or train with "
+                "Restart it (`keras-psdist launch --max-restarts`), or train with "
                 "backup workers (replicas_to_aggregate < total_num_replicas) to "
                 "go on without a lost worker."
             )

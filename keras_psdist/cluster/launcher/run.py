@@ -318,7 +318,7 @@ class _Launch:
                 raise Stop(
                     1,
                     f"{names(waiting)} did not report ready within "
-                    f"{self.startup_timeout_s:g} s (--startup_timeout); see the "
+                    f"{self.startup_timeout_s:g} s (--startup-timeout); see the "
                     "output above. Stopping every task.",
                 )
             time.sleep(0.05)
@@ -408,8 +408,8 @@ class _Launch:
         if self.restarts < self.max_restarts:
             self.restarts += 1
             self.log(
-                f"{what}; restarting it (restart {self.restarts} of "
-                f"max_restarts={self.max_restarts})."
+                f"{what}; restarting it (restart {self.restarts}; --max-restarts "
+                f"allows {self.max_restarts})."
             )
             self.children.remove(child)
             self._teardown([child])
@@ -417,8 +417,8 @@ class _Launch:
         if len(self.lost) < self.max_worker_failures:
             self.lost.append(f"{child.name} ({describe(code)})")
             self.log(
-                f"{what}; lost it and going on without it ({len(self.lost)} of "
-                f"max_worker_failures={self.max_worker_failures} lost)."
+                f"{what}; lost it and going on without it ({len(self.lost)} lost; "
+                f"--max-worker-failures allows {self.max_worker_failures})."
             )
             return None
         raise Stop(exit_code(code), f"{what}; stopping every task.")
