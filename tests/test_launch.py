@@ -172,11 +172,12 @@ def test_in_graph_runs_the_command_once_as_chief(tmp_path, processes):
     assert "started" in chief, out.text
     assert any("ps:0 listening on 127.0.0.1:" in line for line in out.prefixed("ps:0"))
     assert any("worker:0 listening" in line for line in out.prefixed("worker:0"))
-    # Every server says what its open port allows (docs/security.md).
-    assert any(
-        "unauthenticated connections on port" in line and "every interface" in line
-        for line in out.prefixed("ps:0")
-    ), out.text
+    # What the open ports allow (docs/security.md), said once for the launch,
+    # naming every server's port, not once per server.
+    notes = [line for line in out.lines if "unauthenticated connections" in line]
+    assert len(notes) == 1 and notes[0].startswith("[launch] note: "), out.text
+    ports = re.findall(r"listening on 127\.0\.0\.1:(\d+)", out.text)
+    assert len(ports) == 2 and all(port in notes[0] for port in ports), out.text
     assert any("stopping ps:0" in line for line in out.prefixed("ps:0")), out.text
     (tf_config,) = [line for line in chief if line.startswith("TF_CONFIG=")]
     config = cluster_config.from_tf_config(tf_config[len("TF_CONFIG=") :])
@@ -580,6 +581,11 @@ def test_serve_stops_on_sigterm(tmp_path, processes):
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == 0, log.read_text()
     assert "keras-psdist serve: stopping ps:0 (SIGTERM)" in log.read_text()
+    # Started alone, the server says itself what its open port allows.
+    assert (
+        "keras-psdist serve: note: TensorFlow's gRPC server takes unauthenticated "
+        f"connections on port {ports[0]} of every interface" in log.read_text()
+    )
     processes.assert_all_gone()
 
 

@@ -367,12 +367,12 @@ def serve_command(args: Sequence[str] = ()) -> int:
             "--task."
         )
 
-    from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, serve
+    from keras_psdist.cluster.server import NOTE_SAID_ENV, PORT_IN_USE_EXIT_CODE, serve
 
     # Before `serve` imports TensorFlow (`launch --verbose` sets it to 0).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        code = serve(config)
+        code = serve(config, security_note=not os.environ.get(NOTE_SAID_ENV))
     except PortInUseError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return PORT_IN_USE_EXIT_CODE

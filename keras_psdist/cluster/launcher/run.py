@@ -40,7 +40,12 @@ from keras_psdist.cluster.launcher.processes import (
     signal_group,
 )
 from keras_psdist.cluster.ports import pick_free_ports, wait_reachable
-from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, READY_LINE
+from keras_psdist.cluster.server import (
+    LAUNCH_SECURITY_NOTE,
+    NOTE_SAID_ENV,
+    PORT_IN_USE_EXIT_CODE,
+    READY_LINE,
+)
 
 # Exit codes, as shells and `timeout(1)` report them.
 EXIT_TIMEOUT = 124
@@ -97,7 +102,10 @@ def launch(
     instruction note, cuInit failing for want of a GPU, the
     `GeneratorDatasetOp` note) are left out; each pattern matches a whole
     line exactly, so no other line is hidden.
-    Training starts once every server accepts connections.
+    Training starts once every server accepts connections; the launcher
+    then says, once, that their ports take unauthenticated connections on
+    every interface (the servers, which say it when started alone, get
+    `KERAS_PSDIST_SECURITY_NOTE_SAID=1` and leave it to the launcher).
 
     Every child runs in its own session (process group). However `launch`
     ends (success, failure, timeout, SIGINT, SIGTERM), every group gets
@@ -332,6 +340,8 @@ class _Launch:
             check_servers()  # A server's death explains it better.
             raise Stop(1, f"Servers reported ready but {e}") from None
         self.log("all servers are up")
+        ports = ", ".join(c.address.rsplit(":", 1)[1] for c in servers)
+        self.log(LAUNCH_SECURITY_NOTE.format(ports=ports))
 
     def _log_layout(self, config: ClusterConfig) -> None:
         tasks = ", ".join(
@@ -438,6 +448,8 @@ class _Launch:
         env["TF_CONFIG"] = json.dumps(config.to_tf_config())
         env["PYTHONUNBUFFERED"] = "1"
         env[LAUNCH_MODE_ENV] = self.mode
+        if is_server:
+            env[NOTE_SAID_ENV] = "1"
         # A crash (a segfault in TensorFlow) then prints every thread's stack.
         env.setdefault("PYTHONFAULTHANDLER", "1")
         # TensorFlow's log: everything with `verbose`; else the servers' only
