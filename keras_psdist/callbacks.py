@@ -16,6 +16,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist.sync import protocol
+
 
 class _ReportCallback(keras.callbacks.Callback):
     """Records figures in `fit`'s `History` and says one line per epoch.
@@ -218,12 +220,14 @@ class SyncReplicaReport(_ReportCallback):
       update (`chief_0` for `chief:0`, in a cluster with a chief job);
     - `sync/dropped_stale/worker_{i}`: its gradients that arrived after the
       update of their step (a backup worker's late gradients);
-    - `sync/dropped_at_end/worker_{i}`: gradients sent when too few workers
-      were left to make an update.
+    - `sync/dropped_at_end/worker_{i}`: gradients sent after the last
+      update, when too few workers were left to make another (a worker that
+      trains on after the others have finished), not applied.
 
-    It prints one line after the progress bar (not with `verbose=0`), e.g.
+    It prints one line after the progress bar (not with `verbose=0`), saying
+    what each drop is, e.g.
 
-        sync: 77 updates; gradients applied 154, dropped as stale 19 (most from worker:2: 17), dropped at the end 0
+        sync: 77 updates; gradients applied 154, dropped as stale 19 (most from worker:2: 17; arrived after the update of their step: a backup worker's late gradients, not applied), dropped at the end 0
 
     With `log_dir`, it also writes the counts as TensorBoard scalars.
 
@@ -275,24 +279,25 @@ class SyncReplicaReport(_ReportCallback):
         self._say_later(
             f"sync: {int(self.counts['global_step'])} updates; gradients "
             + ", ".join(
-                _total(what, self.counts[name], task)
-                for name, what in (
-                    ("applied", "applied"),
-                    ("dropped_stale", "dropped as stale"),
-                    ("dropped_at_end", "dropped at the end"),
+                _total(*protocol.COUNT_NAMES[row], self.counts[name], task)
+                for row, name in (
+                    (protocol.APPLIED, "applied"),
+                    (protocol.DROPPED_STALE, "dropped_stale"),
+                    (protocol.DROPPED_AT_END, "dropped_at_end"),
                 )
             )
         )
 
 
-def _total(what: str, per_worker, task: Callable[[int], str]) -> str:
-    """`"dropped as stale 19 (most from worker:2: 17)"`; no "most" for 0."""
+def _total(what: str, meaning: str, per_worker, task: Callable[[int], str]) -> str:
+    """`"dropped as stale 19 (most from worker:2: 17; arrived after ...)"`:
+    the worker with the most and what the count means, for drops but 0."""
     per_worker = np.asarray(per_worker)
     total = f"{what} {int(per_worker.sum())}"
-    if what == "applied" or not per_worker.any():
+    if not meaning or not per_worker.any():
         return total
     worker = int(np.argmax(per_worker))
-    return f"{total} (most from {task(worker)}: {int(per_worker[worker])})"
+    return f"{total} (most from {task(worker)}: {int(per_worker[worker])}; {meaning})"
 
 
 def _summary_writer(callback: keras.callbacks.Callback, log_dir: str):
