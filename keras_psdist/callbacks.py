@@ -57,6 +57,37 @@ class _ReportCallback(keras.callbacks.Callback):
         self._say_pending()
 
 
+# What each report of the rules measures per replica, in the words of the
+# per-epoch line (`History` keeps the reports' names).
+_REPORT_WORDS = {
+    "extreme_fraction": "share of its gradient's values set aside as extreme "
+    "(among the num_byzantine highest or lowest at their coordinate)",
+    "selected": "share of steps in which the rule picked its gradient",
+    "weight": "its share of the weight in the geometric median",
+    "clipped": "share of steps in which its gradient was clipped",
+}
+
+
+def describe_report(name: str) -> str:
+    """What the aggregator report `name` measures per replica, in plain words.
+
+    Args:
+        name: A name of `strategy.extended.report()`, e.g. `"selected"`.
+
+    Returns:
+        The words `AggregationReport` prints for it; the name itself for a
+        report it does not know (a rule of your own).
+
+    Examples:
+
+    >>> describe_report("selected")
+    'share of steps in which the rule picked its gradient'
+    >>> describe_report("my_score")
+    'my_score'
+    """
+    return _REPORT_WORDS.get(name, name)
+
+
 class AggregationReport(_ReportCallback):
     """Logs the aggregator's per-replica report, so a suspicious replica shows.
 
@@ -65,9 +96,10 @@ class AggregationReport(_ReportCallback):
     replica). At the end of each epoch it records the epoch's average in
     `history` and in the `History` that `fit` returns, as
     `"{name}/replica_{r}"`, and prints one line after the progress bar (not
-    with `verbose=0`) naming the lowest and highest replica, e.g.
+    with `verbose=0`) saying in words what the figure is (`describe_report`)
+    and naming the lowest and highest replica, e.g.
 
-        Krum, mean over the epoch's steps: selected lowest 0.00 (replica 7), highest 0.43 (replica 2)
+        Krum, this epoch, per replica: share of steps in which the rule picked its gradient: lowest 0% (replica 7), highest 43% (replica 2)
 
     With `log_dir`, it also writes every `update_freq`-th batch's values
     (`aggregation/{name}/replica_{r}`) and each epoch's average
@@ -172,7 +204,7 @@ class AggregationReport(_ReportCallback):
         if means:
             rule = type(self._extended().aggregator).__name__
             self._say_later(
-                f"{rule}, mean over the epoch's steps: "
+                f"{rule}, this epoch, per replica: "
                 + "; ".join(_extremes(name, mean) for name, mean in means.items())
             )
 
@@ -183,22 +215,24 @@ class AggregationReport(_ReportCallback):
 
 
 def _extremes(name: str, values: np.ndarray) -> str:
-    """`"selected lowest 0.00 (replicas 5, 7), highest 0.43 (replica 2)"`."""
+    """`"share of steps in which ...: lowest 0% (replicas 5, 7), highest 43%
+    (replica 2)"`."""
+    words = describe_report(name)
     finite = values[np.isfinite(values)]
     if finite.size < values.size:
-        return f"{name} not finite for {_replicas_at(values, np.nan)}"
+        return f"{words}: not finite for {_replicas_at(values, np.nan)}"
     low, high = float(np.min(values)), float(np.max(values))
-    if f"{low:.2f}" == f"{high:.2f}":
-        return f"{name} {low:.2f} for every replica"
+    if f"{low:.0%}" == f"{high:.0%}":
+        return f"{words}: {low:.0%} for every replica"
     return (
-        f"{name} lowest {low:.2f} ({_replicas_at(values, low)}), "
-        f"highest {high:.2f} ({_replicas_at(values, high)})"
+        f"{words}: lowest {low:.0%} ({_replicas_at(values, low)}), "
+        f"highest {high:.0%} ({_replicas_at(values, high)})"
     )
 
 
 def _replicas_at(values: np.ndarray, value: float, most: int = 4) -> str:
-    """The replicas whose value shows as `value` (2 decimals; NaN: not
-    finite), `most` of them at most."""
+    """The replicas whose value shows as `value` (a whole percentage; NaN:
+    not finite), `most` of them at most."""
     if np.isnan(value):
         ids = [int(r) for r in np.flatnonzero(~np.isfinite(values))]
     else:

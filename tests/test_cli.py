@@ -146,16 +146,21 @@ def test_demo_robust_rule_under_attack_reports_per_replica():
     assert _banner_lines(result.stderr), result.stderr
     assert not _banner_lines(result.stdout), result.stdout
     assert "attack:     NonFinite(replicas=[3]" in result.stdout
+    # In words a newcomer knows, not the report's name.
+    words = kpd.callbacks.describe_report("extreme_fraction")
+    assert words.startswith("share of its gradient's values set aside as extreme")
     fractions = re.search(
-        r"extreme_fraction per replica \(last epoch\): (.*)", result.stdout
+        rf"last epoch, per replica \(0 to 3\): {re.escape(words)}: (.*)",
+        result.stdout,
     )
     assert fractions, result.stdout
-    assert fractions.group(1).split()[-1] == "1.00"
+    assert fractions.group(1).split()[-1] == "100%"
     # One short line per epoch after the progress bar, naming the replica.
-    summary = "Median, mean over the epoch's steps: extreme_fraction lowest "
+    summary = f"Median, this epoch, per replica: {words}: lowest "
     lines = [line for line in result.stdout.splitlines() if summary in line]
     assert len(lines) == 2, result.stdout
-    assert lines[-1].endswith("highest 1.00 (replica 3)"), lines
+    assert lines[-1].endswith("highest 100% (replica 3)"), lines
+    assert "extreme_fraction" not in result.stdout
     assert "replica_" not in result.stdout
 
 
