@@ -162,7 +162,9 @@ def test_the_end_of_a_fit_is_said_plainly_not_as_a_warning(interactive, capsys, 
     if not interactive:
         keras.config.disable_interactive_logging()
     try:
-        with caplog.at_level(logging.INFO):
+        # absl's logger, whose level a command line parsed in this process
+        # may have raised.
+        with caplog.at_level(logging.INFO, logger="absl"):
             service.log_counts(FIT_FINISHED)
     finally:
         if was:
