@@ -1,4 +1,5 @@
-"""Every Python block in README.md and docs/ runs as written.
+"""Every Python block in README.md and docs/ runs as written (and the
+README's Quick start commands are what `.ci/run` runs).
 
 The docs are what users copy from, so each ```python block runs in a fresh
 process on a CPU-only install, from a temporary directory, with nothing but
