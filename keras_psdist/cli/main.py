@@ -213,12 +213,12 @@ def _usage(command: str | None = None) -> str:
 
 def _flag_lines(command: str) -> list[str]:
     return [
-        f"  {flag(name)} (default: {FLAGS[name].default!r})  {FLAGS[name].help}"
+        f"  {_flag(name)} (default: {FLAGS[name].default!r})  {FLAGS[name].help}"
         for name in _COMMAND_FLAGS.get(command, ())
     ]
 
 
-def flag(name: str) -> str:
+def _flag(name: str) -> str:
     """How users spell flag `name` (absl's, with underscores): `--num-ps`,
     as `torchrun` and `horovodrun` do. The underscore spelling is still
     accepted (`_normalise_flag`), but never shown."""
@@ -235,11 +235,11 @@ def _in_flag_words(message: str) -> str:
     )
     if unknown:
         name, guesses = unknown.groups()
-        said = f"Unknown flag {flag(name)}."
+        said = f"Unknown flag {_flag(name)}."
         if guesses:
-            said += f" Did you mean {' or '.join(map(flag, guesses.split(', ')))}?"
+            said += f" Did you mean {' or '.join(map(_flag, guesses.split(', ')))}?"
         return said
-    return re.sub(r"--(\w+)", lambda m: flag(m.group(1)), message)
+    return re.sub(r"--(\w+)", lambda m: _flag(m.group(1)), message)
 
 
 def _summary(fn: Callable) -> str:
@@ -252,7 +252,7 @@ def _check_minimum(name: str) -> None:
     minimum = _MINIMUMS[name]
     if value < minimum:
         raise _CliError(
-            f"`{flag(name)}` must be >= {minimum}. Received: {flag(name)}={value}"
+            f"`{_flag(name)}` must be >= {minimum}. Received: {_flag(name)}={value}"
         )
 
 
@@ -395,7 +395,7 @@ def launch_command(args: Sequence[str] = ()) -> int:
         value = getattr(FLAGS, name)
         if value is not None and not value > 0:
             raise _CliError(
-                f"`{flag(name)}` must be > 0. Received: {flag(name)}={value}"
+                f"`{_flag(name)}` must be > 0. Received: {_flag(name)}={value}"
             )
     try:
         # Here too, before `launch` checks it in its arguments' words: the
@@ -516,7 +516,7 @@ def _main(argv: list[str]) -> int:
     if misplaced:
         name, other = misplaced[0]
         print(
-            f"{PROG}: error: `{flag(name)}` is a flag of `{PROG} {other}`, not of "
+            f"{PROG}: error: `{_flag(name)}` is a flag of `{PROG} {other}`, not of "
             f"`{PROG} {command}`. See `{PROG} {command} --help`.",
             file=sys.stderr,
         )
