@@ -259,7 +259,7 @@ class SyncReplicaReport(_ReportCallback):
       trains on after the others have finished), not applied.
 
     It prints one line after the progress bar (not with `verbose=0`), saying
-    what each drop is, e.g.
+    what a drop is the first time it shows in a `fit`, e.g.
 
         sync: 77 updates; gradients applied 154, dropped as stale 19 (most from worker:2: 17; arrived after the update of their step: a backup worker's late gradients, not applied), dropped at the end 0
 
@@ -278,6 +278,7 @@ class SyncReplicaReport(_ReportCallback):
         self.log_dir = log_dir
         self.counts: dict = {}
         self._writer = None
+        self._explained: set[int] = set()  # Drops whose words were said.
 
     def _training(self):
         strategy = getattr(self.model, "distribute_strategy", None)
@@ -292,6 +293,7 @@ class SyncReplicaReport(_ReportCallback):
 
     def on_train_begin(self, logs=None):
         self._training()
+        self._explained = set()
         if self.log_dir is not None and self._writer is None:
             self._writer = _summary_writer(self, self.log_dir)
 
@@ -310,28 +312,35 @@ class SyncReplicaReport(_ReportCallback):
                 for name, value in flat.items():
                     tf.summary.scalar(name, value)
             self._writer.flush()
+        totals = []
+        for row, name in (
+            (protocol.APPLIED, "applied"),
+            (protocol.DROPPED_STALE, "dropped_stale"),
+            (protocol.DROPPED_AT_END, "dropped_at_end"),
+        ):
+            what, meaning = protocol.COUNT_NAMES[row]
+            # What a drop is: said the first time it shows in a fit.
+            if row in self._explained or not np.any(self.counts[name]):
+                meaning = ""
+            elif meaning:
+                self._explained.add(row)
+            totals.append(_total(what, meaning, self.counts[name], task))
         self._say_later(
             f"sync: {int(self.counts['global_step'])} updates; gradients "
-            + ", ".join(
-                _total(*protocol.COUNT_NAMES[row], self.counts[name], task)
-                for row, name in (
-                    (protocol.APPLIED, "applied"),
-                    (protocol.DROPPED_STALE, "dropped_stale"),
-                    (protocol.DROPPED_AT_END, "dropped_at_end"),
-                )
-            )
+            + ", ".join(totals)
         )
 
 
 def _total(what: str, meaning: str, per_worker, task: Callable[[int], str]) -> str:
     """`"dropped as stale 19 (most from worker:2: 17; arrived after ...)"`:
-    the worker with the most and what the count means, for drops but 0."""
+    for drops but 0, the worker with the most and, if given, what they are."""
     per_worker = np.asarray(per_worker)
     total = f"{what} {int(per_worker.sum())}"
-    if not meaning or not per_worker.any():
+    if what == protocol.COUNT_NAMES[protocol.APPLIED][0] or not per_worker.any():
         return total
     worker = int(np.argmax(per_worker))
-    return f"{total} (most from {task(worker)}: {int(per_worker[worker])}; {meaning})"
+    most = f"most from {task(worker)}: {int(per_worker[worker])}"
+    return f"{total} ({most}; {meaning})" if meaning else f"{total} ({most})"
 
 
 def _summary_writer(callback: keras.callbacks.Callback, log_dir: str):

@@ -213,6 +213,11 @@ def test_between_graph_runs_the_command_once_per_worker(tmp_path, processes):
     assert not out.prefixed("chief:0")
     # Only the ps task runs a server.
     assert not any("listening" in line for line in out.prefixed("worker:0"))
+    (port,) = re.findall(r"ps:0 listening on 127\.0\.0\.1:(\d+)", out.text)
+    assert (
+        f"unauthenticated connections on port {port} of every interface of this "
+        "machine; keep it on a private network" in "\n".join(out.prefixed("launch"))
+    ), out.text
     processes.assert_all_gone()
 
 

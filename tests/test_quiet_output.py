@@ -286,11 +286,19 @@ def test_sync_replica_report_says_what_dropped_at_the_end_means(capsys):
     report = _sync_report(_WorkerTrainingOnAlone())
     report.on_train_begin()
     report.on_epoch_end(0, {})
-    report.on_train_end()
-    assert capsys.readouterr().out.endswith(
+    report.on_epoch_begin(1)
+    first = capsys.readouterr().out
+    assert first.endswith(
         "dropped at the end 41 (most from worker:0: 41; sent after the last "
         "update, when too few workers were still training to make another: not "
         "applied)\n"
+    )
+    # Said once a fit: the next epochs' lines give the counts.
+    report.on_epoch_end(1, {})
+    report.on_train_end()
+    assert capsys.readouterr().out == (
+        "sync: 7 updates; gradients applied 12, dropped as stale 2 (most from "
+        "worker:0: 2), dropped at the end 41 (most from worker:0: 41)\n"
     )
 
 

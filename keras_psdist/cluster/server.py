@@ -24,11 +24,12 @@ SECURITY_NOTE = (
     "connections on port {port} of every interface of this machine; keep the "
     "port on a private network (see docs/security.md)."
 )
-# The same, said once by `keras-psdist launch` for all the servers it starts.
+# The same, said once by `keras-psdist launch` for all the servers it starts
+# (`{ports}`: "port 2222" or "ports 2222, 2223"; `{them}`: "it" or "them").
 LAUNCH_SECURITY_NOTE = (
-    "note: TensorFlow's gRPC servers take unauthenticated connections on ports "
-    "{ports} of every interface of this machine; keep them on a private network "
-    "(see docs/security.md)."
+    "note: TensorFlow's gRPC servers take unauthenticated connections on "
+    "{ports} of every interface of this machine; keep {them} on a private "
+    "network (see docs/security.md)."
 )
 # Set by `keras-psdist launch` in the servers it starts, which then leave the
 # note to it: one note per launch, not one per server.

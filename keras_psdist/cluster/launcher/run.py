@@ -340,8 +340,13 @@ class _Launch:
             check_servers()  # A server's death explains it better.
             raise Stop(1, f"Servers reported ready but {e}") from None
         self.log("all servers are up")
-        ports = ", ".join(c.address.rsplit(":", 1)[1] for c in servers)
-        self.log(LAUNCH_SECURITY_NOTE.format(ports=ports))
+        ports = [c.address.rsplit(":", 1)[1] for c in servers]
+        self.log(
+            LAUNCH_SECURITY_NOTE.format(
+                ports=f"port{'s' if len(ports) > 1 else ''} {', '.join(ports)}",
+                them="them" if len(ports) > 1 else "it",
+            )
+        )
 
     def _log_layout(self, config: ClusterConfig) -> None:
         tasks = ", ".join(
