@@ -16,6 +16,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist.sync import protocol
+
 
 class _ReportCallback(keras.callbacks.Callback):
     """Records figures in `fit`'s `History` and says one line per epoch.
@@ -55,6 +57,37 @@ class _ReportCallback(keras.callbacks.Callback):
         self._say_pending()
 
 
+# What each report of the rules measures per replica, in the words of the
+# per-epoch line (`History` keeps the reports' names).
+_REPORT_WORDS = {
+    "extreme_fraction": "share of its gradient's values set aside as extreme "
+    "(among the num_byzantine highest or lowest at their coordinate)",
+    "selected": "share of steps in which the rule picked its gradient",
+    "weight": "its share of the weight in the geometric median",
+    "clipped": "share of steps in which its gradient was clipped",
+}
+
+
+def describe_report(name: str) -> str:
+    """What the aggregator report `name` measures per replica, in plain words.
+
+    Args:
+        name: A name of `strategy.extended.report()`, e.g. `"selected"`.
+
+    Returns:
+        The words `AggregationReport` prints for it; the name itself for a
+        report it does not know (a rule of your own).
+
+    Examples:
+
+    >>> describe_report("selected")
+    'share of steps in which the rule picked its gradient'
+    >>> describe_report("my_score")
+    'my_score'
+    """
+    return _REPORT_WORDS.get(name, name)
+
+
 class AggregationReport(_ReportCallback):
     """Logs the aggregator's per-replica report, so a suspicious replica shows.
 
@@ -63,9 +96,10 @@ class AggregationReport(_ReportCallback):
     replica). At the end of each epoch it records the epoch's average in
     `history` and in the `History` that `fit` returns, as
     `"{name}/replica_{r}"`, and prints one line after the progress bar (not
-    with `verbose=0`) naming the lowest and highest replica, e.g.
+    with `verbose=0`) saying in words what the figure is (`describe_report`)
+    and naming the lowest and highest replica, e.g.
 
-        Krum, mean over the epoch's steps: selected lowest 0.00 (replica 7), highest 0.43 (replica 2)
+        Krum, this epoch, per replica: share of steps in which the rule picked its gradient: lowest 0% (replica 7), highest 43% (replica 2)
 
     With `log_dir`, it also writes every `update_freq`-th batch's values
     (`aggregation/{name}/replica_{r}`) and each epoch's average
@@ -170,7 +204,7 @@ class AggregationReport(_ReportCallback):
         if means:
             rule = type(self._extended().aggregator).__name__
             self._say_later(
-                f"{rule}, mean over the epoch's steps: "
+                f"{rule}, this epoch, per replica: "
                 + "; ".join(_extremes(name, mean) for name, mean in means.items())
             )
 
@@ -181,22 +215,24 @@ class AggregationReport(_ReportCallback):
 
 
 def _extremes(name: str, values: np.ndarray) -> str:
-    """`"selected lowest 0.00 (replicas 5, 7), highest 0.43 (replica 2)"`."""
+    """`"share of steps in which ...: lowest 0% (replicas 5, 7), highest 43%
+    (replica 2)"`."""
+    words = describe_report(name)
     finite = values[np.isfinite(values)]
     if finite.size < values.size:
-        return f"{name} not finite for {_replicas_at(values, np.nan)}"
+        return f"{words}: not finite for {_replicas_at(values, np.nan)}"
     low, high = float(np.min(values)), float(np.max(values))
-    if f"{low:.2f}" == f"{high:.2f}":
-        return f"{name} {low:.2f} for every replica"
+    if f"{low:.0%}" == f"{high:.0%}":
+        return f"{words}: {low:.0%} for every replica"
     return (
-        f"{name} lowest {low:.2f} ({_replicas_at(values, low)}), "
-        f"highest {high:.2f} ({_replicas_at(values, high)})"
+        f"{words}: lowest {low:.0%} ({_replicas_at(values, low)}), "
+        f"highest {high:.0%} ({_replicas_at(values, high)})"
     )
 
 
 def _replicas_at(values: np.ndarray, value: float, most: int = 4) -> str:
-    """The replicas whose value shows as `value` (2 decimals; NaN: not
-    finite), `most` of them at most."""
+    """The replicas whose value shows as `value` (a whole percentage; NaN:
+    not finite), `most` of them at most."""
     if np.isnan(value):
         ids = [int(r) for r in np.flatnonzero(~np.isfinite(values))]
     else:
@@ -218,12 +254,14 @@ class SyncReplicaReport(_ReportCallback):
       update (`chief_0` for `chief:0`, in a cluster with a chief job);
     - `sync/dropped_stale/worker_{i}`: its gradients that arrived after the
       update of their step (a backup worker's late gradients);
-    - `sync/dropped_at_end/worker_{i}`: gradients sent when too few workers
-      were left to make an update.
+    - `sync/dropped_at_end/worker_{i}`: gradients sent after the last
+      update, when too few workers were left to make another (a worker that
+      trains on after the others have finished), not applied.
 
-    It prints one line after the progress bar (not with `verbose=0`), e.g.
+    It prints one line after the progress bar (not with `verbose=0`), saying
+    what a drop is the first time it shows in a `fit`, e.g.
 
-        sync: 77 updates; gradients applied 154, dropped as stale 19 (most from worker:2: 17), dropped at the end 0
+        sync: 77 updates; gradients applied 154, dropped as stale 19 (most from worker:2: 17; arrived after the update of their step: a backup worker's late gradients, not applied), dropped at the end 0
 
     With `log_dir`, it also writes the counts as TensorBoard scalars.
 
@@ -240,6 +278,7 @@ class SyncReplicaReport(_ReportCallback):
         self.log_dir = log_dir
         self.counts: dict = {}
         self._writer = None
+        self._explained: set[int] = set()  # Drops whose words were said.
 
     def _training(self):
         strategy = getattr(self.model, "distribute_strategy", None)
@@ -254,6 +293,7 @@ class SyncReplicaReport(_ReportCallback):
 
     def on_train_begin(self, logs=None):
         self._training()
+        self._explained = set()
         if self.log_dir is not None and self._writer is None:
             self._writer = _summary_writer(self, self.log_dir)
 
@@ -272,27 +312,35 @@ class SyncReplicaReport(_ReportCallback):
                 for name, value in flat.items():
                     tf.summary.scalar(name, value)
             self._writer.flush()
+        totals = []
+        for row, name in (
+            (protocol.APPLIED, "applied"),
+            (protocol.DROPPED_STALE, "dropped_stale"),
+            (protocol.DROPPED_AT_END, "dropped_at_end"),
+        ):
+            what, meaning = protocol.COUNT_NAMES[row]
+            # What a drop is: said the first time it shows in a fit.
+            if row in self._explained or not np.any(self.counts[name]):
+                meaning = ""
+            elif meaning:
+                self._explained.add(row)
+            totals.append(_total(what, meaning, self.counts[name], task))
         self._say_later(
             f"sync: {int(self.counts['global_step'])} updates; gradients "
-            + ", ".join(
-                _total(what, self.counts[name], task)
-                for name, what in (
-                    ("applied", "applied"),
-                    ("dropped_stale", "dropped as stale"),
-                    ("dropped_at_end", "dropped at the end"),
-                )
-            )
+            + ", ".join(totals)
         )
 
 
-def _total(what: str, per_worker, task: Callable[[int], str]) -> str:
-    """`"dropped as stale 19 (most from worker:2: 17)"`; no "most" for 0."""
+def _total(what: str, meaning: str, per_worker, task: Callable[[int], str]) -> str:
+    """`"dropped as stale 19 (most from worker:2: 17; arrived after ...)"`:
+    for drops but 0, the worker with the most and, if given, what they are."""
     per_worker = np.asarray(per_worker)
     total = f"{what} {int(per_worker.sum())}"
-    if what == "applied" or not per_worker.any():
+    if what == protocol.COUNT_NAMES[protocol.APPLIED][0] or not per_worker.any():
         return total
     worker = int(np.argmax(per_worker))
-    return f"{total} (most from {task(worker)}: {int(per_worker[worker])})"
+    most = f"most from {task(worker)}: {int(per_worker[worker])}"
+    return f"{total} ({most}; {meaning})" if meaning else f"{total} ({most})"
 
 
 def _summary_writer(callback: keras.callbacks.Callback, log_dir: str):

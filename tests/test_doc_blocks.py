@@ -1,4 +1,5 @@
-"""Every Python block in README.md and docs/ runs as written.
+"""Every Python block in README.md and docs/ runs as written (and the
+README's Quick start commands are what `.ci/run` runs).
 
 The docs are what users copy from, so each ```python block runs in a fresh
 process on a CPU-only install, from a temporary directory, with nothing but
@@ -236,6 +237,42 @@ def test_docs_use_the_current_mode_names():
         if old.search(line) and "DeprecationWarning" not in line
     ]
     assert not found, "\n".join(found)
+
+
+def _quick_start_blocks() -> list[str]:
+    """The README Quick start's shell blocks, each as one line."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    return [
+        " ".join(block.split())
+        for block in re.findall(r"^```\n(.*?)^```$", section, re.S | re.M)
+    ]
+
+
+def test_quick_start_keeps_trying_and_testing_apart():
+    """Copying the "try it" block installs and runs the demo, nothing else;
+    the test suite is a block of its own."""
+    try_it, run_tests = _quick_start_blocks()
+    assert "keras-psdist demo" in try_it and "pytest" not in try_it
+    assert "nox" not in try_it
+    assert "pytest" in run_tests and "keras-psdist demo" not in run_tests
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    """`.ci/run` runs the README's "run the tests" block, command by command
+    (`python -m pip` for its `pip`)."""
+    import shlex
+
+    run_tests = _quick_start_blocks()[1]
+    readme = [shlex.split(c) for c in run_tests.split("&&")]
+    script = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = [
+        shlex.split(line)
+        for line in script
+        if line.strip() and not line.lstrip().startswith(("#", "set ", "cd "))
+    ]
+    ci = [c[2:] if c[:3] == ["python", "-m", "pip"] else c for c in ci]
+    assert ci == readme, f".ci/run runs {ci}; the README says {readme}"
 
 
 @pytest.mark.parametrize(

@@ -188,7 +188,7 @@ def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
     chief = reports["0_start_1"]
     assert chief["failure"].startswith("WorkerLostError: worker:1 was lost"), chief
     assert "replicas_to_aggregate=2" in chief["failure"]
-    assert "--max_restarts" in chief["failure"]  # and how to fix it
+    assert "--max-restarts" in chief["failure"]  # and how to fix it
     assert chief["steps"] >= 10
 
 

@@ -8,6 +8,7 @@ left if it fails.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -171,11 +172,12 @@ def test_in_graph_runs_the_command_once_as_chief(tmp_path, processes):
     assert "started" in chief, out.text
     assert any("ps:0 listening on 127.0.0.1:" in line for line in out.prefixed("ps:0"))
     assert any("worker:0 listening" in line for line in out.prefixed("worker:0"))
-    # Every server says what its open port allows (docs/security.md).
-    assert any(
-        "unauthenticated connections on port" in line and "every interface" in line
-        for line in out.prefixed("ps:0")
-    ), out.text
+    # What the open ports allow (docs/security.md), said once for the launch,
+    # naming every server's port, not once per server.
+    notes = [line for line in out.lines if "unauthenticated connections" in line]
+    assert len(notes) == 1 and notes[0].startswith("[launch] note: "), out.text
+    ports = re.findall(r"listening on 127\.0\.0\.1:(\d+)", out.text)
+    assert len(ports) == 2 and all(port in notes[0] for port in ports), out.text
     assert any("stopping ps:0" in line for line in out.prefixed("ps:0")), out.text
     (tf_config,) = [line for line in chief if line.startswith("TF_CONFIG=")]
     config = cluster_config.from_tf_config(tf_config[len("TF_CONFIG=") :])
@@ -211,6 +213,11 @@ def test_between_graph_runs_the_command_once_per_worker(tmp_path, processes):
     assert not out.prefixed("chief:0")
     # Only the ps task runs a server.
     assert not any("listening" in line for line in out.prefixed("worker:0"))
+    (port,) = re.findall(r"ps:0 listening on 127\.0\.0\.1:(\d+)", out.text)
+    assert (
+        f"unauthenticated connections on port {port} of every interface of this "
+        "machine; keep it on a private network" in "\n".join(out.prefixed("launch"))
+    ), out.text
     processes.assert_all_gone()
 
 
@@ -247,8 +254,8 @@ def test_a_failed_worker_is_restarted_and_the_run_goes_on(tmp_path, processes):
     assert out.prefixed("worker:1")[:1] == ["worker:1 start 1"]
     assert "worker:1 start 2" in out.prefixed("worker:1")
     assert (
-        "worker:1 exited with exit code 3; restarting it (restart 1 of "
-        "max_restarts=1)." in out.prefixed("launch")
+        "worker:1 exited with exit code 3; restarting it (restart 1; "
+        "--max-restarts allows 1)." in out.prefixed("launch")
     )
     assert (tmp_path / "reports" / "recovered").exists()
     starts = (tmp_path / "reports" / "starts_worker_1").read_text().split()
@@ -271,7 +278,7 @@ def test_a_lost_worker_is_tolerated_and_reported(tmp_path, processes):
     launch_lines = out.prefixed("launch")
     assert (
         "worker:1 exited with exit code 3; lost it and going on without it "
-        "(1 of max_worker_failures=1 lost)." in launch_lines
+        "(1 lost; --max-worker-failures allows 1)." in launch_lines
     )
     assert launch_lines[-1].startswith(
         "worker:0, worker:2 finished (exit code 0); lost: worker:1 (exit code 3)"
@@ -579,6 +586,11 @@ def test_serve_stops_on_sigterm(tmp_path, processes):
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == 0, log.read_text()
     assert "keras-psdist serve: stopping ps:0 (SIGTERM)" in log.read_text()
+    # Started alone, the server says itself what its open port allows.
+    assert (
+        "keras-psdist serve: note: TensorFlow's gRPC server takes unauthenticated "
+        f"connections on port {ports[0]} of every interface" in log.read_text()
+    )
     processes.assert_all_gone()
 
 
@@ -634,11 +646,11 @@ def test_cli_launch_flags_and_command_after_double_dash(cli):
     [
         (
             ["launch", "--num-ps", "0", "--", "python"],
-            "`--num_ps` must be >= 1. Received: --num_ps=0",
+            "`--num-ps` must be >= 1. Received: --num-ps=0",
         ),
         (
             ["launch", "--num-workers", "0", "--", "python"],
-            "`--num_workers` must be >= 1. Received: --num_workers=0",
+            "`--num-workers` must be >= 1. Received: --num-workers=0",
         ),
         (["launch", "python", "t.py"], "unexpected arguments before `--`: python"),
         (["launch"], "`command` is empty"),
@@ -650,16 +662,64 @@ def test_cli_launch_flags_and_command_after_double_dash(cli):
         (["launch", "--timeout", "0", "--", "python"], "`--timeout` must be > 0"),
         (
             ["demo", "--num-workers", "2"],
-            "`--num_workers` is a flag of `keras-psdist launch`, not of "
+            "`--num-workers` is a flag of `keras-psdist launch`, not of "
             "`keras-psdist demo`",
         ),
         (["demo", "--", "python"], "unexpected arguments: python"),
+        (
+            ["launch", "python", "t.py"],
+            "Put the command to run after `--`: keras-psdist launch --num-ps 1 "
+            "--num-workers 2 -- python train.py",
+        ),
+        (
+            ["launch", "--max-restarts", "2", "--", "python"],
+            "Received: --max-restarts 2, --mode in-graph. Use --mode between-graph.",
+        ),
+        (
+            ["launch", "--max-restarts", "2", "--", "python"],
+            "`--max-restarts` applies to between-graph runs",
+        ),
+        (
+            ["launch", "--mode", "between-graph", "--max-worker-failures=1", "--"],
+            "`--max-worker-failures` must leave the chief (worker:0), which is "
+            "never tolerated to fail: at most --num-workers - 1 = 0. Received: "
+            "--max-worker-failures 1, --num-workers 1.",
+        ),
+        (["launch", "--startup-timeout", "0", "--", "x"], "`--startup-timeout` must"),
+        (["demo", "--attack", "sign_flip"], "set --num-byzantine to how many"),
         (["serve", "--task", "-1"], "`--task` must be >= 0. Received: --task=-1"),
     ],
 )
 def test_cli_argument_errors_exit_2(cli, capsys, argv, expected):
     assert _run_main(cli, ["keras-psdist", *argv]) == 2
     assert expected in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["launch", "--num-ps", "abc"],
+            "flag --num-ps=abc: invalid literal for int()",
+        ),
+        (
+            ["launch", "--num-pss", "2"],
+            "Unknown flag --num-pss. Did you mean --num-ps?",
+        ),
+        (["demo", "--batch-size"], "Missing value for flag --batch-size"),
+    ],
+)
+def test_cli_flag_parse_errors_use_the_hyphen_spelling(cli, capsys, argv, expected):
+    with pytest.raises(SystemExit) as info:
+        cli._parse_flags(["keras-psdist", *argv])
+    assert info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_cli_accepts_the_underscore_spelling_too(cli):
+    argv = ["keras-psdist", "launch", "--num_ps=2", "--max_worker_failures", "1"]
+    cli._parse_flags([*argv, "--", "x"])
+    assert (cli.FLAGS.num_ps, cli.FLAGS.max_worker_failures) == (2, 1)
 
 
 def test_cli_serve_needs_tf_config(cli, capsys, monkeypatch):
@@ -683,12 +743,16 @@ def test_cli_help_per_command(cli, capsys):
     assert info.value.code == 0
     usage = capsys.readouterr().out
     assert "usage: keras-psdist launch [--flags] -- COMMAND [ARGS...]" in usage
-    assert "--num_workers" in usage and "--replicas" not in usage
+    assert "--num-workers" in usage and "--replicas" not in usage
     with pytest.raises(SystemExit):
         cli._parse_flags(["keras-psdist", "--help"])
     usage = capsys.readouterr().out
-    for flag in ("--replicas", "--num_ps", "--job", "--task", "--timeout"):
+    for flag in ("--replicas", "--num-ps", "--job", "--task", "--timeout"):
         assert flag in usage
+    # One spelling: hyphens, as the docs and torchrun / horovodrun.
+    for flag in ("--num-byzantine", "--batch-size", "--max-worker-failures"):
+        assert flag in usage
+    assert not re.search(r"--[a-z]+_", usage), usage
     with pytest.raises(SystemExit) as info:
         cli._parse_flags(["keras-psdist", "--version"])
     assert info.value.code == 0

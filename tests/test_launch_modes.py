@@ -20,6 +20,7 @@ from keras_psdist import callbacks, cluster
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.config import LAUNCH_MODE_ENV
 from keras_psdist.cluster.liveness import LossReporter
+from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncConfig
 
 # Addresses nothing listens on: every check below fails before connecting.
@@ -121,9 +122,10 @@ def test_workers_are_named_by_their_tasks():
     # Without names (a between-graph launch has no chief): index i is worker:i.
     assert SyncConfig(2, 3, 1.0).names([1, 2]) == "worker:1, worker:2"
     # SyncReplicaReport's summary line says the same.
+    label, meaning = protocol.COUNT_NAMES[protocol.DROPPED_STALE]
     assert (
-        callbacks._total("dropped as stale", [0, 17, 2], config.name)
-        == "dropped as stale 19 (most from worker:0: 17)"
+        callbacks._total(label, meaning, [0, 17, 2], config.name)
+        == f"dropped as stale 19 (most from worker:0: 17; {meaning})"
     )
 
 

@@ -289,3 +289,37 @@ def test_a_metric_variable_reads_as_a_number_summed_over_replicas(cpu_devices):
     strategy.run(add_one)
     assert float(count) == 2.0 and int(count) == 2
     np.testing.assert_array_equal(np.asarray(count), 2.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({}, id="on-parameter-devices"),
+        pytest.param({"dense": "all_reduce"}, id="replicated"),
+        pytest.param(
+            {"partitioner": kpd.partitioners.Fixed(2, min_variable_bytes=0)},
+            id="partitioned",
+        ),
+    ],
+)
+def test_every_kind_of_variable_converts_to_numpy_without_warnings(cpu_devices, kwargs):
+    """Keras reads values with `np.array(x)`, which numpy 2 calls with `copy`:
+    an `__array__` without it (TensorFlow's) makes numpy warn."""
+    import warnings
+
+    strategy = kpd.PSStrategy(devices=cpu_devices[:2], **kwargs)
+    with strategy.scope():
+        layer = keras.layers.Dense(3)
+        layer.build((None, 4))
+        count = keras.Variable(0.0, synchronization="on_read", aggregation="sum")
+    # Ours, under Keras's wrappers (whose own `__array__` is Keras's).
+    variables = [v.value for v in [*layer.weights, count]]
+    kinds = {type(v).__name__ for v in variables}
+    assert len(kinds) == 2 and "ReplicaLocalVariable" in kinds, kinds
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for variable in variables:
+            for read in (np.array, np.asarray):
+                value = read(variable)
+                assert value.shape == tuple(variable.shape), type(variable)
+                assert read(variable, dtype=np.float64).dtype == np.float64

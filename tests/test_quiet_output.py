@@ -235,7 +235,8 @@ def test_aggregation_report_keeps_the_progress_bar_short(cpu_devices, capsys):
     assert "replica_" not in out, out
     summaries = [line for line in out.splitlines() if line.startswith("Median, ")]
     assert len(summaries) == 2, out
-    assert "mean over the epoch's steps: extreme_fraction" in summaries[0]
+    words = kpd.callbacks.describe_report("extreme_fraction")
+    assert summaries[0].startswith(f"Median, this epoch, per replica: {words}: ")
     # The figures are all kept: on the callback and in the History.
     assert len(report.history["extreme_fraction"]) == 2
     for r in range(4):
@@ -262,8 +263,8 @@ class _FakeSyncTraining:
         }
 
 
-def test_sync_replica_report_keeps_the_epoch_logs_short(capsys):
-    extended = types.SimpleNamespace(sync_training=_FakeSyncTraining())
+def _sync_report(training):
+    extended = types.SimpleNamespace(sync_training=training)
     model = types.SimpleNamespace(
         distribute_strategy=types.SimpleNamespace(extended=extended),
         history=keras.callbacks.History(),
@@ -271,6 +272,39 @@ def test_sync_replica_report_keeps_the_epoch_logs_short(capsys):
     report = kpd.callbacks.SyncReplicaReport()
     report.set_model(model)
     report.set_params({"verbose": 1, "epochs": 1, "steps": 1})
+    return report
+
+
+class _WorkerTrainingOnAlone(_FakeSyncTraining):
+    def counts(self) -> dict:
+        return {**super().counts(), "dropped_at_end": np.array([0, 41])}
+
+
+def test_sync_replica_report_says_what_dropped_at_the_end_means(capsys):
+    """A worker that trains on after the others finished: its gradients
+    are dropped, and the line says why."""
+    report = _sync_report(_WorkerTrainingOnAlone())
+    report.on_train_begin()
+    report.on_epoch_end(0, {})
+    report.on_epoch_begin(1)
+    first = capsys.readouterr().out
+    assert first.endswith(
+        "dropped at the end 41 (most from worker:0: 41; sent after the last "
+        "update, when too few workers were still training to make another: not "
+        "applied)\n"
+    )
+    # Said once a fit: the next epochs' lines give the counts.
+    report.on_epoch_end(1, {})
+    report.on_train_end()
+    assert capsys.readouterr().out == (
+        "sync: 7 updates; gradients applied 12, dropped as stale 2 (most from "
+        "worker:0: 2), dropped at the end 41 (most from worker:0: 41)\n"
+    )
+
+
+def test_sync_replica_report_keeps_the_epoch_logs_short(capsys):
+    report = _sync_report(_FakeSyncTraining())
+    model = report.model
     report.on_train_begin()
     report.on_epoch_begin(0)
     logs = {"loss": 0.5}
@@ -278,9 +312,11 @@ def test_sync_replica_report_keeps_the_epoch_logs_short(capsys):
     assert logs == {"loss": 0.5}
     assert capsys.readouterr().out == ""  # Not inside the progress bar's line.
     report.on_train_end()
+    # Each drop says what it is; a count of 0 needs no words.
     assert capsys.readouterr().out == (
         "sync: 7 updates; gradients applied 12, dropped as stale 2 (most from "
-        "worker:0: 2), dropped at the end 0\n"
+        "worker:0: 2; arrived after the update of their step: a backup worker's "
+        "late gradients, not applied), dropped at the end 0\n"
     )
     assert model.history.history["sync/global_step"] == [7.0]
     # Keys by task name: index 1 is worker:0 when the cluster has a chief.

@@ -12,7 +12,7 @@ import pytest
 
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncConfig
-from keras_psdist.sync.service import UpdateService
+from keras_psdist.sync.service import FIT_FINISHED, UpdateService, counts_summary
 
 
 class _Step:
@@ -135,3 +135,60 @@ def test_counts_account_for_every_gradient():
     total = sum(np.array(service.counts(row)) for row in range(3))
     np.testing.assert_array_equal(total, sent)
     assert len(service.updates) == service._step
+
+
+def _run_with_every_kind_of_count():
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=3)
+    service.gradient(0, 0, 1.0)
+    service.gradient(1, 0, 1.0)
+    service.gradient(2, 0, 1.0)  # stale
+    service.leave(0)
+    service.leave(1)
+    service.gradient(2, 1, 1.0)  # worker 2 trains on alone: dropped at the end
+    return service
+
+
+@pytest.mark.parametrize("interactive", [True, False])
+def test_the_end_of_a_fit_is_said_plainly_not_as_a_warning(interactive, capsys, caplog):
+    """Drops are what backup workers are for: the summary is printed (or, when
+    Keras logs instead of printing, logged at INFO), never a warning, and says
+    what each kind of drop is."""
+    import logging
+
+    import keras
+
+    service = _run_with_every_kind_of_count()
+    was = keras.config.is_interactive_logging_enabled()
+    if not interactive:
+        keras.config.disable_interactive_logging()
+    try:
+        # absl's logger, whose level a command line parsed in this process
+        # may have raised.
+        with caplog.at_level(logging.INFO, logger="absl"):
+            service.log_counts(FIT_FINISHED)
+    finally:
+        if was:
+            keras.config.enable_interactive_logging()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    said = capsys.readouterr().out if interactive else caplog.text
+    assert (
+        "keras_psdist sync-replicas (finished a fit): 1 update; gradients per "
+        "worker (worker:0, worker:1, worker:2): applied [1, 1, 0]" in said
+    )
+    assert (
+        "dropped as stale [0, 0, 1] (arrived after the update of their step: a "
+        "backup worker's late gradients, not applied)" in said
+    )
+    assert (
+        "dropped at the end [0, 0, 1] (sent after the last update, when too few "
+        "workers were still training to make another: not applied)" in said
+    )
+    assert not interactive or not caplog.records
+
+
+def test_the_summary_explains_only_the_drops_there_are():
+    counts = np.array([[5, 5], [0, 0], [0, 0]])
+    summary = counts_summary("progress", 5, counts, lambda w: f"worker:{w}")
+    assert summary.endswith(
+        "applied [5, 5]; dropped as stale [0, 0]; dropped at the end [0, 0]"
+    )

@@ -139,7 +139,7 @@ def run_demo(
     if undefended:
         attackers = ", ".join(map(str, strategy.extended.attack.replicas))
         print(
-            f"baseline:   --num_byzantine {num_byzantine}: replica{'s' if num_byzantine > 1 else ''} "
+            f"baseline:   --num-byzantine {num_byzantine}: replica{'s' if num_byzantine > 1 else ''} "
             f"{attackers} attack{'' if num_byzantine > 1 else 's'} and the mean lets it "
             "through; try --aggregator median"
         )
@@ -171,8 +171,9 @@ def run_demo(
         callbacks=[report],
     )
     for name, per_epoch in report.history.items():
-        values = " ".join(f"{v:.2f}" for v in per_epoch[-1])
-        print(f"{name} per replica (last epoch): {values}")
+        values = " ".join(f"{v:.0%}" for v in per_epoch[-1])
+        words = keras_psdist.callbacks.describe_report(name)
+        print(f"last epoch, per replica (0 to {n - 1}): {words}: {values}")
 
     print()
     print(strategy.extended.placement)

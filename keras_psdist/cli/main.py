@@ -8,6 +8,7 @@ CPU devices) has been set up, so `--help` and flag errors answer at once.
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -73,7 +74,7 @@ flags.DEFINE_integer(
 flags.DEFINE_string(
     "attack",
     "",
-    "Simulated attack on the last --num_byzantine replicas, one of: "
+    "Simulated attack on the last --num-byzantine replicas, one of: "
     f"{', '.join(ATTACK_IDS)} (see keras_psdist.attacks; the demo prints the "
     "attack it runs, with its strength).",
 )
@@ -212,9 +213,33 @@ def _usage(command: str | None = None) -> str:
 
 def _flag_lines(command: str) -> list[str]:
     return [
-        f"  --{name} (default: {FLAGS[name].default!r})  {FLAGS[name].help}"
+        f"  {_flag(name)} (default: {FLAGS[name].default!r})  {FLAGS[name].help}"
         for name in _COMMAND_FLAGS.get(command, ())
     ]
+
+
+def _flag(name: str) -> str:
+    """How users spell flag `name` (absl's, with underscores): `--num-ps`,
+    as `torchrun` and `horovodrun` do. The underscore spelling is still
+    accepted (`_normalise_flag`), but never shown."""
+    return "--" + name.replace("_", "-")
+
+
+def _in_flag_words(message: str) -> str:
+    """absl's flag errors with our spelling: `flag --num_ps=x: ...` ->
+    `flag --num-ps=x: ...`, `Unknown command line flag 'num_pss'. Did you
+    mean: num_ps ?` -> `Unknown flag --num-pss. Did you mean --num-ps?`"""
+    unknown = re.fullmatch(
+        r"Unknown command line flag '([\w-]+)'(?:\. Did you mean: (.+?) \?)?",
+        message.strip(),
+    )
+    if unknown:
+        name, guesses = unknown.groups()
+        said = f"Unknown flag {_flag(name)}."
+        if guesses:
+            said += f" Did you mean {' or '.join(map(_flag, guesses.split(', ')))}?"
+        return said
+    return re.sub(r"--(\w+)", lambda m: _flag(m.group(1)), message)
 
 
 def _summary(fn: Callable) -> str:
@@ -226,7 +251,9 @@ def _check_minimum(name: str) -> None:
     value = getattr(FLAGS, name)
     minimum = _MINIMUMS[name]
     if value < minimum:
-        raise _CliError(f"`--{name}` must be >= {minimum}. Received: --{name}={value}")
+        raise _CliError(
+            f"`{_flag(name)}` must be >= {minimum}. Received: {_flag(name)}={value}"
+        )
 
 
 def _split_host_cpu(replicas: int) -> None:
@@ -266,9 +293,9 @@ def demo_command(args: Sequence[str] = ()) -> int:
         )
     if FLAGS.attack and not FLAGS.num_byzantine:
         raise _CliError(
-            "`--attack` needs the attacked replicas: set --num_byzantine to how "
+            "`--attack` needs the attacked replicas: set --num-byzantine to how "
             f"many of the last replicas attack. Received: --attack={FLAGS.attack} "
-            "with --num_byzantine=0."
+            "with --num-byzantine=0."
         )
 
     if FLAGS.verbose:
@@ -340,12 +367,12 @@ def serve_command(args: Sequence[str] = ()) -> int:
             "--task."
         )
 
-    from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, serve
+    from keras_psdist.cluster.server import NOTE_SAID_ENV, PORT_IN_USE_EXIT_CODE, serve
 
     # Before `serve` imports TensorFlow (`launch --verbose` sets it to 0).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        code = serve(config)
+        code = serve(config, security_note=not os.environ.get(NOTE_SAID_ENV))
     except PortInUseError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return PORT_IN_USE_EXIT_CODE
@@ -360,14 +387,26 @@ def serve_command(args: Sequence[str] = ()) -> int:
 def launch_command(args: Sequence[str] = ()) -> int:
     """Run a command on a parameter-server cluster of local processes."""
     from keras_psdist.cluster.launcher import launch
+    from keras_psdist.cluster.launcher.arguments import check_fault_tolerance
 
     for name in ("num_ps", "num_workers", "max_restarts", "max_worker_failures"):
         _check_minimum(name)
     for name in ("timeout", "startup_timeout"):
         value = getattr(FLAGS, name)
         if value is not None and not value > 0:
-            raise _CliError(f"`--{name}` must be > 0. Received: --{name}={value}")
+            raise _CliError(
+                f"`{_flag(name)}` must be > 0. Received: {_flag(name)}={value}"
+            )
     try:
+        # Here too, before `launch` checks it in its arguments' words: the
+        # error then names the flags.
+        check_fault_tolerance(
+            FLAGS.mode.replace("_", "-"),
+            FLAGS.num_workers,
+            FLAGS.max_restarts,
+            FLAGS.max_worker_failures,
+            as_flags=True,
+        )
         return launch(
             list(args),
             num_ps=FLAGS.num_ps,
@@ -401,7 +440,8 @@ _HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "--helpfull", "help")
 def _parse_flags(argv: list[str]) -> list[str]:
     """Parses `argv` into FLAGS; returns `[prog, *positional]`.
 
-    Flag names may use hyphens (`--num-ps` is `--num_ps`). Everything after
+    Flag names are spelled with hyphens (`--num-ps`); absl's underscores
+    (`--num_ps`) are accepted too, for older scripts. Everything after
     the first `--` is returned untouched, after a `--` marker, for `launch`.
     Flag errors and help requests are handled here so they never reach absl's
     default usage printer (which documents the `__main__` module instead).
@@ -423,7 +463,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         positional = FLAGS(own)
     except flags.Error as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {_in_flag_words(str(e))}", file=sys.stderr)
         sys.exit(2)
     # absl raises the default verbosity to INFO after parsing; keep WARNING
     # unless the user asked for something else.
@@ -455,8 +495,8 @@ def _main(argv: list[str]) -> int:
     if command in _TAKES_ARGS and extra:
         print(
             f"{PROG}: error: unexpected arguments before `--`: {' '.join(extra)}. "
-            f"Put the command to run after `--`: {PROG} {command} --num_ps 1 "
-            "--num_workers 2 -- python train.py",
+            f"Put the command to run after `--`: {PROG} {command} --num-ps 1 "
+            "--num-workers 2 -- python train.py",
             file=sys.stderr,
         )
         return 2
@@ -476,7 +516,7 @@ def _main(argv: list[str]) -> int:
     if misplaced:
         name, other = misplaced[0]
         print(
-            f"{PROG}: error: `--{name}` is a flag of `{PROG} {other}`, not of "
+            f"{PROG}: error: `{_flag(name)}` is a flag of `{PROG} {other}`, not of "
             f"`{PROG} {command}`. See `{PROG} {command} --help`.",
             file=sys.stderr,
         )

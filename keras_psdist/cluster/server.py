@@ -24,13 +24,25 @@ SECURITY_NOTE = (
     "connections on port {port} of every interface of this machine; keep the "
     "port on a private network (see docs/security.md)."
 )
+# The same, said once by `keras-psdist launch` for all the servers it starts
+# (`{ports}`: "port 2222" or "ports 2222, 2223"; `{them}`: "it" or "them").
+LAUNCH_SECURITY_NOTE = (
+    "note: TensorFlow's gRPC servers take unauthenticated connections on "
+    "{ports} of every interface of this machine; keep {them} on a private "
+    "network (see docs/security.md)."
+)
+# Set by `keras-psdist launch` in the servers it starts, which then leave the
+# note to it: one note per launch, not one per server.
+NOTE_SAID_ENV = "KERAS_PSDIST_SECURITY_NOTE_SAID"
 
 # Exit code of `keras-psdist serve` when its port is taken: sysexits.h's
 # EX_TEMPFAIL ("try again later"), so a launcher can retry with other ports.
 PORT_IN_USE_EXIT_CODE = 75
 
 
-def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
+def serve(
+    config: ClusterConfig, out: TextIO | None = None, security_note: bool = True
+) -> int:
     """Serves `config`'s own task over gRPC until SIGTERM or SIGINT.
 
     Starts `tf.distribute.Server(config.cluster_spec(), job_name=...,
@@ -38,7 +50,8 @@ def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
 
         keras-psdist serve: ps:0 listening on 127.0.0.1:2222 (pid 4242)
 
-    and a note on what the open port allows (below), and waits. A chief or
+    and, with `security_note`, a note on what the open port allows (below),
+    and waits. A chief or
     worker process then places variables and ops on
     this task (`/job:ps/replica:0/task:0/...`) through TensorFlow's own
     runtime; nothing else needs to run here.
@@ -64,6 +77,8 @@ def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
     Args:
         config: The cluster, with this process's task set.
         out: Where the status lines go. Defaults to `sys.stdout`.
+        security_note: Print the note on the open port. Defaults to `True`;
+            `keras-psdist launch` says it once for all its servers instead.
 
     Returns:
         0 once stopped by SIGTERM or SIGINT.
@@ -130,9 +145,12 @@ def serve(config: ClusterConfig, out: TextIO | None = None) -> int:
             file=out,
             flush=True,
         )
-        print(
-            SECURITY_NOTE.format(port=address.rsplit(":", 1)[1]), file=out, flush=True
-        )
+        if security_note:
+            print(
+                SECURITY_NOTE.format(port=address.rsplit(":", 1)[1]),
+                file=out,
+                flush=True,
+            )
         # Wake up now and then: Python runs signal handlers only between
         # bytecodes of the main thread, never inside TF's `server.join()`.
         while not stop.wait(timeout=0.5):

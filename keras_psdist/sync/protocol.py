@@ -65,6 +65,21 @@ POISON = -1  # stop: the run failed (the chief or this worker's watchdog)
 POISON_MESSAGE = "keras_psdist sync-replicas: this worker was told to stop"
 # Rows of `counts`.
 APPLIED, DROPPED_STALE, DROPPED_AT_END = 0, 1, 2
+# Each row as the summaries name it, and for the drops what they are: the
+# words a user reads beside a count that is not 0.
+COUNT_NAMES = {
+    APPLIED: ("applied", ""),
+    DROPPED_STALE: (
+        "dropped as stale",
+        "arrived after the update of their step: a backup worker's late "
+        "gradients, not applied",
+    ),
+    DROPPED_AT_END: (
+        "dropped at the end",
+        "sent after the last update, when too few workers were still training "
+        "to make another: not applied",
+    ),
+}
 # Queue containers may not hold "_".
 CONTAINER = "keras-psdist"
 

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -43,6 +44,40 @@ from keras_psdist.sync.protocol import SyncReplicas
 
 # How often the service logs its counts, in seconds.
 LOG_EVERY_S = 30.0
+# What `log_counts` says at the end of a fit.
+FIT_FINISHED = "finished a fit"
+
+
+def counts_summary(
+    what: str, step: int, counts: np.ndarray, name: Callable[[int], str]
+) -> str:
+    """One line: the updates made, and per worker its gradients applied and
+    dropped, with what a drop means where there are any.
+
+    Examples:
+
+    >>> import numpy as np
+    >>> print(counts_summary("finished a fit", 7, np.array([[7, 7], [0, 0], [0, 3]]),
+    ...                      lambda w: f"worker:{w}"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    keras_psdist sync-replicas (finished a fit): 7 updates; gradients per
+    worker (worker:0, worker:1): applied [7, 7]; dropped as stale [0, 0];
+    dropped at the end [0, 3] (sent after the last update, when too few
+    workers were still training to make another: not applied)
+    """
+    workers = ", ".join(name(w) for w in range(counts.shape[1]))
+    parts = []
+    for row, (label, meaning) in protocol.COUNT_NAMES.items():
+        per_worker = [int(c) for c in counts[row]]
+        parts.append(
+            f"{label} {per_worker}"
+            + (f" ({meaning})" if meaning and any(per_worker) else "")
+        )
+    updates = f"{step} update{'' if step == 1 else 's'}"
+    return (
+        f"keras_psdist sync-replicas ({what}): {updates}; gradients per worker "
+        f"({workers}): " + "; ".join(parts)
+    )
 
 
 class UpdateService:
@@ -238,7 +273,7 @@ class UpdateService:
                 f"remaining workers ({config.names(sorted(self._active))}) cannot "
                 "make an update "
                 f"of replicas_to_aggregate={config.replicas_to_aggregate}. "
-                "Restart it (`keras-psdist launch --max_restarts`), or train with "
+                "Restart it (`keras-psdist launch --max-restarts`), or train with "
                 "backup workers (replicas_to_aggregate < total_num_replicas) to "
                 "go on without a lost worker."
             )
@@ -282,7 +317,7 @@ class UpdateService:
 
     def _end_session(self) -> None:
         self._publish()
-        self.log_counts("finished a fit")
+        self.log_counts(FIT_FINISHED)
         with self._session_done:
             self._finished_sessions = self._session
             self._session_done.notify_all()
@@ -321,17 +356,15 @@ class UpdateService:
 
     def log_counts(self, what: str) -> None:
         self._last_log = time.monotonic()
-        # Drops are a warning: TF1 dropped stale gradients silently.
-        dropped = self._counts[protocol.DROPPED_STALE :].any()
-        (logging.warning if dropped else logging.info)(
-            "keras_psdist sync-replicas (%s): %d updates; per worker: applied %s, "
-            "dropped as stale %s, dropped at the end %s",
-            what,
-            self._step,
-            self._counts[protocol.APPLIED].tolist(),
-            self._counts[protocol.DROPPED_STALE].tolist(),
-            self._counts[protocol.DROPPED_AT_END].tolist(),
-        )
+        summary = counts_summary(what, self._step, self._counts, self._sync.config.name)
+        # Drops are no fault (backup workers are there to be dropped), but
+        # none is silent, as TF1's were: the end of a fit is said like the
+        # callbacks' summaries, printed (logged when Keras logs instead of
+        # printing); progress is logged.
+        if what == FIT_FINISHED and keras.config.is_interactive_logging_enabled():
+            print(summary, flush=True)
+        else:
+            logging.info(summary)
 
     # ------------------------------------------------------- tf.functions
 

@@ -324,7 +324,7 @@ class SyncTraining:
                 f"{self._name} was told to stop: {self.sync.config.names(lost)} "
                 "was lost (heartbeat stopped) and the others cannot make an "
                 "update without them. Restart them (`keras-psdist launch "
-                "--max_restarts`), or train with backup workers "
+                "--max-restarts`), or train with backup workers "
                 "(replicas_to_aggregate < total_num_replicas)."
             )
         return RuntimeError(

@@ -60,6 +60,12 @@ class PSVariable(ps_values.AggregatingVariable):
         super().__init__(strategy, v, aggregation)
         self._replica_aggregation = effective_aggregation(aggregation, v.dtype)
 
+    # numpy 2 passes `copy` (Keras's `np.array(variable)`), which TF's own
+    # `__array__` does not take: numpy then warns. A read is a new array,
+    # whatever `copy` asks.
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.numpy(), dtype=dtype)
+
     def _assign_func(self, *args, **kwargs):
         with distribute_lib.enter_or_assert_strategy(self._distribute_strategy):
             f = kwargs.pop("f")
@@ -105,6 +111,11 @@ class ReplicatedVariable(values.MirroredVariable):
     (`PSExtended.update`), so the copies stay equal. Checkpoints and saved
     models hold one value.
     """
+
+    # As `PSVariable.__array__`: TF's (reached through the primary copy)
+    # takes no `copy`.
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.numpy(), dtype=dtype)
 
 
 class ReplicaLocalVariable(values.SyncOnReadVariable):

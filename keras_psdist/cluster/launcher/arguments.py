@@ -30,7 +30,7 @@ def check_args(
     if not command or not command[0]:
         raise ValueError(
             "`command` is empty: give the training command to run, e.g. "
-            "`keras-psdist launch --num_ps 1 --num_workers 2 -- python train.py`."
+            "`keras-psdist launch --num-ps 1 --num-workers 2 -- python train.py`."
         )
     for name, value in (("num_ps", num_ps), ("num_workers", num_workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -56,26 +56,48 @@ def check_args(
 
 
 def check_fault_tolerance(
-    mode: str, num_workers: int, max_restarts: int, max_worker_failures: int
+    mode: str,
+    num_workers: int,
+    max_restarts: int,
+    max_worker_failures: int,
+    *,
+    as_flags: bool = False,
 ) -> None:
-    """Restarts and tolerated losses: between-graph only, never the chief."""
+    """Restarts and tolerated losses: between-graph only, never the chief.
+
+    The errors name the arguments of `launch` (`max_restarts=2`), or with
+    `as_flags` the flags of `keras-psdist launch` (`--max-restarts 2`).
+    """
+
+    def said(name: str, value: object) -> str:
+        if as_flags:
+            return f"--{name.replace('_', '-')} {value}"
+        return f"{name}={value!r}"
+
+    def named(name: str) -> str:
+        return f"--{name.replace('_', '-')}" if as_flags else name
+
     for name, value in (
         ("max_restarts", max_restarts),
         ("max_worker_failures", max_worker_failures),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"`{name}` must be an integer >= 0. Received: {value!r}")
+            raise ValueError(
+                f"`{named(name)}` must be an integer >= 0. Received: {value!r}"
+            )
         if value and mode == "in-graph":
             raise ValueError(
-                f"`{name}` applies to between-graph runs, where each worker is "
-                "its own training process. In-graph, the worker tasks are the "
+                f"`{named(name)}` applies to between-graph runs, where each worker "
+                "is its own training process. In-graph, the worker tasks are the "
                 "chief's replicas and it cannot go on without one. Received: "
-                f"{name}={value}, mode='in-graph'. Use mode='between-graph'."
+                f"{said(name, value)}, {said('mode', 'in-graph')}. Use "
+                f"{said('mode', 'between-graph')}."
             )
     if max_worker_failures >= num_workers:
         raise ValueError(
-            "`max_worker_failures` must leave the chief (worker:0), which is "
-            f"never tolerated to fail: at most num_workers - 1 = "
-            f"{num_workers - 1}. Received: max_worker_failures="
-            f"{max_worker_failures}, num_workers={num_workers}."
+            f"`{named('max_worker_failures')}` must leave the chief (worker:0), "
+            "which is never tolerated to fail: at most "
+            f"{named('num_workers')} - 1 = {num_workers - 1}. Received: "
+            f"{said('max_worker_failures', max_worker_failures)}, "
+            f"{said('num_workers', num_workers)}."
         )

@@ -40,7 +40,12 @@ from keras_psdist.cluster.launcher.processes import (
     signal_group,
 )
 from keras_psdist.cluster.ports import pick_free_ports, wait_reachable
-from keras_psdist.cluster.server import PORT_IN_USE_EXIT_CODE, READY_LINE
+from keras_psdist.cluster.server import (
+    LAUNCH_SECURITY_NOTE,
+    NOTE_SAID_ENV,
+    PORT_IN_USE_EXIT_CODE,
+    READY_LINE,
+)
 
 # Exit codes, as shells and `timeout(1)` report them.
 EXIT_TIMEOUT = 124
@@ -97,7 +102,10 @@ def launch(
     instruction note, cuInit failing for want of a GPU, the
     `GeneratorDatasetOp` note) are left out; each pattern matches a whole
     line exactly, so no other line is hidden.
-    Training starts once every server accepts connections.
+    Training starts once every server accepts connections; the launcher
+    then says, once, that their ports take unauthenticated connections on
+    every interface (the servers, which say it when started alone, get
+    `KERAS_PSDIST_SECURITY_NOTE_SAID=1` and leave it to the launcher).
 
     Every child runs in its own session (process group). However `launch`
     ends (success, failure, timeout, SIGINT, SIGTERM), every group gets
@@ -318,7 +326,7 @@ class _Launch:
                 raise Stop(
                     1,
                     f"{names(waiting)} did not report ready within "
-                    f"{self.startup_timeout_s:g} s (--startup_timeout); see the "
+                    f"{self.startup_timeout_s:g} s (--startup-timeout); see the "
                     "output above. Stopping every task.",
                 )
             time.sleep(0.05)
@@ -332,6 +340,13 @@ class _Launch:
             check_servers()  # A server's death explains it better.
             raise Stop(1, f"Servers reported ready but {e}") from None
         self.log("all servers are up")
+        ports = [c.address.rsplit(":", 1)[1] for c in servers]
+        self.log(
+            LAUNCH_SECURITY_NOTE.format(
+                ports=f"port{'s' if len(ports) > 1 else ''} {', '.join(ports)}",
+                them="them" if len(ports) > 1 else "it",
+            )
+        )
 
     def _log_layout(self, config: ClusterConfig) -> None:
         tasks = ", ".join(
@@ -408,8 +423,8 @@ class _Launch:
         if self.restarts < self.max_restarts:
             self.restarts += 1
             self.log(
-                f"{what}; restarting it (restart {self.restarts} of "
-                f"max_restarts={self.max_restarts})."
+                f"{what}; restarting it (restart {self.restarts}; --max-restarts "
+                f"allows {self.max_restarts})."
             )
             self.children.remove(child)
             self._teardown([child])
@@ -417,8 +432,8 @@ class _Launch:
         if len(self.lost) < self.max_worker_failures:
             self.lost.append(f"{child.name} ({describe(code)})")
             self.log(
-                f"{what}; lost it and going on without it ({len(self.lost)} of "
-                f"max_worker_failures={self.max_worker_failures} lost)."
+                f"{what}; lost it and going on without it ({len(self.lost)} lost; "
+                f"--max-worker-failures allows {self.max_worker_failures})."
             )
             return None
         raise Stop(exit_code(code), f"{what}; stopping every task.")
@@ -438,6 +453,8 @@ class _Launch:
         env["TF_CONFIG"] = json.dumps(config.to_tf_config())
         env["PYTHONUNBUFFERED"] = "1"
         env[LAUNCH_MODE_ENV] = self.mode
+        if is_server:
+            env[NOTE_SAID_ENV] = "1"
         # A crash (a segfault in TensorFlow) then prints every thread's stack.
         env.setdefault("PYTHONFAULTHANDLER", "1")
         # TensorFlow's log: everything with `verbose`; else the servers' only
