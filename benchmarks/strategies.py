@@ -95,12 +95,16 @@ import tensorflow as tf  # noqa: E402
 
 from keras_psdist.devices import split_host_cpu  # noqa: E402
 
-STRATEGIES = ("default", "mirrored", "central_storage", "ps")
+STRATEGIES = ("default", "mirrored", "central_storage", "ps", "default_xla", "ps_xla")
+# The default run leaves the XLA cases out (`--strategies` names them).
+DEFAULT_STRATEGIES = ("default", "mirrored", "central_storage", "ps")
 LABELS = {
     "default": "default (1 device)",
     "mirrored": "MirroredStrategy",
     "central_storage": "CentralStorageStrategy",
     "ps": "PSStrategy",
+    "default_xla": "default (1 device), jit_compile=True",
+    "ps_xla": "PSStrategy, jit_compile=True",
 }
 INPUT_DIM = 64
 HIDDEN = 512
@@ -113,13 +117,13 @@ NUM_SAMPLES = 8192
 
 def make_strategy(name: str, devices: list[str]) -> tf.distribute.Strategy:
     """The strategy `name` over `devices` (one replica each)."""
-    if name == "default":
+    if name in ("default", "default_xla"):
         return tf.distribute.get_strategy()
     if name == "mirrored":
         return tf.distribute.MirroredStrategy(devices)
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy(devices)
-    if name == "ps":
+    if name in ("ps", "ps_xla"):
         import keras_psdist
 
         return keras_psdist.PSStrategy(devices=devices)
@@ -132,13 +136,16 @@ def build_model(
     hidden: int = HIDDEN,
     num_classes: int = NUM_CLASSES,
     library=keras,
+    jit_compile: bool = False,
 ) -> keras.Model:
     """The benchmark MLP, built and compiled under `strategy.scope()`.
 
     The seed is reset first, so every strategy starts from the same weights.
     `library` is `keras`, or `tf_keras` for TensorFlow's own
-    ParameterServerStrategy (`cluster.py`'s baseline).
+    ParameterServerStrategy (`cluster.py`'s baseline). `jit_compile` is
+    passed to `compile` when set (Keras's own default otherwise).
     """
+    compile_kwargs = {"jit_compile": True} if jit_compile else {}
     library.utils.set_random_seed(seed)
     with strategy.scope():
         model = library.Sequential(
@@ -152,6 +159,7 @@ def build_model(
         model.compile(
             optimizer=library.optimizers.Adam(learning_rate=1e-3),
             loss=library.losses.SparseCategoricalCrossentropy(from_logits=True),
+            **compile_kwargs,
         )
     return model
 
@@ -292,7 +300,9 @@ def prepare(case: Case, devices, dataset, args) -> None:
         t0 = time.perf_counter()
         strategy = make_strategy(case.name, devices)
         case.replicas = strategy.num_replicas_in_sync
-        case.model = build_model(strategy, args.seed)
+        case.model = build_model(
+            strategy, args.seed, jit_compile=case.name.endswith("_xla")
+        )
         case.build_s = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001 - report and go on
         case.fail("build", e)
@@ -558,6 +568,13 @@ def format_table(cases: list[Case], args) -> str:
                     f"{r:.2f}x ms/step, {_x(r_loop)} in-loop (>1 = PSStrategy slower)"
                 )
             lines.append(f"PSStrategy / {o.label}: {text}")
+    for xla, plain in (("ps_xla", "ps"), ("default_xla", "default")):
+        a, b = by_name.get(xla), by_name.get(plain)
+        if a is not None and b is not None:
+            lines.append(
+                f"{a.label} / without: "
+                f"{_x(_ratio(a.median_loop_ms, b.median_loop_ms))} in-loop"
+            )
     return "\n".join(lines)
 
 
@@ -733,8 +750,9 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument(
         "--strategies",
         type=harness.name_list(STRATEGIES, "strategies"),
-        default=list(STRATEGIES),
-        help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)",
+        default=list(DEFAULT_STRATEGIES),
+        help=f"comma-separated subset of {','.join(STRATEGIES)} (default: "
+        f"{','.join(DEFAULT_STRATEGIES)})",
     )
     parser.add_argument(
         "--epoch-lengths",

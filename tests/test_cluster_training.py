@@ -143,6 +143,15 @@ def test_in_graph_partial_batches_equal_the_one_process_run(in_graph_run, cpu_de
 
 @pytest.mark.xdist_group("in_graph_cluster")
 @pytest.mark.xdist_group("in_graph_cluster")
+def test_in_graph_xla_trains_as_without_it(in_graph_run):
+    """`compile(jit_compile=True)` on the cluster: each replica's pass is
+    compiled on its worker task; 2 epochs end at `jit_compile=False`'s
+    weights (XLA may reorder sums)."""
+    report, _, _ = in_graph_run
+    assert report["xla_max_weight_difference"] < 1e-4, report
+
+
+@pytest.mark.xdist_group("in_graph_cluster")
 @pytest.mark.parametrize("pattern", sorted(tutorial_patterns.PATTERNS))
 def test_in_graph_runs_every_tutorial_pattern(in_graph_run, pattern):
     """`tests/cluster_jobs/tutorial_patterns.py` on the in-graph cluster

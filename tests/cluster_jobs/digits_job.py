@@ -12,7 +12,8 @@ embedding table large enough for the strategy's partitioner to split it
 over the ps tasks (`EMBEDDING_PARTITIONER`), and writes
 `OUT_DIR/embedding_weights.npz`; and a third, `layer_zoo`'s layer types on
 global batches smaller than the replica count (`OUT_DIR/zoo_weights.npz`),
-and runs every pattern of `tutorial_patterns` (the report's
+trains a small model with `jit_compile=True` and without (the report's
+`xla_max_weight_difference`), and runs every pattern of `tutorial_patterns` (the report's
 `tutorial_patterns`).
 With `then_partial_batches` the script then runs `partial_batches_job`'s
 async and sync runs, writing into `OUT_DIR/partial_batches`.
@@ -185,6 +186,7 @@ def main(out_dir, mode, seed=0):
         np.savez(
             os.path.join(out_dir, "zoo_weights.npz"), *[w.numpy() for w in zoo.weights]
         )
+        report["xla_max_weight_difference"] = xla_against_no_xla(strategy)
         # Every pattern of the distribute tutorials, on the cluster.
         import tutorial_patterns
 
@@ -199,6 +201,33 @@ def main(out_dir, mode, seed=0):
     with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
         json.dump(report, f)
     print(f"{task}: accuracy {accuracy:.3f} after {report['steps']} steps")
+
+
+def xla_against_no_xla(strategy):
+    """The digits MLP trained 2 epochs with `jit_compile=True` and without,
+    from the same weights: the largest difference of a weight."""
+    x, y = digits()
+    trained = []
+    for jit_compile in (False, True):
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential(
+                [
+                    keras.Input((64,)),
+                    keras.layers.Dense(32, activation="relu"),
+                    keras.layers.Dense(10),
+                ]
+            )
+            model.compile(
+                keras.optimizers.SGD(0.1),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                jit_compile=jit_compile,
+            )
+        model.fit(
+            x[:600], y[:600], batch_size=BATCH_SIZE, epochs=2, shuffle=False, verbose=0
+        )
+        trained.append([w.numpy() for w in model.weights])
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(*trained, strict=True))
 
 
 def _wait_until_every_worker_has_read(out_dir, topology, timeout_s=120):
