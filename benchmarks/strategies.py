@@ -174,15 +174,24 @@ def make_arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def make_dataset(batch: int, seed: int) -> tf.data.Dataset:
-    """Endless batches of `make_arrays` data."""
+def make_dataset(batch: int, seed: int, autotune: bool = True) -> tf.data.Dataset:
+    """Endless batches of `make_arrays` data. `autotune=False` turns tf.data's
+    autotuning off: on this machine it puts whole `fit` calls, on one device
+    and under every strategy alike, into a slow mode (6 ms steps became
+    12.7 ms in 4 of 15 fits of 100 steps; none with it off), noise that
+    swamps the ratios."""
     x, y = make_arrays(NUM_SAMPLES, seed)
-    return (
+    dataset = (
         tf.data.Dataset.from_tensor_slices((x, y))
         .repeat()
         .batch(batch, drop_remainder=True)
         .prefetch(tf.data.AUTOTUNE)
     )
+    if not autotune:
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        dataset = dataset.with_options(options)
+    return dataset
 
 
 # ----------------------------------------------------------------- timing
@@ -324,7 +333,7 @@ def prepare(case: Case, devices, dataset, args) -> None:
 def run_benchmark(args) -> tuple[list[Case], dict]:
     load_start = harness.loadavg()
     devices = split_host_cpu(args.replicas)
-    dataset = make_dataset(args.batch, args.seed)
+    dataset = make_dataset(args.batch, args.seed, autotune=args.autotune)
     cases = [Case(name, LABELS[name]) for name in args.strategies]
 
     for case in cases:
@@ -746,6 +755,12 @@ def parse_args(argv: list[str] | None = None):
     )
     parser.add_argument(
         "--warmup-steps", type=_positive, default=10, help="warm-up steps (default 10)"
+    )
+    parser.add_argument(
+        "--autotune",
+        action="store_true",
+        help="leave tf.data's autotuning on for the step timings (default off "
+        "for every strategy alike: see make_dataset)",
     )
     parser.add_argument(
         "--strategies",

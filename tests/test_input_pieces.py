@@ -65,3 +65,17 @@ def test_distributed_iterator_in_a_function_does_not_retrace(cpu_devices):
         firsts = first(iter(distributed))
         assert [int(t[0]) for t in firsts] == [0, 1, 2, 3]
     assert len(traces) == 1
+
+
+def test_a_batch_size_known_when_tracing_gives_pieces_of_known_sizes():
+    """`batch(..., drop_remainder=True)` (or Keras's batches of numpy data
+    that divide evenly): the pieces' sizes are static, so the step builds no
+    stand-in machinery for them (`replica_batches._static_rows`)."""
+    pieces = Pieces(num_pieces=4, low=0, high=4)
+    spec = (tf.TensorSpec([10, 3], tf.float32), tf.TensorSpec([10], tf.int32))
+    traced = tf.function(pieces.cut, autograph=False).get_concrete_function(spec)
+    shapes = [[t.shape.as_list() for t in piece] for piece in traced.structured_outputs]
+    assert shapes == [[[3, 3], [3]], [[3, 3], [3]], [[2, 3], [2]], [[2, 3], [2]]]
+    unknown = (tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int32))
+    traced = tf.function(pieces.cut, autograph=False).get_concrete_function(unknown)
+    assert all(p[0].shape[0] is None for p in traced.structured_outputs)

@@ -56,7 +56,12 @@ class Pieces:
     def cut(self, element):
         """The kept pieces of one global batch, as a tuple of structures like
         `element`."""
-        size = _global_batch_size(element)
+        # A batch size known when tracing gives pieces of known sizes, so the
+        # step needs no stand-ins for empty pieces unless some piece is
+        # empty (`replica_batches.py`): their machinery is left out.
+        size = _static_global_batch_size(element)
+        if size is None:
+            size = _global_batch_size(element)
         pieces = []
         for k in range(self.low, self.high):
             start, stop = piece_bounds(size, self.num_pieces, k)
@@ -174,8 +179,27 @@ def _global_batch_size(element) -> tf.Tensor:
     return batch_size(tf.nest.flatten(element)[0])
 
 
-def piece_bounds(size: tf.Tensor, num_pieces: int, index: int):
-    """`(start, stop)` of piece `index` of `size` rows cut into `num_pieces`."""
+def _static_global_batch_size(element) -> int | None:
+    """The global batch size when every component is a dense tensor whose
+    batch dimension is known when tracing (`batch(..., drop_remainder=True)`),
+    else None."""
+    sizes = set()
+    for x in tf.nest.flatten(element):
+        if not isinstance(x, tf.Tensor) or x.shape.rank in (None, 0):
+            return None
+        sizes.add(x.shape[0])
+    if len(sizes) != 1 or None in sizes:
+        return None
+    return sizes.pop()
+
+
+def piece_bounds(size: tf.Tensor | int, num_pieces: int, index: int):
+    """`(start, stop)` of piece `index` of `size` rows cut into `num_pieces`
+    (Python ints for a Python int `size`)."""
+    if isinstance(size, int):
+        base, extra = divmod(size, num_pieces)
+        start = index * base + min(index, extra)
+        return start, start + base + int(index < extra)
     base = size // num_pieces
     extra = size % num_pieces
     start = index * base + tf.minimum(tf.constant(index, size.dtype), extra)
