@@ -95,8 +95,10 @@ def _compiled_calls(graphs):
             partitioner=kpd.partitioners.Fixed(2, min_variable_bytes=0),
         ),
         lambda d: kpd.PSStrategy(devices=d[:3], aggregator="median", num_byzantine=1),
+        # A whole-vector rule: distances over every gradient of the step.
+        lambda d: kpd.PSStrategy(devices=d[:3], aggregator="geometric_median"),
     ],
-    ids=["ps", "partitioned", "median"],
+    ids=["ps", "partitioned", "median", "geometric_median"],
 )
 def test_weights_equal_those_without_xla(cpu_devices, data, make_strategy, monkeypatch):
     # The compiled function's outer graphs: where each replica calls it.
@@ -188,3 +190,24 @@ def test_between_graph_runs_are_refused():
 
     with pytest.raises(ValueError, match="not supported under PSStrategy with worker"):
         xla.check_supported(keras.Sequential(), PSStrategy())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", kpd.aggregators.names())
+def test_every_aggregator_trains_as_without_xla(cpu_devices, data, rule):
+    """XLA produces each replica's gradients; any rule then combines them
+    outside XLA, so every rule ends where it ends without XLA (5 replicas,
+    f = 1 where the rule takes it and accepts 5 replicas)."""
+
+    def make_strategy():
+        try:
+            return kpd.PSStrategy(
+                devices=cpu_devices[:5], aggregator=rule, num_byzantine=1
+            )
+        except ValueError:
+            return kpd.PSStrategy(devices=cpu_devices[:5], aggregator=rule)
+
+    expected = _train(make_strategy, False, data, batch_norm=False)[0]
+    weights = _train(make_strategy, True, data, batch_norm=False)[0]
+    for a, b in zip(expected, weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
