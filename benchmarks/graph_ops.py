@@ -53,7 +53,7 @@ def _short_device(name: str) -> str:
 
 def analyze(name: str, devices: list[str], dataset, args) -> dict:
     strategy = bench.make_strategy(name, devices)
-    model = bench.build_model(strategy, args.seed)
+    model = bench.build_model(strategy, args.seed, jit_compile=name.endswith("_xla"))
     model.fit(dataset, epochs=1, steps_per_epoch=2, verbose=0, shuffle=False)
 
     fn = _train_tf_function(model)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--strategies",
         type=harness.name_list(bench.STRATEGIES, "strategies"),
-        default=list(bench.STRATEGIES),
+        default=list(bench.DEFAULT_STRATEGIES),
     )
     args = parser.parse_args(argv)
 
