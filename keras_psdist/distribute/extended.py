@@ -83,7 +83,7 @@ class PSExtended(
         self._parameter_devices = topology.parameter_devices
         self._host_device = topology.client_device
         self._input_host_device = numpy_dataset.SingleDevice(self._host_device)
-        self._inputs = InputPipelines(container_strategy, topology)
+        self._inputs = InputPipelines(topology)
         self._shared = None
         if topology.between_graph:
             self._shared = SharedVariables(

@@ -204,11 +204,15 @@ def _batch_size(x):
     return tf.shape(next(i for i in tf.nest.flatten(x) if i is not None))[0]
 
 
-def _track_loss(model, loss):
+def _record(model, state, changes, loss, x):
+    """After the compiled part: writes the state it changed and tracks the
+    loss, as Keras's own steps do."""
+    state.assign(*changes)
     # Keras divides each replica's loss by the replica count
     # (`scale_loss_for_distribution`); its tracker logs the undivided loss.
     n = tf.distribute.get_strategy().num_replicas_in_sync
-    return loss * tf.cast(n, loss.dtype) if n > 1 else loss
+    tracked = loss * tf.cast(n, loss.dtype) if n > 1 else loss
+    model._loss_tracker.update_state(tracked, sample_weight=_batch_size(x))
 
 
 def _train_step(model):
@@ -236,10 +240,7 @@ def _train_step(model):
         grads, loss, y_pred, changes = compiled(
             *state.values(), x, y, sample_weight, scale
         )
-        state.assign(*changes)
-        model._loss_tracker.update_state(
-            _track_loss(model, loss), sample_weight=_batch_size(x)
-        )
+        _record(model, state, changes, loss, x)
         model.optimizer.apply_gradients(zip(grads, state.trainable, strict=True))
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -261,10 +262,7 @@ def _test_step(model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         state = _State(model)
         loss, y_pred, changes = compiled(*state.values(), x, y, sample_weight)
-        state.assign(*changes)
-        model._loss_tracker.update_state(
-            _track_loss(model, loss), sample_weight=_batch_size(x)
-        )
+        _record(model, state, changes, loss, x)
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     return test_step

@@ -41,10 +41,10 @@ def digits():
     return (x / 16.0).astype(np.float32), y.astype(np.int32)
 
 
-def build(strategy, seed=0, sgd_learning_rate=None):
+def build(strategy, seed=0, sgd_learning_rate=None, jit_compile="auto"):
     """The digits MLP under `strategy`, with Adam(0.003), or with a plain
     (momentum-free) `SGD(sgd_learning_rate)`: what worker momentum is meant
-    to run with (docs/robustness.md)."""
+    to run with (docs/robustness.md); `jit_compile` as `compile`'s."""
     with strategy.scope():
         keras.utils.set_random_seed(seed)
         model = keras.Sequential(
@@ -61,6 +61,7 @@ def build(strategy, seed=0, sgd_learning_rate=None):
             else keras.optimizers.SGD(sgd_learning_rate),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
+            jit_compile=jit_compile,
         )
     return model
 
@@ -209,20 +210,7 @@ def xla_against_no_xla(strategy):
     x, y = digits()
     trained = []
     for jit_compile in (False, True):
-        with strategy.scope():
-            keras.utils.set_random_seed(0)
-            model = keras.Sequential(
-                [
-                    keras.Input((64,)),
-                    keras.layers.Dense(32, activation="relu"),
-                    keras.layers.Dense(10),
-                ]
-            )
-            model.compile(
-                keras.optimizers.SGD(0.1),
-                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                jit_compile=jit_compile,
-            )
+        model = build(strategy, sgd_learning_rate=0.1, jit_compile=jit_compile)
         model.fit(
             x[:600], y[:600], batch_size=BATCH_SIZE, epochs=2, shuffle=False, verbose=0
         )

@@ -52,12 +52,10 @@ class InputPipelines:
     """Builds the distributed datasets of one strategy.
 
     Args:
-        strategy: The `PSStrategy`.
-        topology: Its devices (see `keras_psdist.cluster.runtime`).
+        topology: The strategy's devices (see `keras_psdist.cluster.runtime`).
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, topology: Topology):
-        self._strategy = strategy
+    def __init__(self, topology: Topology):
         self._topology = topology
         self._num_replicas = len(topology.compute_devices)
 
