@@ -1,0 +1,134 @@
+"""PSStrategy's steady step against one device, with one thing changed at a
+time, each case in a fresh process of its own.
+
+The model and data are `strategies.py`'s (MLP 64->512->512->2, Adam, global
+batch 256, 4 logical CPU replicas, tf.data autotuning off). In each case's
+process the single device and PSStrategy are timed interleaved, `--fits`
+fits of `--steps` steps each; the table gives the median PS / 1 device.
+
+Cases:
+
+* ``static``: global batches of a size known when tracing (`drop_remainder`);
+* ``dynamic``: of unknown size: the step carries the stand-ins for replicas
+  left without data (`keras_psdist/distribute/replica_batches.py`);
+* ``mirrored_built``: as ``static``, with a `MirroredStrategy` made in the
+  process and a model built under it;
+* ``mirrored_fit``: as ``static``, after that model ran `fit` (20 steps).
+
+    python benchmarks/step_ablations.py [--runs 2] [--fits 9] [--steps 100]
+
+Writes `benchmarks/results/step_ablations.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import harness
+from harness import Column, text_table
+
+CASES = ("static", "dynamic", "mirrored_built", "mirrored_fit")
+
+
+def child(case: str, fits: int, steps: int) -> dict:
+    """Runs one case in this process; returns the per-fit ms/step."""
+    harness.prepare_tensorflow()
+    harness.ensure_importable()
+    import strategies
+    import tensorflow as tf
+
+    from keras_psdist.devices import split_host_cpu
+
+    split_host_cpu(4)
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    x, y = strategies.make_arrays(strategies.NUM_SAMPLES, 0)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .repeat()
+        .batch(256, drop_remainder=case != "dynamic")
+    )
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    dataset = dataset.with_options(options)
+    if case.startswith("mirrored"):
+        mirrored = strategies.build_model(
+            strategies.make_strategy("mirrored", devices), seed=0
+        )
+        if case == "mirrored_fit":
+            mirrored.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0)
+    models = {
+        name: strategies.build_model(strategies.make_strategy(name, devices), seed=0)
+        for name in ("default", "ps")
+    }
+    for model in models.values():
+        model.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0)
+    times = {name: [] for name in models}
+    for i in range(fits):
+        order = list(models) if i % 2 else list(models)[::-1]
+        for name in order:
+            start = time.perf_counter()
+            models[name].fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+            times[name].append(1e3 * (time.perf_counter() - start) / steps)
+    return times
+
+
+def main() -> int:
+    parser = harness.BenchmarkParser(
+        __doc__.split("\n\n")[0], name="step_ablations", seed=False
+    )
+    parser.add_argument("--runs", type=harness.positive, default=2)
+    parser.add_argument("--fits", type=harness.positive, default=9)
+    parser.add_argument("--steps", type=harness.positive, default=100)
+    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.fits, args.steps)))
+        return 0
+    results = {case: [] for case in CASES}
+    for run in range(args.runs):
+        for case in CASES:
+            harness.log(f"run {run + 1}/{args.runs}: {case}")
+            out = (
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        case,
+                        "--fits",
+                        str(args.fits),
+                        "--steps",
+                        str(args.steps),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=1200,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
+            times = json.loads(out)
+            ratio = statistics.median(times["ps"]) / statistics.median(times["default"])
+            results[case].append({"times_ms": times, "ps_over_default": ratio})
+    rows = [
+        [case, ", ".join(f"{r['ps_over_default']:.2f}x" for r in results[case])]
+        for case in CASES
+    ]
+    columns = [
+        Column("case", 16, "<"),
+        Column("PS / 1 device (median), per run", 34, "<"),
+    ]
+    print("\n".join(text_table(columns, rows)))
+    out = harness.write_results(args.json, {"settings": vars(args), "results": results})
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
