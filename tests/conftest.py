@@ -53,6 +53,18 @@ def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return x_train, y_train, x_test, y_test
 
 
+def pytest_sessionstart(session):
+    """Removes the network namespaces a killed earlier run left behind (those
+    whose owning process is gone; `keras_psdist.testing.hosts`)."""
+    from keras_psdist.testing import hosts
+
+    try:
+        hosts.check_available()
+    except hosts.HostsUnavailable:
+        return
+    hosts.remove_stale()
+
+
 def pytest_collection_modifyitems(config, items):
     """The modules that start processes run first, each module's tests in
     their order.

@@ -1,13 +1,17 @@
 """Training across processes on TensorFlow's gRPC runtime (`keras-psdist launch`).
 
-Each test starts a whole cluster on localhost (ps and worker servers, and the
-training processes) with `keras_psdist.cluster.launch`, which tears every
-process down when the job ends, fails or times out.
+Each test starts a whole cluster (ps and worker servers, and the training
+processes) with `keras_psdist.cluster.launch`, which tears every process down
+when the job ends, fails or times out. The two main launches (in-graph, and
+between-graph async) run every task on a host of its own, a network
+namespace with its own address (`launching.cluster_hosts`); the others run on
+localhost.
 """
 
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,14 +40,17 @@ def _job_module():
 
 
 def _launch(tmp_path, mode, num_ps, num_workers, then=()):
-    code, log = launching.launch_job(
-        JOB,
-        [tmp_path, mode, *then],
-        num_ps=num_ps,
-        num_workers=num_workers,
-        mode="in-graph" if mode == "sync" else "between-graph",
-        timeout_s=LAUNCH_TIMEOUT_S,
-    )
+    in_graph = mode == "sync"
+    with launching.cluster_hosts(num_ps, num_workers, chief=in_graph) as (_, hosts):
+        code, log = launching.launch_job(
+            JOB,
+            [tmp_path, mode, *then],
+            num_ps=num_ps,
+            num_workers=num_workers,
+            mode="in-graph" if in_graph else "between-graph",
+            timeout_s=LAUNCH_TIMEOUT_S,
+            hosts=hosts,
+        )
     assert code == 0, f"launch exited {code}:\n{log[-6000:]}"
     reports = {
         p.stem.replace("_", ":"): json.loads(p.read_text())
@@ -174,6 +181,24 @@ def test_in_graph_streams_every_task_output(in_graph_run):
     assert "[chief:0] chief:0: accuracy" in log
 
 
+def _cluster_line(log):
+    return next(
+        line for line in log.splitlines() if line.startswith("[launch] cluster")
+    )
+
+
+@pytest.mark.hosts
+@pytest.mark.xdist_group("in_graph_cluster")
+def test_in_graph_ran_every_task_on_a_host_of_its_own(in_graph_run):
+    _, _, log = in_graph_run
+    if os.environ.get(launching.HOSTS_ENV) == "loopback":
+        pytest.skip(f"{launching.HOSTS_ENV}=loopback")
+    # ps:0=10.231.0.2:2222, ...: five tasks, five addresses, none loopback.
+    addresses = re.findall(r"(\S+)=([\d.]+):2222", _cluster_line(log))
+    assert len(addresses) == 5 and len({a for _, a in addresses}) == 5, addresses
+    assert not any(a.startswith("127.") for _, a in addresses)
+
+
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
     """2 workers on 1 ps. The script goes on with the partial-batch runs
@@ -206,6 +231,17 @@ def test_async_workers_share_the_variables_on_the_ps(async_run):
     last = max(r["iterations"] for r in reports.values())
     assert min(steps) > 0
     assert max(steps) < last <= sum(steps)
+
+
+@pytest.mark.hosts
+@pytest.mark.xdist_group("between_graph_cluster")
+def test_async_ran_every_task_on_a_host_of_its_own(async_run):
+    _, _, log = async_run
+    if os.environ.get(launching.HOSTS_ENV) == "loopback":
+        pytest.skip(f"{launching.HOSTS_ENV}=loopback")
+    addresses = re.findall(r"(\S+)=([\d.]+):2222", _cluster_line(log))
+    assert [task for task, _ in addresses] == ["ps:0", "worker:0", "worker:1"]
+    assert len({a for _, a in addresses}) == 3, addresses
 
 
 @pytest.mark.xdist_group("between_graph_cluster")

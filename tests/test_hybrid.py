@@ -325,6 +325,7 @@ def test_mean_all_reduces_replicated_gradients_with_tf_cross_device_ops(
 
 
 @pytest.mark.multiprocess
+@pytest.mark.hosts
 def test_in_graph_cluster_replicates_on_workers_and_equals_one_process(
     cpu_devices, tmp_path
 ):
@@ -339,9 +340,17 @@ def test_in_graph_cluster_replicates_on_workers_and_equals_one_process(
     import launching  # tests/cluster_jobs, see conftest.py
 
     job_path = Path(__file__).parent / "cluster_jobs" / "hybrid_job.py"
-    code, log = launching.launch_job(
-        job_path, [tmp_path], num_ps=1, num_workers=3, mode="in-graph", timeout_s=300
-    )
+    # Every task on a host of its own (a network namespace).
+    with launching.cluster_hosts(1, 3, chief=True) as (_, hosts):
+        code, log = launching.launch_job(
+            job_path,
+            [tmp_path],
+            num_ps=1,
+            num_workers=3,
+            mode="in-graph",
+            timeout_s=300,
+            hosts=hosts,
+        )
     assert code == 0, f"launch exited {code}:\n{log[-6000:]}"
     report = json.loads((tmp_path / "hybrid.json").read_text())
     assert report["copies_equal"]

@@ -5,7 +5,9 @@ benchmarks) that start one with `keras_psdist.cluster.launch`.
 `import launching` (and the jobs, e.g. `import ps_loss_job`).
 """
 
+import contextlib
 import io
+import os
 import re
 import shutil
 import sys
@@ -86,3 +88,36 @@ def _is_dir(arg) -> bool:
         return Path(arg).is_dir()
     except OSError:
         return False
+
+
+# Set to "loopback" to run the cross-host fixtures' jobs on this machine's
+# loopback instead (for a machine without root or iproute2; CI has both).
+HOSTS_ENV = "KERAS_PSDIST_TEST_HOSTS"
+
+
+@contextlib.contextmanager
+def cluster_hosts(num_ps, num_workers, chief=False):
+    """A cluster with every task on a host of its own (a network namespace,
+    `keras_psdist.testing.hosts`): yields `(hosts, task_hosts)`, the
+    `NamespaceHosts` (to limit, cut and count a host's link; host names
+    `ps0`, `worker1`, `chief`) and what `launch(hosts=...)` takes.
+
+    Where namespaces cannot be made this raises, saying why: the cross-host
+    tests fail, they are not skipped. With `KERAS_PSDIST_TEST_HOSTS=loopback`
+    it yields `(None, None)` instead, and the job runs on loopback.
+    """
+    from keras_psdist.testing import hosts as namespace_hosts
+
+    if os.environ.get(HOSTS_ENV) == "loopback":
+        yield None, None
+        return
+    try:
+        namespace_hosts.check_available()
+    except namespace_hosts.HostsUnavailable as e:
+        raise namespace_hosts.HostsUnavailable(
+            f"{e} (The cross-host tests need network namespaces; to run them "
+            f"on loopback instead, set {HOSTS_ENV}=loopback.)"
+        ) from None
+    placement = namespace_hosts.one_host_per_task(num_ps, num_workers, chief)
+    with namespace_hosts.NamespaceHosts(list(placement.values())) as hosts:
+        yield hosts, hosts.task_hosts(placement)

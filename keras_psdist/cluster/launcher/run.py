@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Protocol, TextIO
 
 from keras_psdist.cluster.config import LAUNCH_MODE_ENV, ClusterConfig
 from keras_psdist.cluster.launcher.arguments import (
@@ -61,6 +61,18 @@ GRACE_S = 5.0
 # to stop on their own with an error naming it (`cluster.task_loss`) before
 # they are stopped.
 SERVER_LOSS_GRACE_S = 20.0
+
+
+class TaskHosts(Protocol):
+    """Where `launch(hosts=...)` runs each task."""
+
+    def address(self, task: str) -> str:
+        """The task's `"host:port"`, for TF_CONFIG."""
+
+    def command(self, task: str, command: Sequence[str]) -> list[str]:
+        """The command that runs `command` on the task's host."""
+
+
 # Attempts at starting the servers when a port is taken between picking and
 # binding it.
 MAX_ATTEMPTS = 3
@@ -78,6 +90,7 @@ def launch(
     max_restarts: int = 0,
     max_worker_failures: int = 0,
     verbose: bool = False,
+    hosts: TaskHosts | None = None,
 ) -> int:
     """Runs `command` on a parameter-server cluster of local processes.
 
@@ -145,6 +158,15 @@ def launch(
         verbose: Show every line of the processes' output, TensorFlow's
             start-up banner included, and let TensorFlow log at its default
             level. Defaults to `False`.
+        hosts: Where each task runs, for tasks on hosts of their own (the
+            cross-host tests run each task in a network namespace:
+            `keras_psdist.testing.hosts.NamespaceHosts.task_hosts`): an
+            object with `address(task) -> "host:port"` and
+            `command(task, command) -> command` (the command that runs
+            `command` on that host), for tasks named `"ps:0"`,
+            `"worker:1"`, `"chief:0"`. `host` is then unused, and a server is
+            ready when it says so (this machine may not reach its address).
+            Defaults to `None`: every task on `host`, on free ports.
 
     Returns:
         The exit code: in-graph, the chief's; between-graph, 0 if every worker
@@ -169,6 +191,14 @@ def launch(
         command, num_ps, num_workers, mode, host, timeout_s, startup_timeout_s
     )
     check_fault_tolerance(mode, num_workers, max_restarts, max_worker_failures)
+    if hosts is not None and not (
+        callable(getattr(hosts, "address", None))
+        and callable(getattr(hosts, "command", None))
+    ):
+        raise TypeError(
+            f"hosts must have address(task) and command(task, command) methods "
+            f"(e.g. NamespaceHosts.task_hosts(...)), got {hosts!r}."
+        )
     run = _Launch(
         command,
         num_ps,
@@ -181,6 +211,7 @@ def launch(
         max_restarts,
         max_worker_failures,
         verbose,
+        hosts,
     )
     return run()
 
@@ -201,7 +232,9 @@ class _Launch:
         max_restarts: int = 0,
         max_worker_failures: int = 0,
         verbose: bool = False,
+        hosts: TaskHosts | None = None,
     ):
+        self.hosts = hosts
         self.command = command
         self.num_ps = num_ps
         self.num_workers = num_workers
@@ -249,6 +282,13 @@ class _Launch:
         jobs = {"ps": self.num_ps, "worker": self.num_workers}
         if self.mode == "in-graph":
             jobs["chief"] = 1
+        if self.hosts is not None:
+            return ClusterConfig(
+                {
+                    job: tuple(self.hosts.address(f"{job}:{i}") for i in range(n))
+                    for job, n in jobs.items()
+                }
+            )
         ports = iter(pick_free_ports(sum(jobs.values()), self.host))
         return ClusterConfig(
             {
@@ -331,11 +371,12 @@ class _Launch:
                 )
             time.sleep(0.05)
         try:
-            wait_reachable(
-                {c.name: c.address for c in servers},
-                max(1.0, deadline - time.monotonic()),
-                poll=check_servers,
-            )
+            if self.hosts is None:
+                wait_reachable(
+                    {c.name: c.address for c in servers},
+                    max(1.0, deadline - time.monotonic()),
+                    poll=check_servers,
+                )
         except ConnectionError as e:
             check_servers()  # A server's death explains it better.
             raise Stop(1, f"Servers reported ready but {e}") from None
@@ -464,6 +505,8 @@ class _Launch:
             "TF_CPP_MIN_LOG_LEVEL", "0" if self.verbose else "2" if is_server else "1"
         )
         name = config.task_name
+        if self.hosts is not None:
+            command = list(self.hosts.command(name, command))
         try:
             proc = subprocess.Popen(
                 command,
