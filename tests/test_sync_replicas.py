@@ -253,15 +253,18 @@ def test_straggler_stops_when_the_chief_has_finished(straggler_run):
     assert "stops its fit early" not in "".join(
         line for line in log.splitlines() if "WARNING" in line
     )
-    # The chief said whom it ended, and no update came after its last.
+    # The chief said whom it ended (worker 1 too, if its leave after its
+    # last step came after the chief's), and no update came after its last.
     ends = re.findall(
-        r"the chief finished its fit at global step (\d+); worker:2, still "
-        "training, stop at their next step",
+        r"the chief finished its fit at global step (\d+): no update comes after "
+        r"its last, so the workers still in this fit \(([^)]*)\) stop at their "
+        "next step",
         log,
     )
     assert len(ends) == STRAGGLER_FITS, without_progress(log)[-6000:]
+    assert all("worker:2" in names for _, names in ends), ends
     final = chief["counts_when_finished"]
-    assert int(ends[-1]) == final["global_step"]
+    assert int(ends[-1][0]) == final["global_step"]
     # Each fast step made an update.
     assert final["global_step"] >= sum(f["steps_run"] for f in chief["fits"]) - 2
     # It stopped at its next step: of each fit, at most one gradient it sent

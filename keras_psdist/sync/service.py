@@ -348,11 +348,14 @@ class UpdateService:
         for worker in still:
             self._wake(worker, protocol.END + self._session)
         if still:
+            # (A worker that has just run its last step may still be here:
+            # its leave is on the way.)
             say(
                 f"keras_psdist sync-replicas: the chief finished its fit at "
-                f"global step {self._step}; {self._sync.config.names(still)}, "
-                "still training, stop at their next step: no update comes after "
-                "the chief's last, so their remaining steps would only be dropped."
+                "global step "
+                f"{self._step}: no update comes after its last, so the workers "
+                f"still in this fit ({self._sync.config.names(still)}) stop at "
+                "their next step; their remaining steps would only be dropped."
             )
 
     def _drop_pending(self) -> None:
