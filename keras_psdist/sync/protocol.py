@@ -446,12 +446,6 @@ class SyncReplicas:
         ]
         self._send_control(self._gradient_queue, header + self.layout.empty())
 
-    def free(self, worker: int) -> None:
-        """Lets `worker`'s current (or next) wait end without an update."""
-        self._send_control(
-            self.token_queues[worker], [tf.constant(FREE_PASS, tf.int64)]
-        )
-
     def poison(self, workers) -> None:
         """Makes `workers`' next (or current) wait fail (see `POISON`)."""
         for w in workers:
