@@ -25,6 +25,13 @@ started by ``keras_psdist.cluster.launch(hosts=...)``. Three sweeps:
    per update (its interface counters over the timed window) against what
    an async step must move: the variables read (1.19 MB) plus the gradient
    sent (1.19 MB).
+4. **A straggler on a slow link** (``--only straggler``): ``SyncReplicaStrategy``
+   on 3 workers with one backup (``replicas_to_aggregate=2``) and a
+   digits-sized MLP (64-64-64-2, 34 KB), with every link unlimited and with
+   the last worker's limited to ``--slow-mbit`` (2) Mbit/s, alternating per
+   round: the chief's updates/s over its timed window, and the whole job,
+   from the first ``fit``'s start to the last process's end. Targets: the
+   update rate >= 0.9x, the job <= 1.1x of the run without the slow link.
 
 Every side runs ``--steps-per-execution`` (10) steps per call, as TensorFlow's
 parameter-server tutorial advises for its strategy and docs/cluster.md for
@@ -82,7 +89,7 @@ import harness
 harness.prepare_tensorflow()
 
 KINDS = ("async", "sync", "in-graph", "tf_keras")
-SWEEPS = ("workers", "ps", "mbit")
+SWEEPS = ("workers", "ps", "mbit", "straggler")
 EMBED_DIM = 64
 RUN_TIMEOUT_S = 900.0
 BARRIER_TIMEOUT_S = 300.0
@@ -110,6 +117,9 @@ def _child_main(args: argparse.Namespace) -> int:
         strategy = kpd.PSStrategy(mode="between-graph", partitioner=partitioner)
     elif args.kind == "sync":
         strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers)
+    elif args.kind == "sync-backup":
+        # One backup worker: an update takes the first workers - 1 gradients.
+        strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers - 1)
     else:
         strategy = kpd.PSStrategy()
     topology = strategy.extended.topology
@@ -125,10 +135,17 @@ def _child_main(args: argparse.Namespace) -> int:
         y = rng.integers(0, 2, size=steps * per_step).astype(np.int32)
     else:
         model = strategies.build_model(
-            strategy, args.seed, steps_per_execution=args.steps_per_execution
+            strategy,
+            args.seed,
+            hidden=args.hidden,
+            steps_per_execution=args.steps_per_execution,
         )
         x, y = strategies.make_arrays(steps * per_step, args.seed + index)
-    clock = _make_clock(out, index, 1 if args.kind == "in-graph" else args.workers)
+    # The barrier lines the workers' timed windows up; not with a backup
+    # worker, whose point is that nobody waits for the slowest.
+    alone = args.kind in ("in-graph", "sync-backup")
+    clock = _make_clock(out, index, 1 if alone else args.workers)
+    fit_start_wall = time.time()
     model.fit(
         x,
         y,
@@ -148,6 +165,8 @@ def _child_main(args: argparse.Namespace) -> int:
         "examples": args.steps * args.epochs * per_step,
         "start_wall": clock.start_wall,
         "end_wall": clock.end_wall,
+        "fit_start_wall": fit_start_wall,
+        "exit_wall": time.time(),
         "cpu_s": clock.cpu_s,
         "iterations": [clock.iterations_begin, iterations],
         "barrier_wait_s": clock.barrier_wait_s,
@@ -216,6 +235,8 @@ def _make_clock(out: Path, index: int, count: int):
             self._cpu0 = time.process_time()
 
         def on_train_end(self, logs=None):
+            if self._cpu0 is None:  # Stopped in its warm-up epoch.
+                return
             self.end_wall = time.time()
             self.cpu_s = time.process_time() - self._cpu0
             if index == 0:
@@ -325,12 +346,15 @@ def run_once(kind: str, workers: int, num_ps: int, args, work: Path, **extra) ->
     log_path = out / "launch.log"
     mbit = extra.get("mbit")
     rows = extra.get("rows", 0)
+    slow_mbit = extra.get("slow_mbit")  # The last worker's link alone.
+    hidden = extra.get("hidden", 512)
     command = [
         sys.executable, str(Path(__file__).resolve()), "--role", kind,
         "--out-dir", str(out), "--workers", str(workers), "--num-ps", str(num_ps),
-        "--steps", str(args.steps), "--epochs", str(args.epochs),
+        "--steps", str(extra.get("steps", args.steps)), "--epochs", str(args.epochs),
         "--batch", str(args.batch), "--seed", str(args.seed), "--rows", str(rows or 1),
         "--steps-per-execution", str(args.steps_per_execution),
+        "--hidden", str(hidden),
     ]  # fmt: skip
     entry = {
         "kind": kind,
@@ -338,12 +362,18 @@ def run_once(kind: str, workers: int, num_ps: int, args, work: Path, **extra) ->
         "num_ps": num_ps,
         "mbit": mbit,
         "rows": rows,
+        "slow_mbit": slow_mbit,
     }
-    harness.log(f"{kind}: {workers} workers, {num_ps} ps, mbit {mbit}, rows {rows}")
+    harness.log(
+        f"{kind}: {workers} workers, {num_ps} ps, mbit {mbit}, rows {rows}, "
+        f"last worker's link {slow_mbit or 'unlimited'}"
+    )
     with NamespaceHosts(list(dict.fromkeys(placement.values()))) as hosts:
         if mbit:
             for host in hosts.names:
                 hosts.limit(host, mbit)
+        if slow_mbit:
+            hosts.limit(placement[f"worker:{workers - 1}"], slow_mbit)
         ps_hosts = [placement[f"ps:{i}"] for i in range(num_ps)]
         sampler = _Sampler(hosts, out, ps_hosts)
         sampler.start()
@@ -374,6 +404,8 @@ def run_once(kind: str, workers: int, num_ps: int, args, work: Path, **extra) ->
 
 
 def _summarize_run(kind, reports, sampler, ps_hosts) -> dict:
+    if kind == "sync-backup":
+        return _summarize_backup_run(reports)
     start = min(r["start_wall"] for r in reports)
     end = max(r["end_wall"] for r in reports)
     wall = end - start
@@ -410,6 +442,24 @@ def _summarize_run(kind, reports, sampler, ps_hosts) -> dict:
     else:
         summary["machine_busy"] = float("nan")
     return summary
+
+
+def _summarize_backup_run(reports) -> dict:
+    """A sync run with a backup worker: the chief's update rate over its
+    timed window, and the whole job, from the first `fit`'s start to the
+    last process's end (a straggler that runs on after the chief counts)."""
+    chief = next(r for r in reports if r["worker_index"] == 0)
+    updates = chief["iterations"][1] - chief["iterations"][0]
+    window = chief["end_wall"] - chief["start_wall"]
+    job = max(r["exit_wall"] for r in reports) - min(r["fit_start_wall"] for r in reports)
+    return {
+        "updates": updates,
+        "updates_per_s": updates / window,
+        "examples_per_s": chief["examples"] / window,
+        "job_s": job,
+        "chief_fit_s": chief["exit_wall"] - chief["fit_start_wall"],
+        "machine_busy": float("nan"),
+    }
 
 
 # ------------------------------------------------------------ the sweeps
@@ -452,7 +502,31 @@ def sweep_mbit(args, work: Path) -> list[dict]:
     for r in range(args.rounds):
         for mbit in _rotated(list(args.mbit), r):
             runs.append(
-                {"round": r, **run_once("async", 2, 1, args, work, mbit=mbit or None)}
+                {
+                    "round": r,
+                    **run_once(
+                        "async", 2, 1, args, work, mbit=mbit or None,
+                        steps=args.mbit_steps,
+                    ),
+                }  # fmt: skip
+            )
+    return runs
+
+
+def sweep_straggler(args, work: Path) -> list[dict]:
+    """SyncReplicaStrategy, 3 workers, one backup, a digits-sized MLP: with
+    every link unlimited, and with the last worker's limited to
+    `--slow-mbit`, alternating."""
+    runs = []
+    for r in range(args.rounds):
+        for slow in _rotated([None, args.slow_mbit], r):
+            runs.append(
+                {
+                    "round": r,
+                    **run_once(
+                        "sync-backup", 3, 1, args, work, slow_mbit=slow, hidden=64
+                    ),
+                }
             )
     return runs
 
@@ -471,6 +545,8 @@ def _group(runs: list[dict], *keys: str) -> dict[tuple, list[dict]]:
 
 def tables(results: dict) -> None:
     fmt = harness.fmt
+    if results.get("straggler"):
+        straggler_table(results["straggler"])
     if results.get("workers"):
         rows = []
         groups = _group(results["workers"], "workers", "kind")
@@ -550,8 +626,37 @@ def tables(results: dict) -> None:
         )  # fmt: skip
 
 
+def straggler_table(runs: list[dict]) -> None:
+    """Per round: the slow-link run against the run without it."""
+    rows = []
+    for (r,), pair in sorted(_group(runs, "round").items()):
+        fast = next((x for x in pair if not x["slow_mbit"] and "error" not in x), None)
+        slow = next((x for x in pair if x["slow_mbit"] and "error" not in x), None)
+        if fast is None or slow is None:
+            rows.append(f"round {r}: a run failed")
+            continue
+        rows.append(
+            [
+                r,
+                f"{fast['updates_per_s']:.1f}",
+                f"{slow['updates_per_s']:.1f}",
+                f"{slow['updates_per_s'] / fast['updates_per_s']:.2f}",
+                f"{fast['job_s']:.1f}",
+                f"{slow['job_s']:.1f}",
+                f"{slow['job_s'] / fast['job_s']:.2f}",
+            ]
+        )
+    print(
+        harness.markdown_table(
+            rows,
+            ["round", "updates/s", "updates/s, slow link", "ratio (target >= 0.9)",
+             "job s", "job s, slow link", "ratio (target <= 1.1)"],
+        )  # fmt: skip
+    )
+
+
 def plot(results: dict, path: Path) -> None:
-    panels = [k for k in SWEEPS if results.get(k)]
+    panels = [k for k in SWEEPS[:3] if results.get(k)]
     if not panels:
         return
     with harness.figure(
@@ -610,7 +715,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         quick_json=True,
         plot="the curves' PNG (default docs/images/scaling.png; not with --quick)",
     )
-    parser.add_child_role((*KINDS, "embedding"))
+    parser.add_child_role((*KINDS, "embedding", "sync-backup"))
+    parser.add_argument("--hidden", type=int, default=512, help=argparse.SUPPRESS)
     parser.add_rounds(2, "rounds; each runs every configuration, kinds rotated (2)")
     parser.add_argument("--num-ps", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--only", nargs="+", choices=SWEEPS, default=list(SWEEPS))
@@ -630,6 +736,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=harness.positive, default=2)
     parser.add_argument("--batch", type=harness.positive, default=128)
     parser.add_argument(
+        "--mbit-steps", type=harness.positive, default=10,
+        help="steps per epoch of the bandwidth sweep (10: at 10 Mbit/s a step "
+        "of 2 workers takes seconds)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slow-mbit", type=float, default=2.0,
+        help="the straggler sweep's slow link, Mbit/s each way (2)",
+    )  # fmt: skip
+    parser.add_argument(
         "--steps-per-execution", type=harness.positive, default=10,
         help="every side's steps per call, as docs/cluster.md and TensorFlow's "
         "parameter-server tutorial advise (10)",
@@ -638,6 +753,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         args.workers, args.ps, args.rows = [1, 2], [1, 2], [50_000]
         args.mbit, args.steps, args.epochs, args.rounds = [0, 10], 10, 1, 1
+        args.mbit_steps = 5
     if args.plot is None and not args.quick:
         args.plot = "docs/images/scaling.png"
     return args
@@ -658,14 +774,19 @@ def main(argv=None) -> int:
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
         work = Path(tmp)
-        sweeps = {"workers": sweep_workers, "ps": sweep_ps, "mbit": sweep_mbit}
+        sweeps = {
+            "workers": sweep_workers,
+            "ps": sweep_ps,
+            "mbit": sweep_mbit,
+            "straggler": sweep_straggler,
+        }
         for name in args.only:
             results[name] = sweeps[name](args, work)
     tables(results)
     if args.plot and not args.quick:
         plot(results, Path(args.plot))
-    settings = ("only", "kinds", "workers", "ps", "rows", "mbit", "steps", "epochs",
-                "batch", "steps_per_execution", "rounds", "seed", "quick")  # fmt: skip
+    settings = ("only", "kinds", "workers", "ps", "rows", "mbit", "mbit_steps", "slow_mbit", "steps",
+                "epochs", "batch", "steps_per_execution", "rounds", "seed", "quick")  # fmt: skip
     return harness.finish(
         args, settings, load_start, time.monotonic() - start, {}, results
     )
