@@ -1,10 +1,14 @@
 """`SyncReplicaStrategy` across worker processes (`keras-psdist launch`).
 
 Each fixture runs `tests/cluster_jobs/sync_job.py` on a whole local cluster
-and reads back what every worker wrote.
+and reads back what every worker wrote. The straggler launch (a backup
+worker, then bounded staleness) runs every task on a host of its own, the
+straggler's link limited in rate (`launching.cluster_hosts`).
 """
 
+import contextlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -20,15 +24,26 @@ JOB = Path(__file__).parent / "cluster_jobs" / "sync_job.py"
 LAUNCH_TIMEOUT_S = 420
 
 
-def _launch(tmp_path, config, num_workers, num_ps=1):
-    code, log = launching.launch_job(
-        JOB,
-        [tmp_path, json.dumps(config)],
-        num_ps=num_ps,
-        num_workers=num_workers,
-        mode="between-graph",
-        timeout_s=LAUNCH_TIMEOUT_S,
-    )
+def _launch(tmp_path, config, num_workers, num_ps=1, on_hosts=False, slow_mbit=None):
+    """Runs the job; `on_hosts`: every task on a host of its own
+    (`launching.cluster_hosts`), the last worker's link limited to
+    `slow_mbit` Mbit/s each way if given."""
+    with (
+        launching.cluster_hosts(num_ps, num_workers)
+        if on_hosts
+        else contextlib.nullcontext((None, None))
+    ) as (hosts, task_hosts):
+        if hosts is not None and slow_mbit:
+            hosts.limit(f"worker{num_workers - 1}", slow_mbit)
+        code, log = launching.launch_job(
+            JOB,
+            [tmp_path, json.dumps(config)],
+            num_ps=num_ps,
+            num_workers=num_workers,
+            mode="between-graph",
+            timeout_s=LAUNCH_TIMEOUT_S,
+            hosts=task_hosts,
+        )
     assert code == 0, f"launch exited {code}:\n{without_progress(log)[-12000:]}"
     reports = {
         int(p.stem.split("_")[1]): json.loads(p.read_text())
@@ -199,7 +214,9 @@ def straggler_run(tmp_path_factory):
         # lighter straggler (`bounded_staleness_run`).
         "then": {"max_staleness": 2, "epochs": 2, "slow_worker": 2, "sleep_s": 0.1},
     }
-    reports, log = _launch(tmp_path, config, num_workers=3)
+    # Every task on a host of its own, the straggler's link limited to
+    # 4 Mbit/s too (a slow host: rate, not just sleep).
+    reports, log = _launch(tmp_path, config, num_workers=3, on_hosts=True, slow_mbit=4)
     return reports, log
 
 
@@ -275,6 +292,27 @@ def test_straggler_stops_when_the_chief_has_finished(straggler_run):
     sent = sum(fit["steps_run"] - fit["steps_skipped"] for fit in straggler["fits"])
     assert sum(fit["steps_skipped"] for fit in straggler["fits"]) <= STRAGGLER_FITS
     assert _sent(final, 2) == sent, (final, straggler["fits"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.hosts
+@pytest.mark.xdist_group("sync_straggler")
+@pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
+def test_straggler_ran_on_a_host_of_its_own_behind_a_slow_link(straggler_run):
+    _, log = straggler_run
+    if os.environ.get(launching.HOSTS_ENV) == "loopback":
+        pytest.skip(f"{launching.HOSTS_ENV}=loopback")
+    layout = next(
+        line for line in log.splitlines() if line.startswith("[launch] cluster")
+    )
+    addresses = re.findall(r"(\S+)=([\d.]+):2222", layout)
+    assert [task for task, _ in addresses] == [
+        "ps:0",
+        "worker:0",
+        "worker:1",
+        "worker:2",
+    ]
+    assert len({a for _, a in addresses}) == 4, addresses
 
 
 @pytest.mark.multiprocess
