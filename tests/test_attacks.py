@@ -293,6 +293,7 @@ def test_attacking_every_replica_is_refused(name):
         (attacks.GaussianNoise, {"stddev": -1.0}, "stddev"),
         (attacks.GaussianNoise, {"seed": 1.5}, "seed"),
         (attacks.NonFinite, {"value": "zero"}, "'nan', 'inf', '-inf'"),
+        (attacks.NonFinite, {"value": []}, r"value=\[\]"),
         (attacks.ALIE, {"z": float("nan")}, "z"),
         (attacks.IPM, {"epsilon": -0.1}, "epsilon"),
         (attacks.LabelFlip, {"num_classes": 1}, "num_classes"),

@@ -183,7 +183,7 @@ class NonFinite(GradientAttack):
 
     def __init__(self, replicas: Sequence[int], value: str = "nan"):
         super().__init__(replicas)
-        if value not in _NON_FINITE:
+        if not isinstance(value, str) or value not in _NON_FINITE:
             raise ValueError(
                 "NonFinite: `value` must be one of 'nan', 'inf', '-inf'. "
                 f"Received: value={value!r}"
