@@ -1,8 +1,9 @@
-"""PSStrategy across local processes: in-graph step time and async throughput.
+"""PSStrategy across local processes: in-graph step time, async throughput,
+and both against tf_keras's ParameterServerStrategy.
 
 What it measures
 ----------------
-Two things, in one run, on the MLP of ``benchmarks/strategies.py``
+Three things, in one run, on the MLP of ``benchmarks/strategies.py``
 (64 -> 512 -> 512 -> 2, Adam, sparse cross-entropy from logits, global batch
 ``--batch`` 256, synthetic NumPy data):
 
@@ -19,19 +20,53 @@ Two things, in one run, on the MLP of ``benchmarks/strategies.py``
    workers each worker step trains on ``batch / W`` examples.
 
 3. **Against tf_keras's ParameterServerStrategy** (``--only vs-tf-keras``).
-   tf_keras ``model.fit`` under ``tf.distribute.ParameterServerStrategy`` with
-   its ``ClusterCoordinator`` (this script as the chief of 2 worker and 1 ps
-   servers, each step one worker's batch of ``batch / 2``, ``steps_per_epoch``
-   on a repeated dataset, as it requires), async ``PSStrategy`` on 2 workers
-   and in-graph ``PSStrategy`` on the same cluster shape, at epochs of
-   ``--vs-lengths`` steps (40 and 400). Ours train on finite NumPy data of
-   exactly that many global batches, without ``steps_per_epoch``, so every
-   epoch builds its iterators as a user's ``fit`` does. examples/s; the three
-   alternate per round. tf_keras is in the ``bench`` extra, never a
-   dependency of the library.
+   Throughput (examples/s) of three ways to train the same model on the same
+   cluster shape, 2 worker tasks and 1 ps task, each configured as its own
+   docs advise for speed:
+
+   * **tf_keras PSS**: tf_keras (Keras 2) ``model.fit`` under
+     ``tf.distribute.ParameterServerStrategy``, this script's child as the
+     coordinator (``benchmarks/_tf_keras_ps.py``, where TensorFlow's tutorial
+     is quoted): ``compile(steps_per_execution=--steps-per-execution)``
+     (default 10), ``tf_keras.optimizers.legacy.Adam``, input from a
+     ``DatasetCreator(dataset_fn)`` of a repeated dataset with
+     ``steps_per_epoch``, as ``fit`` requires there;
+   * **async**: ``PSStrategy(mode="between-graph")`` on both workers;
+   * **in-graph**: ``PSStrategy()`` as the chief of the same 2 workers + 1 ps.
+
+   Ours take Keras 3's ``Adam`` (the same algorithm and learning rate; Keras
+   3 has no other), the same ``steps_per_execution`` (docs/cluster.md
+   advises it), and finite NumPy data of exactly one epoch of global batches
+   without ``steps_per_epoch``, so every epoch builds its iterators as a
+   user's ``fit(x, y)`` does.
+
+   **One epoch is the same examples on every side**: ``S * batch`` for
+   ``S`` = ``--vs-lengths`` (40 and 400) and ``batch`` = ``--batch`` (256),
+   so 10,240 and 102,400 examples, ``S * batch / 2`` per worker:
+
+   * tf_keras PSS: ``2 * S`` steps of ``batch / 2`` examples (one worker's
+     batch each), scheduled by the coordinator in functions of
+     ``steps_per_execution`` steps, each run by whichever worker is free; the
+     epoch ends when all have finished;
+   * async: each worker ``S`` steps of ``batch / 2`` examples (its half of
+     each of the ``S`` global batches), in executions of
+     ``steps_per_execution`` steps, without waiting for the other;
+   * in-graph: ``S`` synchronous steps of ``batch`` examples (``batch / 2``
+     on each worker), in executions of ``steps_per_execution`` steps.
+
+   examples/s of a run = the examples of its timed epochs / the wall time
+   from the first timed epoch's start to the last one's end (async: over
+   both workers, from the first start to the last end). The three run in a
+   rotating order, ``--rounds`` rounds (4) per epoch length: tf_keras,
+   async, in-graph; async, in-graph, tf_keras; in-graph, tf_keras, async;
+   ... Each round's ratios ours / tf_keras (>1: ours faster) are taken
+   within the round; the table shows their median and min..max, and says
+   when the rounds straddle 1.0 (some faster, some slower). tf_keras is in
+   the ``bench`` extra, never a dependency of the library.
 
 Method: every measurement runs in fresh processes (this script re-invoked
-with ``--role``), which build the model, run one warm-up epoch of ``--steps``
+with ``--role``; tf_keras's coordinator is ``benchmarks/_tf_keras_ps.py``),
+which build the model, run one warm-up epoch of ``--steps``
 steps (tracing and the first iterator fills excluded), then ``--epochs`` more
 epochs of ``--steps`` steps in the same ``fit`` call, each timed from
 ``on_epoch_begin`` to ``on_epoch_end`` (Keras syncs the logs at the epoch
@@ -63,12 +98,23 @@ How to run
 ----------
 From the repository root::
 
-    python benchmarks/cluster.py              # 7 to 9 minutes on 2 shared cores
-    python benchmarks/cluster.py --quick      # smoke run, about 1.5 minutes
+    python benchmarks/cluster.py --only in-graph
+    python benchmarks/cluster.py --only async
+    python benchmarks/cluster.py --only vs-tf-keras \\
+        --json benchmarks/results/cluster_vs_tf_keras.json
+    python benchmarks/cluster.py --quick      # smoke run of all three, 3 to 5 min
 
-Options: ``--steps`` (steps per epoch, 40), ``--epochs`` (timed epochs per
-run, 5), ``--rounds`` (4), ``--batch`` (256), ``--seed``, ``--only
-in-graph|async``, ``--json PATH`` (raw numbers + machine; default
+Each of the first two takes about 4 minutes on 2 cores; the tf_keras
+comparison about 15 on a quiet machine (24 runs of about 20 s of start-up
+each, the 12 with 400-step epochs also about 30 s of training), more under
+load. Without ``--only`` all three run in turn.
+
+Options: ``--steps`` (steps per epoch of the first two measurements, 40),
+``--epochs`` (timed epochs per run, 5), ``--rounds`` (4), ``--batch``
+(256), ``--seed``, ``--only in-graph|async|vs-tf-keras``, ``--vs-lengths``
+(steps per epoch of the tf_keras comparison, 40,400),
+``--steps-per-execution`` (of every side of the tf_keras comparison, 10),
+``--json PATH`` (raw numbers + machine; default
 ``benchmarks/results/cluster.json``, with ``--quick`` ``cluster_quick.json``).
 The exit code is 1 if any run failed (its error and the last lines of its
 log are in the JSON).
@@ -78,14 +124,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _tf_keras_ps
 import harness
 from harness import (
     RunFailed,
@@ -105,7 +152,7 @@ from harness import ok as _ok
 # Before TensorFlow is imported anywhere in this process.
 harness.prepare_tensorflow()
 
-ROLES = ("local", "in-graph", "async", "tf_keras")
+ROLES = ("local", "in-graph", "async")
 # The cluster shapes compared.
 IN_GRAPH_WORKERS = 2
 IN_GRAPH_PS = 2
@@ -114,6 +161,8 @@ ASYNC_WORKERS = (1, 2)
 # Against tf_keras's ParameterServerStrategy: 1 ps, 2 workers for everyone.
 VS_PS = 1
 VS_WORKERS = 2
+VS_KEYS = ("tf_keras", "async", "in-graph")
+VS_LABELS = {"tf_keras": "tf_keras PSS", "async": "async", "in-graph": "in-graph"}
 
 # Limits that turn a hang into a failure (seconds).
 RUN_TIMEOUT_S = 300.0
@@ -125,8 +174,6 @@ BARRIER_TIMEOUT_S = 120.0
 
 def _child_main(args: argparse.Namespace) -> int:
     """What a child process does: build, warm up, time, write its JSON."""
-    if args.role == "tf_keras":
-        return _tf_keras_child_main(args)
     import keras
     import strategies  # benchmarks/strategies.py: same model and data
 
@@ -145,7 +192,9 @@ def _child_main(args: argparse.Namespace) -> int:
     workers = topology.num_training_processes
     index = topology.worker_index
 
-    model = strategies.build_model(strategy, args.seed)
+    model = strategies.build_model(
+        strategy, args.seed, steps_per_execution=args.steps_per_execution
+    )
     if args.finite:
         # Exactly `steps` global batches: every epoch builds its own iterator,
         # as a user's `fit(x, y)` does.
@@ -179,7 +228,12 @@ def _child_main(args: argparse.Namespace) -> int:
         "parameter_devices": list(topology.parameter_devices),
         "replicas": strategy.num_replicas_in_sync,
         "steps_per_epoch": args.steps,
+        "steps_per_execution": args.steps_per_execution,
         "examples_per_step": examples_per_step,
+        "examples_per_epoch": examples_per_step * args.steps,
+        "optimizer": type(model.optimizer).__module__
+        + "."
+        + type(model.optimizer).__name__,
         "warmup_s": clock.epochs[0][1] - clock.epochs[0][0],
         "fit_start_to_warmup_end_s": clock.warmup_end_perf - fit_start,
         "barrier_wait_s": clock.barrier_wait_s,
@@ -195,64 +249,6 @@ def _child_main(args: argparse.Namespace) -> int:
     name = report["task"] or "local"
     path = Path(args.out_dir) / f"{name.replace(':', '_')}.json"
     path.write_text(json.dumps(report, indent=1))
-    return 0
-
-
-def _tf_keras_child_main(args: argparse.Namespace) -> int:
-    """The baseline: tf_keras `model.fit` under TF's `ParameterServerStrategy`
-    with its `ClusterCoordinator`, this process the coordinator (chief).
-
-    Each step is one worker's batch of `batch / workers` examples, as a step
-    of an async PSStrategy worker. tf_keras needs `steps_per_epoch` and a
-    repeated dataset here; its coordinator waits for every scheduled step at
-    each epoch end.
-    """
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    import strategies  # benchmarks/strategies.py: same model and data
-    import tensorflow as tf
-    import tf_keras
-
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    workers = len(resolver.cluster_spec().as_dict()["worker"])
-    per_step = args.batch // workers
-    model = strategies.build_model(strategy, args.seed, library=tf_keras)
-    x, y = strategies.make_arrays(strategies.NUM_SAMPLES, args.seed)
-
-    def dataset_fn(context):
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
-        return dataset.batch(per_step, drop_remainder=True).prefetch(2)
-
-    class Clock(tf_keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.epochs = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._begin = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.epochs.append((self._begin, time.perf_counter()))
-
-    clock = Clock()
-    model.fit(
-        tf_keras.utils.experimental.DatasetCreator(dataset_fn),
-        epochs=1 + args.epochs,
-        steps_per_epoch=args.steps,
-        verbose=0,
-        callbacks=[clock],
-    )
-    timed = clock.epochs[1:]
-    report = {
-        "role": "tf_keras",
-        "workers": workers,
-        "steps_per_epoch": args.steps,
-        "examples_per_step": per_step,
-        "epoch_s": [end - begin for begin, end in timed],
-        "examples": per_step * args.steps * len(timed),
-    }
-    report["examples_per_s"] = report["examples"] / sum(report["epoch_s"])
-    (Path(args.out_dir) / "chief_0.json").write_text(json.dumps(report, indent=1))
     return 0
 
 
@@ -318,7 +314,9 @@ def _make_epoch_clock():
 # ------------------------------------------------------------ orchestration
 
 
-def _child_command(role: str, out_dir: Path, args: argparse.Namespace) -> list[str]:
+def _child_command(
+    role: str, out_dir: Path, args: argparse.Namespace, steps_per_execution: int = 1
+) -> list[str]:
     return [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -334,6 +332,8 @@ def _child_command(role: str, out_dir: Path, args: argparse.Namespace) -> list[s
         str(args.batch),
         "--seed",
         str(args.seed),
+        "--steps-per-execution",
+        str(steps_per_execution),
         *(["--finite"] if args.finite else []),
     ]
 
@@ -349,7 +349,12 @@ def run_local(work: Path, args: argparse.Namespace) -> dict:
 
 
 def run_cluster(
-    work: Path, role: str, num_ps: int, num_workers: int, args: argparse.Namespace
+    work: Path,
+    role: str,
+    num_ps: int,
+    num_workers: int,
+    args: argparse.Namespace,
+    steps_per_execution: int = 1,
 ) -> list[dict]:
     """One `launch` of a local cluster; returns the training processes' reports."""
     from keras_psdist.cluster import launch
@@ -359,7 +364,7 @@ def run_cluster(
     start = time.perf_counter()
     with open(log, "w") as f:
         code = launch(
-            _child_command(role, out_dir, args),
+            _child_command(role, out_dir, args, steps_per_execution),
             num_ps=num_ps,
             num_workers=num_workers,
             mode=mode,
@@ -448,37 +453,55 @@ def measure_async(work: Path, args, rounds: list[dict]) -> None:
 
 
 def _vs_tf_keras_run(work: Path, args, steps: int, key: str, r: int) -> dict:
-    run_args = argparse.Namespace(**{**vars(args), "steps": steps})
-    run_args.finite = key != "tf_keras"
+    """One run of the tf_keras comparison at `steps` global batches per epoch:
+    `key`'s examples/s over the same examples per epoch on every side."""
     _log(f"vs tf_keras, {steps}-step epochs, round {r + 1}: {key} ...")
-    reports = run_cluster(work, key, VS_PS, VS_WORKERS, run_args)
     if key == "tf_keras":
-        result = reports[0]
-    elif key == "async":
-        result = {"workers": reports, **_throughput(reports)}
+        # One step is one worker's batch: twice the steps for the same examples.
+        result = _tf_keras_ps.run(
+            work,
+            num_workers=VS_WORKERS,
+            num_ps=VS_PS,
+            steps_per_epoch=steps * VS_WORKERS,
+            per_worker_batch=args.batch // VS_WORKERS,
+            epochs=args.epochs,
+            steps_per_execution=args.steps_per_execution,
+            seed=args.seed,
+            timeout_s=RUN_TIMEOUT_S,
+        )
     else:
-        (result,) = reports
-        result["examples_per_s"] = result["examples"] / sum(result["epoch_s"])
+        run_args = argparse.Namespace(**{**vars(args), "steps": steps, "finite": True})
+        reports = run_cluster(
+            work, key, VS_PS, VS_WORKERS, run_args, args.steps_per_execution
+        )
+        if key == "async":
+            result = {"workers": reports, **_throughput(reports)}
+        else:
+            (report,) = reports
+            result = {**report, **_throughput(reports)}
+    result["examples_per_epoch"] = steps * args.batch
     _log(f"  {result['examples_per_s']:.0f} examples/s")
     return result
 
 
 def measure_vs_tf_keras(work: Path, args, rounds: list[dict]) -> None:
-    """examples/s of tf_keras + ParameterServerStrategy + ClusterCoordinator,
-    async PSStrategy and in-graph PSStrategy on the same cluster shape, at
-    each epoch length; ours on finite data (an iterator per epoch)."""
+    """examples/s of tf_keras PSS, async and in-graph PSStrategy on the same
+    cluster shape and the same examples per epoch, at each epoch length, in
+    an order that rotates from round to round."""
     for steps in args.vs_lengths:
         measured = harness.interleaved_rounds(
-            ("tf_keras", "async", "in-graph"),
+            VS_KEYS,
             functools.partial(_vs_tf_keras_run, work, args, steps),
             args.rounds,
-            rotate=False,
+            rotate=True,
             catch=(RunFailed,),
             on_error=log_failure,
         )
-        for entry in measured.entries(steps=steps):
+        entries = measured.entries(steps=steps)
+        for entry, order in zip(entries, measured.orders, strict=True):
+            entry["order"] = order
             rounds.append(entry)
-            for key in ("async", "in-graph"):
+            for key in VS_KEYS[1:]:
                 if _ok(entry, key) and _ok(entry, "tf_keras"):
                     entry[f"{key}_ratio"] = (
                         entry[key]["examples_per_s"]
@@ -486,53 +509,139 @@ def measure_vs_tf_keras(work: Path, args, rounds: list[dict]) -> None:
                     )
 
 
-def summarize_vs_tf_keras(rounds: list[dict], lengths: list[int]) -> dict:
-    out = {}
-    for steps in lengths:
+def _spread(values: list[float]) -> dict:
+    """Median, min and max of per-round ratios, and whether they straddle 1.0.
+
+    >>> _spread([0.9, 1.1, 1.2])["straddles_1"], _spread([])["median"]
+    (True, None)
+    """
+    return {
+        "values": values,
+        "median": _median_or_none(values),
+        "min": min(values, default=None),
+        "max": max(values, default=None),
+        "straddles_1": bool(values) and min(values) < 1.0 < max(values),
+    }
+
+
+def summarize_vs_tf_keras(rounds: list[dict], args) -> dict:
+    """The configuration of each side and, per epoch length, the medians of
+    examples/s and the spread of the per-round ratios ours / tf_keras."""
+    lengths = {}
+    for steps in args.vs_lengths:
         entries = [e for e in rounds if e["steps"] == steps]
-        row = {}
-        for key in ("tf_keras", "async", "in-graph"):
+        row: dict = {
+            "examples_per_epoch": steps * args.batch,
+            "orders": [e["order"] for e in entries],
+        }
+        for key in VS_KEYS:
             rates = [e[key]["examples_per_s"] for e in entries if _ok(e, key)]
             row[key] = {"examples_per_s": rates, "median": _median_or_none(rates)}
-        for key in ("async", "in-graph"):
-            ratios = [e[f"{key}_ratio"] for e in entries if f"{key}_ratio" in e]
-            row[f"{key}_ratio"] = {"values": ratios, "median": _median_or_none(ratios)}
-        out[steps] = row
-    return out
+        for key in VS_KEYS[1:]:
+            row[f"{key}_ratio"] = _spread(
+                [e[f"{key}_ratio"] for e in entries if f"{key}_ratio" in e]
+            )
+        lengths[steps] = row
+    per_worker = args.batch // VS_WORKERS
+    spe = args.steps_per_execution
+    return {
+        "configuration": {
+            "cluster": f"{VS_WORKERS} workers + {VS_PS} ps on this machine",
+            "tf_keras": (
+                "tf_keras Model.fit under tf.distribute.ParameterServerStrategy "
+                f"(coordinator as chief); compile(steps_per_execution={spe}), "
+                "tf_keras.optimizers.legacy.Adam(1e-3); DatasetCreator(dataset_fn) "
+                f"of a repeated dataset; epoch = {VS_WORKERS} x S steps of "
+                f"{per_worker} examples"
+            ),
+            "async": (
+                'PSStrategy(mode="between-graph") on each worker; compile('
+                f"steps_per_execution={spe}), keras.optimizers.Adam(1e-3); finite "
+                f"NumPy data; epoch = S steps of {per_worker} examples per worker"
+            ),
+            "in-graph": (
+                f"PSStrategy() as chief; compile(steps_per_execution={spe}), "
+                "keras.optimizers.Adam(1e-3); finite NumPy data; epoch = S steps "
+                f"of {args.batch} examples ({per_worker} per worker)"
+            ),
+        },
+        "lengths": lengths,
+    }
 
 
 def format_vs_tf_keras(summary: dict, args) -> str:
+    """The comparison's table (kept for the JSON), a note under it for each
+    ratio whose rounds straddle 1.0."""
     lines = [
         "",
         f"Against tf_keras ParameterServerStrategy + ClusterCoordinator "
-        f"({VS_WORKERS} workers + {VS_PS} ps), examples/s, median of "
-        f"{args.rounds} rounds:",
-        f"  {'steps/epoch':>11} {'tf_keras PSS':>13} {'async':>9} {'in-graph':>9}"
-        f" {'async/PSS':>10} {'in-graph/PSS':>13}",
+        f"({VS_WORKERS} workers + {VS_PS} ps), each side as its docs advise: "
+        f"steps_per_execution {args.steps_per_execution} everywhere, tf_keras "
+        "with its legacy Adam and a DatasetCreator; the same examples per epoch "
+        f"on every side (tf_keras: {VS_WORKERS}x the steps of one worker's "
+        f"batch). examples/s, median of {args.rounds} rounds in rotating order; "
+        "ratios ours / tf_keras per round: median (min..max).",
     ]
-    kept = []  # the same table, for the JSON
-    for steps, row in summary.items():
-        rates = [
-            _fmt(row[k]["median"], ".0f") for k in ("tf_keras", "async", "in-graph")
-        ]
-        ratios = [
-            _fmt(row[k]["median"], ".2f", "x")
-            for k in ("async_ratio", "in-graph_ratio")
-        ]
-        cells = " ".join(f"{r:>{w}}" for r, w in zip(rates, (13, 9, 9), strict=True))
-        lines.append(f"  {steps:>11} {cells} {ratios[0]:>10} {ratios[1]:>13}")
-        kept.append([steps, *rates, *ratios])
-    harness.keep_table(
-        [
-            "steps/epoch",
-            "tf_keras PSS",
-            "async",
-            "in-graph",
-            "async/PSS",
-            "in-graph/PSS",
-        ],
-        kept,
+    columns = [
+        harness.Column("examples/epoch", 14),
+        harness.Column("steps (ours)", 12),
+        harness.Column("steps (tf_keras)", 16),
+        harness.Column("tf_keras PSS", 12),
+        harness.Column("async", 8),
+        harness.Column("in-graph", 8),
+        harness.Column("async/PSS", 9),
+        harness.Column("min..max", 11),
+        harness.Column("in-graph/PSS", 12),
+        harness.Column("min..max", 11),
+    ]
+    rows: list = []
+    notes = []
+    for steps, row in summary["lengths"].items():
+        cells = [f"{row['examples_per_epoch']:,}", steps, steps * VS_WORKERS]
+        cells += [_fmt(row[k]["median"], ",.0f") for k in VS_KEYS]
+        for key in VS_KEYS[1:]:
+            spread = row[f"{key}_ratio"]
+            cells += [
+                _fmt(spread["median"], ".2f", "x"),
+                harness.value_range(spread["values"], ".2f"),
+            ]
+            if spread["straddles_1"]:
+                notes.append(
+                    f"{VS_LABELS[key]} / tf_keras at {steps}-step epochs straddles "
+                    f"1.0 ({spread['min']:.2f}..{spread['max']:.2f}): the rounds "
+                    "disagree on which is faster."
+                )
+        rows.append(cells)
+    measured = any(
+        row[f"{k}_ratio"]["values"]
+        for row in summary["lengths"].values()
+        for k in VS_KEYS[1:]
     )
+    if measured and not notes:
+        notes.append("No ratio's rounds straddle 1.0.")
+    rows += notes
+    lines += harness.text_table(columns, rows)
+    return "\n".join(lines)
+
+
+def format_vs_rounds(rounds: list[dict]) -> str:
+    """One line per round of the tf_keras comparison, in the order it ran."""
+    lines = []
+    for e in rounds:
+        rates = ", ".join(
+            f"{VS_LABELS[k]} "
+            + (f"{e[k]['examples_per_s']:,.0f}" if _ok(e, k) else "failed")
+            for k in e["order"]
+        )
+        ratios = ", ".join(
+            f"{VS_LABELS[k]}/PSS {e[f'{k}_ratio']:.2f}x"
+            for k in VS_KEYS[1:]
+            if f"{k}_ratio" in e
+        )
+        lines.append(
+            f"  vs tf_keras {e['steps']} steps, round {e['round'] + 1}: {rates} "
+            f"examples/s; {ratios or 'no ratio'}"
+        )
     return "\n".join(lines)
 
 
@@ -664,16 +773,18 @@ def format_rounds(in_graph: list[dict], async_rounds: list[dict]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = harness.BenchmarkParser(
         "PSStrategy across local processes: in-graph step time vs "
-        "one process, and between-graph async throughput with 1 and 2 workers.",
+        "one process, between-graph async throughput with 1 and 2 workers, "
+        "and both against tf_keras's ParameterServerStrategy.",
         name="cluster",
-        quick="smoke run: 5 steps x 2 timed epochs, 1 round",
+        quick="smoke run: 5-step epochs (the tf_keras comparison: 10), "
+        "2 timed epochs, 1 round",
         quick_json=True,
     )
     parser.add_argument(
         "--steps",
         type=harness.positive,
         default=40,
-        help="steps per epoch (default 40)",
+        help="steps per epoch of the in-graph and async measurements (default 40)",
     )
     parser.add_argument(
         "--epochs",
@@ -681,7 +792,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=5,
         help="timed epochs per run, after 1 warm-up epoch (default 5)",
     )
-    parser.add_rounds(4, "alternating rounds of each comparison (default 4)")
+    parser.add_rounds(
+        4,
+        "rounds of each comparison (default 4); the tf_keras comparison's "
+        "order rotates from round to round",
+    )
     parser.add_argument(
         "--batch",
         type=harness.positive,
@@ -697,14 +812,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--vs-lengths",
         type=harness.int_list,
         default=[40, 400],
-        help="epoch lengths (steps) of the tf_keras comparison (default 40,400)",
+        help="epoch lengths of the tf_keras comparison, in global batches "
+        "(default 40,400); tf_keras runs twice the steps of one worker's batch",
+    )
+    parser.add_argument(
+        "--steps-per-execution",
+        type=harness.positive,
+        default=_tf_keras_ps.STEPS_PER_EXECUTION,
+        help="steps_per_execution of every side of the tf_keras comparison "
+        f"(default {_tf_keras_ps.STEPS_PER_EXECUTION}, as TensorFlow's "
+        "parameter-server tutorial)",
     )
     parser.add_argument("--finite", action="store_true", help=argparse.SUPPRESS)
     parser.add_child_role(ROLES)
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.epochs, args.rounds = 5, 2, 1
-        args.vs_lengths = [5]
+        args.vs_lengths = [10]
     if args.batch % 4:
         parser.error(f"--batch must be a multiple of 4. Received: {args.batch}")
     return args
@@ -714,6 +838,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
         return _child_main(args)
+    if args.only in (None, "vs-tf-keras") and not importlib.util.find_spec("tf_keras"):
+        # Before any run, not after the first two measurements.
+        print(
+            "The tf_keras comparison needs tf_keras, in the `bench` extra: "
+            'pip install -e ".[cpu,bench]". Or leave it out: --only in-graph, '
+            "--only async.",
+            file=sys.stderr,
+        )
+        return 2
     use_checkout()
     # TensorFlow's import prints its banner here, not in the middle of the runs.
     import keras_psdist.cluster  # noqa: F401
@@ -733,16 +866,28 @@ def main(argv: list[str] | None = None) -> int:
             measure_vs_tf_keras(work, args, vs_rounds)
     wall_s = time.perf_counter() - start
     summary = summarize(in_graph, async_rounds)
-    summary["vs_tf_keras"] = summarize_vs_tf_keras(vs_rounds, args.vs_lengths)
+    summary["vs_tf_keras"] = summarize_vs_tf_keras(vs_rounds, args)
     print(format_rounds(in_graph, async_rounds))
+    if vs_rounds:
+        print(format_vs_rounds(vs_rounds))
     print()
-    sections = ("in-graph", "async") if args.only is None else (args.only,)
-    print(format_table(summary, args, sections))
+    sections = [k for k in ("in-graph", "async") if args.only in (None, k)]
+    if sections:
+        print(format_table(summary, args, tuple(sections)))
     if vs_rounds:
         print(format_vs_tf_keras(summary["vs_tf_keras"], args))
     return finish(
         args,
-        ("steps", "epochs", "rounds", "batch", "seed", "quick", "vs_lengths"),
+        (
+            "steps",
+            "epochs",
+            "rounds",
+            "batch",
+            "seed",
+            "quick",
+            "vs_lengths",
+            "steps_per_execution",
+        ),
         load_start,
         wall_s,
         summary,

@@ -995,12 +995,19 @@ def run_dir(work: Path, prefix: str) -> tuple[Path, Path]:
     return out_dir, out_dir.with_suffix(".log")
 
 
-def run_process(command: list[str], log: Path, timeout_s: float) -> int:
-    """Runs `command` with its output in `log`; its exit code, 124 on timeout."""
+def run_process(
+    command: list[str],
+    log: Path,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Runs `command` with its output in `log` (and `env` for environment,
+    else this process's); its exit code, 124 on timeout."""
     with open(log, "w") as f:
         try:
             return subprocess.run(
                 command,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=f,
                 stderr=subprocess.STDOUT,

@@ -137,15 +137,23 @@ def build_model(
     num_classes: int = NUM_CLASSES,
     library=keras,
     jit_compile: bool = False,
+    steps_per_execution: int = 1,
+    legacy_optimizer: bool = False,
 ) -> keras.Model:
     """The benchmark MLP, built and compiled under `strategy.scope()`.
 
     The seed is reset first, so every strategy starts from the same weights.
     `library` is `keras`, or `tf_keras` for TensorFlow's own
     ParameterServerStrategy (`cluster.py`'s baseline). `jit_compile` is
-    passed to `compile` when set (Keras's own default otherwise).
+    passed to `compile` when set (Keras's own default otherwise), and so is
+    `steps_per_execution` when above 1. `legacy_optimizer` takes Adam from
+    `library.optimizers.legacy` (tf_keras only: Keras 3's raises), which TensorFlow's
+    parameter-server tutorial advises for `ParameterServerStrategy`.
     """
     compile_kwargs = {"jit_compile": True} if jit_compile else {}
+    if steps_per_execution > 1:
+        compile_kwargs["steps_per_execution"] = steps_per_execution
+    optimizers = library.optimizers.legacy if legacy_optimizer else library.optimizers
     library.utils.set_random_seed(seed)
     with strategy.scope():
         model = library.Sequential(
@@ -157,7 +165,7 @@ def build_model(
             ]
         )
         model.compile(
-            optimizer=library.optimizers.Adam(learning_rate=1e-3),
+            optimizer=optimizers.Adam(learning_rate=1e-3),
             loss=library.losses.SparseCategoricalCrossentropy(from_logits=True),
             **compile_kwargs,
         )

@@ -47,7 +47,6 @@ harness.prepare_tensorflow()
 
 JOB = Path(__file__).resolve().parent / "_sync_byzantine_job.py"
 RUN_TIMEOUT_S = 600.0
-SERVER_CRASH = "(server) exited with SIGSEGV"
 ATTACKS = {
     "sign_flip": lambda w: {
         "class_name": "sign_flip",
@@ -86,29 +85,16 @@ def run_one(work: Path, name: str, attack: dict | None, args, seed: int) -> dict
         "seed": seed,
     }
     start = time.perf_counter()
-    for attempt in (1, 2):
-        out_dir, log = run_dir(work, f"{rule}_{'attacked' if attack else 'clean'}_")
-        with open(log, "w") as f:
-            code = launch(
-                [sys.executable, str(JOB), str(out_dir), json.dumps(config)],
-                num_ps=1,
-                num_workers=args.workers,
-                mode="between-graph",
-                timeout_s=RUN_TIMEOUT_S,
-                out=f,
-            )
-        # TensorFlow's server itself can crash (docs/reliability.md, Limits):
-        # one more launch, said in the log; any other failure counts.
-        if (
-            attempt == 1
-            and code != 0
-            and SERVER_CRASH in log.read_text(errors="replace")
-        ):
-            _log(
-                "  a ps task crashed (SIGSEGV in TensorFlow's server); launching again"
-            )
-            continue
-        break
+    out_dir, log = run_dir(work, f"{rule}_{'attacked' if attack else 'clean'}_")
+    with open(log, "w") as f:
+        code = launch(
+            [sys.executable, str(JOB), str(out_dir), json.dumps(config)],
+            num_ps=1,
+            num_workers=args.workers,
+            mode="between-graph",
+            timeout_s=RUN_TIMEOUT_S,
+            out=f,
+        )
     reports = read_reports(out_dir, args.workers, log, code, "worker_*.json")
     (chief,) = [r for r in reports if r["is_chief"]]
     return {**chief, "wall_s": time.perf_counter() - start, "config": config}

@@ -9,7 +9,9 @@ at; the chief (worker 0) applies an update as soon as
 `replicas_to_aggregate=2` fresh gradients have arrived, so the slowest of
 the 3 workers is never waited for: its late gradients are dropped as stale,
 and counted. To make that visible, the last worker sleeps after each step
-(`--straggler-delay`).
+(`--straggler-delay`). When the chief's `fit` ends, no update comes after
+it: a worker still training stops its `fit` at its next step and says how
+many of its steps it did not run.
 
 Each worker prints, per worker, how many gradients were applied and dropped
 (`kpd.callbacks.SyncReplicaReport` adds them to every epoch's log line; the

@@ -255,8 +255,10 @@ class SyncReplicaReport(_ReportCallback):
     - `sync/dropped_stale/worker_{i}`: its gradients that arrived after the
       update of their step (a backup worker's late gradients);
     - `sync/dropped_at_end/worker_{i}`: gradients sent after the last
-      update, when too few workers were left to make another (a worker that
-      trains on after the others have finished), not applied.
+      update, when the chief's fit had ended (a straggler's last step, see
+      `keras_psdist.sync.training`) or too few workers were left to make
+      another (the chief training on after faster workers finished), not
+      applied.
 
     It prints one line after the progress bar (not with `verbose=0`), saying
     what a drop is the first time it shows in a `fit`, e.g.

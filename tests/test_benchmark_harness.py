@@ -333,3 +333,106 @@ def test_every_script_writes_its_json_under_results_with_the_command(script):
     assert "BenchmarkParser(" in source and "name=" in source or "RESULTS /" in source
     assert "write_results(" in source or "finish(" in source
     assert "if args.json:" not in source  # written on every run
+
+
+# ------------------------------- cluster.py: the comparison with tf_keras
+
+
+@pytest.fixture
+def cluster_bench(monkeypatch):
+    """`benchmarks/cluster.py` imported as a module (no TensorFlow: it
+    imports TensorFlow only in the processes it starts)."""
+    # Its `harness.prepare_tensorflow()` sets nothing: conftest.py has set
+    # both variables.
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    names = ("cluster", "_tf_keras_ps", "harness")
+    for name in names:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    yield importlib.import_module("cluster")
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+def test_the_cluster_benchmarks_examples_hold(cluster_bench):
+    # `_tf_keras_ps.py` checks a cluster of given servers before starting
+    # anything (its coordinator's side needs TensorFlow and is not run here).
+    for module in (cluster_bench, cluster_bench._tf_keras_ps):
+        failed, attempted = doctest.testmod(module)
+        assert attempted > 0 and failed == 0, module.__name__
+    with pytest.raises(ValueError, match="Received: num_ps=0"):
+        cluster_bench._tf_keras_ps.check_args(
+            num_workers=2, num_ps=0, steps_per_epoch=80, steps_per_execution=10
+        )
+
+
+def test_the_tf_keras_comparison_is_fair_and_rotates(cluster_bench, monkeypatch):
+    # Every side trains the same examples per epoch with the same
+    # steps_per_execution, the order turns each round, and the ratios'
+    # spread says when the rounds disagree on which side is faster.
+    calls = []
+    async_rates = iter([900.0, 1100.0, 1200.0, 950.0])  # tf_keras: 1000
+
+    def tf_keras(work, **kwargs):
+        calls.append(("tf_keras", kwargs))
+        return {"examples_per_s": 1000.0}
+
+    def ours(work, role, num_ps, num_workers, args, steps_per_execution=1):
+        calls.append(
+            (
+                role,
+                {
+                    **vars(args),
+                    "num_ps": num_ps,
+                    "num_workers": num_workers,
+                    "steps_per_execution": steps_per_execution,
+                },
+            )
+        )
+        rate = next(async_rates) if role == "async" else 1300.0
+        count = num_workers if role == "async" else 1
+        return [
+            {
+                "examples": rate / count,
+                "timed_start_wall": 0.0,
+                "timed_end_wall": 1.0,
+                "epoch_s": [1.0],
+            }
+            for _ in range(count)
+        ]
+
+    monkeypatch.setattr(cluster_bench._tf_keras_ps, "run", tf_keras)
+    monkeypatch.setattr(cluster_bench, "run_cluster", ours)
+    args = cluster_bench.parse_args(["--only", "vs-tf-keras", "--vs-lengths", "40"])
+    assert args.rounds >= 4 and args.steps_per_execution == 10
+    rounds = []
+    cluster_bench.measure_vs_tf_keras(None, args, rounds)
+
+    assert [e["order"] for e in rounds] == [
+        ["tf_keras", "async", "in-graph"],
+        ["async", "in-graph", "tf_keras"],
+        ["in-graph", "tf_keras", "async"],
+        ["tf_keras", "async", "in-graph"],
+    ]
+    for side, kwargs in calls:
+        assert kwargs["num_workers"] == 2 and kwargs["num_ps"] == 1
+        assert kwargs["steps_per_execution"] == 10
+        if side == "tf_keras":
+            # Twice the steps, each one worker's batch: 40 global batches.
+            assert kwargs["steps_per_epoch"] * kwargs["per_worker_batch"] == 40 * 256
+        else:
+            assert (kwargs["steps"], kwargs["batch"], kwargs["finite"]) == (
+                40,
+                256,
+                True,
+            )
+
+    summary = cluster_bench.summarize_vs_tf_keras(rounds, args)
+    row = summary["lengths"][40]
+    assert row["examples_per_epoch"] == 40 * 256
+    spread = row["async_ratio"]
+    assert (spread["min"], spread["max"], spread["straddles_1"]) == (0.9, 1.2, True)
+    assert spread["median"] == pytest.approx(1.025)
+    assert not row["in-graph_ratio"]["straddles_1"]
+    text = cluster_bench.format_vs_tf_keras(summary, args)
+    assert "async / tf_keras at 40-step epochs straddles 1.0 (0.90..1.20)" in text
+    assert "in-graph / tf_keras at 40-step epochs straddles" not in text

@@ -9,6 +9,7 @@ left if it fails.
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +30,9 @@ pytestmark = pytest.mark.multiprocess
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKE_TRAINER = os.path.join(REPO_ROOT, "tests", "scripts", "fake_trainer.py")
 FAKE_SERVER = os.path.join(REPO_ROOT, "tests", "scripts", "fake_server.py")
+SERVE_RACE = os.path.join(REPO_ROOT, "tests", "scripts", "serve_race.py")
+# `serve_race.py`'s exit code when gdb may not attach (no ptrace permission).
+SERVE_RACE_CANNOT_ATTACH = 3
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -618,6 +622,36 @@ def test_serve_imports_tensorflow_without_keras():
     assert result.stdout.splitlines() == ["[]", "3"], result.stdout
 
 
+@pytest.mark.slow  # About 80 s under gdb; the slow run (`-m slow`) has it.
+def test_a_ps_keeps_its_collective_executor_manager_when_workers_connect(tmp_path):
+    """The TensorFlow crash `serve` avoids (`cluster.server.start_server`): a
+    server with no eager context of its own replaces its collective executor
+    manager at a connection, and two workers connecting at once leave one
+    context with a deleted manager. gdb counts the replacements: a ps served
+    by `keras-psdist serve` makes none, whatever the timing (a bare
+    `tf.distribute.Server` makes one per connection that finds it with no
+    context: `tests/scripts/serve_race.py --server bare`)."""
+    if shutil.which("gdb") is None:
+        pytest.skip("needs gdb")
+    results = tmp_path / "results.json"
+    run = subprocess.run(
+        [
+            *(sys.executable, SERVE_RACE, "--check", "gdb", "--server", "serve"),
+            *("--workers", "2", "--keep", str(tmp_path), "--json", str(results)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO_ROOT,
+        env=_env(),
+    )
+    if run.returncode == SERVE_RACE_CANNOT_ATTACH:
+        pytest.skip(f"gdb cannot attach here: {run.stderr[-300:]}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (result,) = json.loads(results.read_text())
+    assert result == {"server died": None, "clients": [0, 0], "replacements": 0}
+
+
 @pytest.fixture
 def cli():
     from keras_psdist.cli import main as cli_lib
@@ -761,47 +795,3 @@ def test_cli_help_per_command(cli, capsys):
     assert cli._parse_flags(["keras-psdist", "launch", "--", "x", "--help"])[-1] == (
         "--help"
     )
-
-
-# ------------------------------------------- the test helper's one retry
-
-
-def test_a_server_crash_is_launched_once_more_from_a_clean_directory(
-    tmp_path, monkeypatch
-):
-    import launching
-
-    (tmp_path / "input.json").write_text("{}")  # Made before: stays.
-    crashed = (
-        "[launch] ps:1 (server) exited with SIGSEGV (exit code 139) while "
-        "training ran; stopping every task.\n"
-    )
-    attempts = []
-
-    def fake_launch_once(job, args, out, launch_kwargs):
-        attempts.append(sorted(p.name for p in tmp_path.iterdir()))
-        (tmp_path / f"checkpoint_{len(attempts)}").write_text("x")
-        return (1, crashed) if len(attempts) == 1 else (0, "ok\n")
-
-    monkeypatch.setattr(launching, "_launch_once", fake_launch_once)
-    with pytest.warns(UserWarning, match=r"ps:1 \(server\) exited with SIGSEGV"):
-        code, log = launching.launch_job("job.py", [tmp_path, "{}"])
-    assert (code, log) == (0, "ok\n")
-    # The second attempt saw only what the test made, not the first's files.
-    assert attempts == [["input.json"], ["input.json"]]
-    kept = tmp_path.parent / f"{tmp_path.name}.server-crash"
-    assert sorted(p.name for p in kept.iterdir()) == ["checkpoint_1", "launch.log"]
-
-
-def test_any_other_failure_is_returned_as_it_is(tmp_path, monkeypatch):
-    import launching
-
-    calls = []
-
-    def fake_launch_once(job, args, out, launch_kwargs):
-        calls.append(1)
-        return 1, "[launch] worker:1 exited with exit code 1; stopping every task.\n"
-
-    monkeypatch.setattr(launching, "_launch_once", fake_launch_once)
-    code, _ = launching.launch_job("job.py", [tmp_path])
-    assert code == 1 and len(calls) == 1

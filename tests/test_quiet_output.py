@@ -290,8 +290,8 @@ def test_sync_replica_report_says_what_dropped_at_the_end_means(capsys):
     first = capsys.readouterr().out
     assert first.endswith(
         "dropped at the end 41 (most from worker:0: 41; sent after the last "
-        "update, when too few workers were still training to make another: not "
-        "applied)\n"
+        "update, when the chief's fit had ended or too few workers were still "
+        "training to make another: not applied)\n"
     )
     # Said once a fit: the next epochs' lines give the counts.
     report.on_epoch_end(1, {})

@@ -1,10 +1,15 @@
 """`SyncReplicaStrategy` across worker processes (`keras-psdist launch`).
 
 Each fixture runs `tests/cluster_jobs/sync_job.py` on a whole local cluster
-and reads back what every worker wrote.
+and reads back what every worker wrote. The straggler launch (a backup
+worker, then bounded staleness) runs every task on a host of its own, the
+straggler's link limited in rate (`launching.cluster_hosts`).
 """
 
+import contextlib
 import json
+import os
+import re
 from pathlib import Path
 
 import launching  # tests/cluster_jobs, see conftest.py
@@ -19,15 +24,26 @@ JOB = Path(__file__).parent / "cluster_jobs" / "sync_job.py"
 LAUNCH_TIMEOUT_S = 420
 
 
-def _launch(tmp_path, config, num_workers, num_ps=1):
-    code, log = launching.launch_job(
-        JOB,
-        [tmp_path, json.dumps(config)],
-        num_ps=num_ps,
-        num_workers=num_workers,
-        mode="between-graph",
-        timeout_s=LAUNCH_TIMEOUT_S,
-    )
+def _launch(tmp_path, config, num_workers, num_ps=1, on_hosts=False, slow_mbit=None):
+    """Runs the job; `on_hosts`: every task on a host of its own
+    (`launching.cluster_hosts`), the last worker's link limited to
+    `slow_mbit` Mbit/s each way if given."""
+    with (
+        launching.cluster_hosts(num_ps, num_workers)
+        if on_hosts
+        else contextlib.nullcontext((None, None))
+    ) as (hosts, task_hosts):
+        if hosts is not None and slow_mbit:
+            hosts.limit(f"worker{num_workers - 1}", slow_mbit)
+        code, log = launching.launch_job(
+            JOB,
+            [tmp_path, json.dumps(config)],
+            num_ps=num_ps,
+            num_workers=num_workers,
+            mode="between-graph",
+            timeout_s=LAUNCH_TIMEOUT_S,
+            hosts=task_hosts,
+        )
     assert code == 0, f"launch exited {code}:\n{without_progress(log)[-12000:]}"
     reports = {
         int(p.stem.split("_")[1]): json.loads(p.read_text())
@@ -147,15 +163,24 @@ def test_counts_reach_the_history_and_the_chief_checkpoints(full_sync_run):
 def test_more_replicas_to_aggregate_than_workers_uses_several_batches(full_sync_run):
     """R=3 of 2 workers (the launch's second run): each worker sends 2
     batches' gradients per update."""
-    run = full_sync_run[0][0]["then"]
+    runs = {worker: report["then"] for worker, report in full_sync_run[0].items()}
+    run = runs[0]
     final = run["counts_when_finished"]
     steps = run["steps"]
     updates = final["global_step"]
     assert sum(final["applied"]) == 3 * updates
     assert run["iterations"] == updates
-    # Every gradient sent is accounted for, and both workers' count.
-    sent = sum(sum(final[k]) for k in ("applied", "dropped_stale", "dropped_at_end"))
-    assert sent == 2 * steps
+    # Every gradient sent is accounted for, and both workers' count. (Worker 1
+    # may stop a step early: when the chief's last step is the first push of
+    # a round, the chief's fit ends without a wait, and with it the run.)
+    counted = sum(sum(final[k]) for k in ("applied", "dropped_stale", "dropped_at_end"))
+    sent = sum(
+        fit["steps_run"] - fit["steps_skipped"]
+        for report in runs.values()
+        for fit in report["fits"]
+    )
+    assert counted == sent
+    assert sent >= 2 * steps - 2
     assert min(final["applied"]) > 0
     # About one update per two steps of each worker.
     assert steps // 2 - 2 <= updates <= steps // 2 + 2, final
@@ -164,55 +189,138 @@ def test_more_replicas_to_aggregate_than_workers_uses_several_batches(full_sync_
 # -------------------------------------------- a straggler, one backup worker
 
 
+STRAGGLER_FITS = 2
+STRAGGLER_TIMEOUT_S = LAUNCH_TIMEOUT_S + 120
+
+
 @pytest.fixture(scope="module")
 def straggler_run(tmp_path_factory):
+    """3 workers, 1 backup (R=2); worker 2 sleeps after every step, through
+    two `fit`s in a row (each followed by `evaluate`)."""
     tmp_path = tmp_path_factory.mktemp("sync_straggler")
     # The straggler sleeps long enough to stay the slowest even when the
-    # machine is loaded enough to slow the fast workers several times over.
+    # machine is loaded enough to slow the fast workers several times over
+    # (a fast fit took 16 s of a loaded 2-core machine, where the straggler
+    # ran 21 of its 50 steps at 0.75 s). It sleeps through all its steps: it
+    # must stop when the chief's fit ends, not run out its epochs (2 fits x
+    # 50 steps x 1.5 s).
     config = {
         "replicas_to_aggregate": 2,
         "epochs": 2,
+        "fits": STRAGGLER_FITS,
         "slow_worker": 2,
-        "sleep_s": 0.75,
-        # Its sleeps end once the fast workers are done: waiting them out
-        # took 2 epochs x 0.75 s per step, most of this launch.
-        "sleep_until_others_finish": True,
+        "sleep_s": 1.5,
         # Then, in the same launch, async with bounded staleness and a
         # lighter straggler (`bounded_staleness_run`).
         "then": {"max_staleness": 2, "epochs": 2, "slow_worker": 2, "sleep_s": 0.1},
     }
-    reports, log = _launch(tmp_path, config, num_workers=3)
+    # Every task on a host of its own, the straggler's link limited to
+    # 4 Mbit/s too (a slow host: rate, not just sleep).
+    reports, log = _launch(tmp_path, config, num_workers=3, on_hosts=True, slow_mbit=4)
     return reports, log
+
+
+def _sent(counts, worker):
+    """Gradients of `worker` the chief counted: applied or dropped."""
+    return sum(
+        counts[k][worker] for k in ("applied", "dropped_stale", "dropped_at_end")
+    )
 
 
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_straggler")
+@pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
 def test_straggler_is_not_waited_for(straggler_run):
     reports, _ = straggler_run
-    steps = reports[0]["steps"]
+    chief_steps = sum(fit["steps_run"] for fit in reports[0]["fits"])
     # When a fast worker finished all its steps, the chief had seen fewer
     # than half of the straggler's: the fast workers did not wait for it.
     for fast in (0, 1):
         seen = reports[fast]["counts_at_last_step"]
-        straggler_pushes = sum(
-            seen[k][2] for k in ("applied", "dropped_stale", "dropped_at_end")
-        )
-        assert straggler_pushes < steps / 2, seen
+        assert _sent(seen, 2) < chief_steps / 2, seen
         # Every fast step made an update (R=2 fresh gradients each).
-        assert seen["global_step"] >= steps - 1, seen
+        assert seen["global_step"] >= chief_steps - STRAGGLER_FITS, seen
 
 
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_straggler")
+@pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
+def test_straggler_stops_when_the_chief_has_finished(straggler_run):
+    """The chief's end is everyone's (TF1's chief stopped at its last
+    step): the straggler's fit stops at its next step or wait, returns
+    normally (History, `evaluate` and the next `fit` go on), and says why at
+    INFO level, not as a warning. The job exits 0 (`_launch` checks)."""
+    reports, log = straggler_run
+    chief, straggler = reports[0], reports[2]
+    for fit in chief["fits"]:
+        assert fit["steps_run"] == fit["steps_planned"], chief["fits"]
+    assert len(straggler["fits"]) == STRAGGLER_FITS
+    for fit in straggler["fits"]:
+        run, planned = fit["steps_run"], fit["steps_planned"]
+        # Far fewer steps than its epochs hold: it did not run them out.
+        assert 0 < run <= planned // 2, straggler["fits"]
+        # Its History has the epochs it ran, the last one cut short.
+        assert fit["epochs_in_history"] == -(-run // fit["steps_per_epoch"])
+        assert (
+            "keras_psdist sync-replicas: worker:2 stops its fit early: the chief "
+            "finished its fit at global step "
+        ) in log
+        assert f"It ran {run} of its {planned} steps: {planned - run} not run." in log
+    assert log.count("worker:2 stops its fit early") == STRAGGLER_FITS
+    assert "stops its fit early" not in "".join(
+        line for line in log.splitlines() if "WARNING" in line
+    )
+    # The chief said whom it ended (worker 1 too, if its leave after its
+    # last step came after the chief's), and no update came after its last.
+    ends = re.findall(
+        r"the chief finished its fit at global step (\d+): no update comes after "
+        r"its last, so the workers still in this fit \(([^)]*)\) stop at their "
+        "next step",
+        log,
+    )
+    assert len(ends) == STRAGGLER_FITS, without_progress(log)[-6000:]
+    assert all("worker:2" in names for _, names in ends), ends
+    final = chief["counts_when_finished"]
+    assert int(ends[-1][0]) == final["global_step"]
+    # Each fast step made an update.
+    assert final["global_step"] >= sum(f["steps_run"] for f in chief["fits"]) - 2
+    # It stopped at its next step: of each fit, at most one gradient it sent
+    # came after the chief's end (the step in flight: dropped at the end).
+    assert final["dropped_at_end"][2] <= STRAGGLER_FITS, final
+    # Every step it ran sent its gradient, and each is counted, but a step
+    # its watchdog caught after the chief's end, which sent nothing.
+    sent = sum(fit["steps_run"] - fit["steps_skipped"] for fit in straggler["fits"])
+    assert sum(fit["steps_skipped"] for fit in straggler["fits"]) <= STRAGGLER_FITS
+    assert _sent(final, 2) == sent, (final, straggler["fits"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.hosts
+@pytest.mark.xdist_group("sync_straggler")
+@pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
+def test_straggler_ran_on_a_host_of_its_own_behind_a_slow_link(straggler_run):
+    _, log = straggler_run
+    if os.environ.get(launching.HOSTS_ENV) == "loopback":
+        pytest.skip(f"{launching.HOSTS_ENV}=loopback")
+    layout = next(
+        line for line in log.splitlines() if line.startswith("[launch] cluster")
+    )
+    addresses = re.findall(r"(\S+)=([\d.]+):2222", layout)
+    assert [task for task, _ in addresses] == [
+        "ps:0",
+        "worker:0",
+        "worker:1",
+        "worker:2",
+    ]
+    assert len({a for _, a in addresses}) == 4, addresses
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_straggler")
+@pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
 def test_straggler_late_gradients_are_counted_as_dropped(straggler_run):
     reports, log = straggler_run
     final = reports[2]["counts_when_finished"]
-    steps = reports[2]["steps"]
-    # Every gradient the straggler sent is accounted for.
-    assert (
-        sum(final[k][2] for k in ("applied", "dropped_stale", "dropped_at_end"))
-        == steps
-    )
     assert final["dropped_stale"][2] > 0
     assert final["applied"][2] < final["applied"][0]
     assert "dropped as stale" in log
@@ -300,6 +408,7 @@ def bounded_staleness_run(straggler_run):
 
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_straggler")
+@pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
 def test_no_applied_gradient_is_older_than_max_staleness(bounded_staleness_run):
     for report in bounded_staleness_run.values():
         counts = report["counts_at_last_step"]
@@ -311,6 +420,7 @@ def test_no_applied_gradient_is_older_than_max_staleness(bounded_staleness_run):
 
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_straggler")
+@pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
 def test_fast_workers_wait_within_max_staleness_of_the_straggler(bounded_staleness_run):
     for fast in (0, 1):
         counts = bounded_staleness_run[fast]["counts_at_last_step"]

@@ -26,9 +26,14 @@ class _Step:
 class _FakeSync:
     def __init__(self, replicas_to_aggregate, total_num_replicas):
         self.config = SyncConfig(replicas_to_aggregate, total_num_replicas, 60.0)
+        self.worker = 0  # the service runs on the chief, worker 0
         self.global_step = _Step(0)
         self.layout = protocol.Layout(("dense",), (None,))
         self.shapes = (None,)
+        self.finished = []  # the sessions marked finished, in order
+
+    def mark_finished(self, session):
+        self.finished.append(session)
 
 
 class _Recorder(UpdateService):
@@ -52,6 +57,9 @@ class _Recorder(UpdateService):
     def _publish(self):
         pass
 
+    def _publish_lost(self):
+        pass
+
     def _release(self, step, counts):
         self.releases.append(step)
 
@@ -60,6 +68,9 @@ class _Recorder(UpdateService):
 
     def leave(self, worker):
         self._handle(protocol.LEAVE, worker, -1, [])
+
+    def lose(self, worker):
+        self._handle(protocol.LOST, worker, -1, [])
 
     def counts(self, row):
         return self._counts[row].tolist()
@@ -107,19 +118,85 @@ def test_several_gradients_per_worker_when_aggregating_more_than_workers():
 
 
 def test_when_too_few_workers_remain_the_rest_are_released_not_waited_for():
+    """Workers faster than the chief finished first: the chief trains on
+    alone, released at once, its gradients dropped at the end."""
     service = _Recorder(replicas_to_aggregate=2, total_num_replicas=3)
-    service.gradient(2, 0, 5.0)  # a fresh gradient, waiting for a second
-    service.leave(0)
+    service.gradient(0, 0, 5.0)  # a fresh gradient, waiting for a second
+    service.leave(2)
     assert service.woken == []  # two workers remain: an update can still come
     service.leave(1)
-    # Worker 2 alone cannot make an update: its pending gradient is dropped
+    # The chief alone cannot make an update: its pending gradient is dropped
     # and it is freed, as is every later gradient of it.
-    assert service.counts(protocol.DROPPED_AT_END) == [0, 0, 1]
-    assert service.woken == [(2, protocol.FREE_PASS)]
-    service.gradient(2, 0, 5.0)
-    assert service.counts(protocol.DROPPED_AT_END) == [0, 0, 2]
-    assert service.woken[-1] == (2, protocol.FREE_PASS)
+    assert service.counts(protocol.DROPPED_AT_END) == [1, 0, 0]
+    assert service.woken == [(0, protocol.FREE_PASS)]
+    service.gradient(0, 0, 5.0)
+    assert service.counts(protocol.DROPPED_AT_END) == [2, 0, 0]
+    assert service.woken[-1] == (0, protocol.FREE_PASS)
     assert service.updates == []
+
+
+# ------------------------------------------- the chief's end is everyone's
+
+END_1 = protocol.END + 1  # the end token of session 1, the recorder's
+
+
+@pytest.mark.timeout(60)
+def test_the_chief_leaving_ends_the_session_for_the_stragglers():
+    """The chief's fit ended: no update comes after it. The worker still
+    training (a straggler) gets the end token at once, not free passes for
+    the rest of its epochs; what it sends meanwhile is dropped at the end."""
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=3)
+    service.gradient(0, 0, 1.0)
+    service.gradient(1, 0, 1.0)  # update 1
+    service.gradient(2, 0, 9.0)  # the straggler's: stale
+    service.gradient(1, 1, 1.0)  # pending: waits for a second fresh one
+    service.leave(1)
+    service.leave(0)  # the chief
+    assert service._sync.finished == [1]
+    assert service.woken == [(2, 1), (2, END_1)]
+    # Worker 1's pending gradient cannot make an update any more.
+    assert service.counts(protocol.DROPPED_AT_END) == [0, 1, 0]
+    service.gradient(2, 1, 9.0)  # sent before it knew
+    assert service.counts(protocol.DROPPED_AT_END) == [0, 1, 1]
+    assert service.woken[-1] == (2, END_1)
+    assert service.updates == [1.0]
+    assert service._active == {2}  # the session ends when it has left
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_faster_than_the_chief_leaving_ends_nothing():
+    """Only the chief's end is everyone's: a worker that finishes first
+    leaves, and the chief and the others train on as before."""
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=3)
+    service.leave(2)
+    assert service._sync.finished == [] and service.woken == []
+    service.gradient(0, 0, 1.0)
+    service.gradient(1, 0, 3.0)
+    assert service.updates == [2.0]
+    service.leave(1)  # the chief alone: released at once, not ended
+    assert service.woken == [(0, protocol.FREE_PASS)]
+    assert service._sync.finished == []
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_counted_lost_is_ended_too():
+    """It may be alive (starved of CPU) or come back: either way no update
+    of the session comes for it."""
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=4)
+    service.lose(3)
+    service.leave(0)
+    assert sorted(service.woken) == [(1, END_1), (2, END_1), (3, END_1)]
+
+
+@pytest.mark.timeout(60)
+def test_a_gradient_of_a_session_already_ended_gets_that_sessions_end():
+    """A worker late for a session the chief has finished (restarted): the
+    end token of its own session, so its fit stops too."""
+    service = _Recorder(replicas_to_aggregate=2, total_num_replicas=2)
+    service._begin(2)
+    service._late(protocol.GRADIENT, 1, 1)
+    assert service.woken == [(1, END_1)]
+    assert service.counts(protocol.DROPPED_AT_END) == [0, 1]
 
 
 def test_counts_account_for_every_gradient():
@@ -180,8 +257,9 @@ def test_the_end_of_a_fit_is_said_plainly_not_as_a_warning(interactive, capsys, 
         "backup worker's late gradients, not applied)" in said
     )
     assert (
-        "dropped at the end [0, 0, 1] (sent after the last update, when too few "
-        "workers were still training to make another: not applied)" in said
+        "dropped at the end [0, 0, 1] (sent after the last update, when the "
+        "chief's fit had ended or too few workers were still training to make "
+        "another: not applied)" in said
     )
     assert not interactive or not caplog.records
 

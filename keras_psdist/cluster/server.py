@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import types
 from typing import TextIO
 
 from keras_psdist.cluster.config import ClusterConfig
@@ -45,8 +46,8 @@ def serve(
 ) -> int:
     """Serves `config`'s own task over gRPC until SIGTERM or SIGINT.
 
-    Starts `tf.distribute.Server(config.cluster_spec(), job_name=...,
-    task_index=..., protocol="grpc")`, prints one line
+    Starts the task's TensorFlow gRPC server (`start_server`), prints one
+    line
 
         keras-psdist serve: ps:0 listening on 127.0.0.1:2222 (pid 4242)
 
@@ -124,13 +125,7 @@ def serve(
         try:
             # Kept referenced until we return; TF cannot stop a started gRPC
             # server cleanly, so process exit is what ends it.
-            _server = tf.distribute.Server(
-                config.cluster_spec(),
-                job_name=config.task_type,
-                task_index=config.task_id,
-                protocol="grpc",
-                start=True,
-            )
+            _server = start_server(tf, config)
         except tf.errors.UnknownError as e:
             # What TF says when the bind fails, e.g. a port taken since the check.
             _, port = address.rsplit(":", 1)
@@ -161,6 +156,68 @@ def serve(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def start_server(tf: types.ModuleType, config: ClusterConfig) -> object | None:
+    """Starts `config`'s own task's gRPC server.
+
+    A worker task gets `tf.distribute.Server(config.cluster_spec(), ...)`.
+    A ps task's server is started by this process's eager context instead
+    (`tf.config.experimental_connect_to_cluster` on a cluster of the task
+    alone), which registers that context with its own server before the
+    port opens. A ps with no eager context of its own crashes now and then
+    when several workers connect to it at once, as those of a between-graph
+    run do (TensorFlow 2.21; about 1 launch in 300 on a loaded 2-core
+    machine):
+
+    `EagerServiceImpl::CreateContext`, for a request that finds the server
+    with no eager context, replaces the server-wide collective executor
+    manager (`WorkerEnv::collective_executor_mgr`, made for the client's
+    cluster by `CreateProdRpcCollectiveExecutorMgr`) and deletes the old
+    one; the new `EagerContext` keeps a raw pointer to its manager. The
+    request looks for a context when it starts but adds its own only at
+    the end, so two requests that overlap both replace, and the first
+    one's context is left with a deleted manager. That context uses it for
+    every kernel it creates on the ps (`GetOrCreateKernelAndDevice` →
+    `CollectiveExecutorMgr::FindOrCreate`, a virtual call, a lock and a
+    map insert): SIGSEGV there, unless the freed block was handed out again
+    to an object of the same kind. A server that holds a context of its
+    own never replaces the manager: every remote context shares its first
+    one. `tests/scripts/serve_race.py` reproduces the crash and counts the
+    replacements.
+
+    Worker tasks are served as before: an in-graph worker has one client,
+    the chief (no overlap), and the collectives it runs need the manager
+    made for the chief's cluster, which a context of its own would keep it
+    from getting.
+
+    Returns:
+        The `tf.distribute.Server` of a worker task, to keep referenced;
+        `None` for a ps task (its eager context holds its server).
+
+    Raises:
+        tf.errors.UnknownError: If the server cannot bind its port.
+    """
+    if config.task_type != "ps":
+        return tf.distribute.Server(
+            config.cluster_spec(),
+            job_name=config.task_type,
+            task_index=config.task_id,
+            protocol="grpc",
+            start=True,
+        )
+    # Only this task: the context would otherwise open one on every other
+    # task of the cluster, and wait for them to start.
+    tf.config.experimental_connect_to_cluster(
+        config.cluster_spec({config.task_type: [config.task_id]}),
+        job_name=config.task_type,
+        task_index=config.task_id,
+        make_master_device_default=False,
+    )
+    # The context starts the server when it initializes; listing the
+    # devices initializes it.
+    tf.config.list_logical_devices()
+    return None
 
 
 class _KerasRefused(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -12,7 +12,8 @@ of a `SyncReplicaStrategy` only (everything else is untouched):
 |                   | Keras's own apply, which the chief's update service    |
 |                   | calls                                                  |
 | `Model.fit`       | runs inside `SyncTraining.session(model)`, with a      |
-|                   | callback that marks each finished step                 |
+|                   | callback that marks each finished step (and stops a    |
+|                   | straggler's fit once the chief's has ended)            |
 
 Bounded-staleness async training (`PSStrategy(mode="between-graph",
 max_staleness=...)`, see `staleness.py`) plugs into the same two hooks: its
@@ -109,19 +110,38 @@ def sync_fit(fit):
 
 
 class _Progress(keras.callbacks.Callback):
-    """Tells the protocol when a step starts and when it has finished."""
+    """Tells the protocol when a step starts and when it has finished, and
+    how many of the fit's steps have run."""
 
     def __init__(self, training):
         super().__init__()
         self._training = training
+        self._first_epoch = None
+        self._run = 0  # steps of this fit run so far
+        self._run_before_epoch = 0
 
     def on_train_begin(self, logs=None):
         steps = self.params.get("steps")
         if steps is not None:
             self._training.check_steps(steps * self.params.get("epochs", 1))
 
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._first_epoch is None:
+            self._first_epoch = epoch  # `initial_epoch`
+        self._run_before_epoch = self._run
+
     def on_train_batch_begin(self, batch, logs=None):
         self._training.before_step()
 
     def on_train_batch_end(self, batch, logs=None):
-        self._training.progress()
+        # `batch` is the epoch's last step index run (several with
+        # steps_per_execution > 1).
+        self._run = self._run_before_epoch + batch + 1
+        steps = self.params.get("steps")
+        planned = (
+            None
+            if steps is None
+            else steps * (self.params.get("epochs", 1) - (self._first_epoch or 0))
+        )
+        if self._training.progress(self._run, planned):
+            self.model.stop_training = True

@@ -13,8 +13,9 @@ first parameter server and that every worker process opens by name:
 |                | applied / dropped stale / dropped at the end |                 |
 | `lost`         | int64 `[W]`: 1 for a worker the chief found  | the chief       |
 |                | lost (no heartbeat, see `cluster.liveness`)  |                 |
-| `finished`     | int64: the last session (`fit`) the chief    | the chief       |
-|                | finished without error                       |                 |
+| `finished`     | int64: the last session (`fit`) whose chief  | the chief       |
+|                | finished its own fit without error: no       |                 |
+|                | update of it comes after that                |                 |
 
 A worker's step (`SyncReplicas.worker_step`, inside Keras's train function):
 it pushes its gradient tagged with its `local_step` (the global step its
@@ -30,6 +31,17 @@ it drops those whose tag is older than the global step, and once
 the result with the Keras optimizer, increments the global step and pushes a
 token to every worker. Workers it did not wait for (backup replicas) find
 their gradient stale and a token waiting: they go on from the new step.
+
+The end of a session is the chief's (TF1's chief stopped at its last step and
+closed the token queue): when the chief's own `fit` ends, the service writes
+`finished` and gives every worker still in the session an end token
+(`END + session`). A worker blocked in its wait wakes at once; one in the
+middle of a step (computing, or pushing over a slow link) finds the token at
+its next wait, or sees `finished` when it reads the global step after a
+release. From then on its steps send nothing and wait for nothing (a local
+flag), and its `fit` stops at the step's end (`training.py`). End tokens
+carry their session, so one that arrives after its worker moved on to its
+next `fit` is ignored.
 
 Why one queue of whole gradients rather than TF1's accumulator per variable:
 an accumulator takes the first `replicas_to_aggregate` gradients *of each
@@ -61,6 +73,9 @@ from keras_psdist.cluster.shared_variables import SharedVariables
 GRADIENT, LEAVE, SHUTDOWN, LOST = 0, 1, 2, 3
 # Token values other than a global step.
 FREE_PASS = 2**62  # go on without an update: too few workers remain
+# END + s: session s is over (the chief's fit ended): stop sending. Above any
+# global step, below FREE_PASS.
+END = 2**61
 POISON = -1  # stop: the run failed (the chief or this worker's watchdog)
 POISON_MESSAGE = "keras_psdist sync-replicas: this worker was told to stop"
 # Rows of `counts`.
@@ -76,8 +91,8 @@ COUNT_NAMES = {
     ),
     DROPPED_AT_END: (
         "dropped at the end",
-        "sent after the last update, when too few workers were still training "
-        "to make another: not applied",
+        "sent after the last update, when the chief's fit had ended or too few "
+        "workers were still training to make another: not applied",
     ),
 }
 # Queue containers may not hold "_".
@@ -235,6 +250,10 @@ class SyncReplicas:
             self._local_step = local_variable(tf.zeros([], tf.int64), "local_step")
             self._pushes = local_variable(tf.zeros([], tf.int64), "pushes")
             self._session = local_variable(tf.zeros([], tf.int64), "session")
+            # The last session this worker knows the chief has finished, and
+            # the steps of this session that sent nothing since.
+            self._ended = local_variable(tf.zeros([], tf.int64), "ended_session")
+            self._skipped = local_variable(tf.zeros([], tf.int64), "skipped")
         self._gradient_queue = None
         self._layout_ready = threading.Event()
         self.layout: Layout | None = None
@@ -277,6 +296,9 @@ class SyncReplicas:
     def worker_step(self, grads, variables) -> tf.Operation:
         """Pushes this worker's gradient and waits for its release (in a trace).
 
+        Once this worker knows the chief has finished the session, the step
+        sends nothing and waits for nothing: no update can come.
+
         Args:
             grads: This worker's gradient of each variable (`None` for none).
             variables: The trainable variables, in the same order.
@@ -285,13 +307,21 @@ class SyncReplicas:
             An op that runs once the worker may start its next step.
         """
         layout = self.register(grads, variables)
+        session = self._session.read_value()
+        return tf.cond(
+            self._ended.read_value() >= session,
+            lambda: tf.group(self._skipped.assign_add(1)),
+            lambda: self._push_and_wait(layout, grads, session),
+        )
+
+    def _push_and_wait(self, layout, grads, session):
         queue = self._gradient_queue
         tag = self._local_step.read_value()
         header = [
             tf.constant(GRADIENT, tf.int64),
             tf.constant(self.worker, tf.int64),
             tag,
-            self._session.read_value(),
+            session,
         ]
         with tf.device(self.device):
             push = tf.raw_ops.QueueEnqueueV2(
@@ -301,12 +331,13 @@ class SyncReplicas:
             pushes = self._pushes.assign_add(1)
         return tf.cond(
             pushes >= self.config.pushes_per_update,
-            lambda: self._wait_for_release(tag),
-            lambda: self._go_on_if_updated(tag),
+            lambda: self._wait_for_release(tag, session),
+            lambda: self._go_on_if_updated(tag, session),
         )
 
-    def _wait_for_release(self, tag):
+    def _wait_for_release(self, tag, session):
         queue = self.token_queues[self.worker]
+        end = END + session
         with tf.device(self.device):
 
             def dequeue():
@@ -316,14 +347,21 @@ class SyncReplicas:
 
             def waiting(t):
                 # A token no newer than the tag is left over from an earlier
-                # wake. While it sat in the queue, a release may have skipped
-                # the queue (it gives one token to an empty queue only), so
-                # the global step says whether the update came anyway. The
-                # release writes the step before it looks at the queue, and
-                # the step is read here after the dequeue: either the step
-                # is seen, or the queue was empty when the release looked.
+                # wake, and so is the end token of another session. While it
+                # sat in the queue, a release may have skipped the queue (it
+                # gives one token to an empty queue only), so the global step
+                # says whether the update came anyway. The release writes the
+                # step before it looks at the queue, and the step is read
+                # here after the dequeue: either the step is seen, or the
+                # queue was empty when the release looked.
+                other_end = tf.logical_and(
+                    tf.logical_and(t >= END, t < FREE_PASS), tf.not_equal(t, end)
+                )
+                old = tf.logical_or(
+                    tf.logical_and(t <= tag, tf.not_equal(t, POISON)), other_end
+                )
                 return tf.cond(
-                    tf.logical_and(t <= tag, tf.not_equal(t, POISON)),
+                    old,
                     lambda: self.global_step.read_value() <= tag,
                     lambda: tf.constant(False),
                 )
@@ -332,14 +370,33 @@ class SyncReplicas:
             token = tf.reshape(token, [])
         check = tf.debugging.Assert(tf.not_equal(token, POISON), [POISON_MESSAGE])
         with tf.control_dependencies([check]):
-            return self._start_from(self.global_step.read_value())
+            step, finished = self._read_step_and_finished()
+            return tf.group(
+                self._start_from(step),
+                self._note_end(
+                    tf.logical_or(tf.equal(token, end), finished >= session), session
+                ),
+            )
 
-    def _go_on_if_updated(self, tag):
-        step = self.global_step.read_value()
-        return tf.cond(step > tag, lambda: self._start_from(step), lambda: tf.no_op())
+    def _go_on_if_updated(self, tag, session):
+        step, finished = self._read_step_and_finished()
+        return tf.group(
+            tf.cond(step > tag, lambda: self._start_from(step), lambda: tf.no_op()),
+            self._note_end(finished >= session, session),
+        )
+
+    def _read_step_and_finished(self):
+        # Read together on the ps, and sent back as one tensor: knowing
+        # whether the session is over costs no extra transfer.
+        with tf.device(self.device):
+            both = tf.stack([self.global_step.read_value(), self.finished.read_value()])
+        return both[0], both[1]
 
     def _start_from(self, step):
         return tf.group(self._local_step.assign(step), self._pushes.assign(0))
+
+    def _note_end(self, ended, session):
+        return self._ended.assign(tf.where(ended, session, self._ended.read_value()))
 
     # ------------------------------------------------ session (eager, host)
 
@@ -348,8 +405,34 @@ class SyncReplicas:
         session = int(self._session.assign_add(1).numpy())
         self._local_step.assign(self.global_step.read_value())
         self._pushes.assign(0)
+        self._skipped.assign(0)
         self._flush(self.token_queues[self.worker])
+        # Read after the flush: the chief writes `finished` before it sends
+        # the end token, so a session it finished before this worker began
+        # (a straggler slow to start, a restarted worker) is seen either
+        # here or by the token.
+        if int(self.finished.numpy()) >= session:
+            self._ended.assign(session)
         return session
+
+    def mark_finished(self, session: int) -> None:
+        """Writes that the chief has finished `session` (on the chief)."""
+        with tf.device(self.device):
+            self.finished.assign(session)
+
+    def session_ended(self, session: int) -> bool:
+        """Whether this worker knows the chief has finished `session`."""
+        return int(self._ended.numpy()) >= session
+
+    def end_session(self, session: int) -> None:
+        """Makes this worker's next steps in `session` send nothing (its
+        watchdog saw `finished`; a wait in progress gets the end token)."""
+        if int(self._ended.numpy()) < session:
+            self._ended.assign(session)
+
+    def steps_skipped(self) -> int:
+        """Steps of this session that sent nothing (the chief had finished it)."""
+        return int(self._skipped.numpy())
 
     def send_marker(self, kind: int, worker: int | None = None) -> None:
         """Pushes a LEAVE, SHUTDOWN or LOST marker for `worker` (this one)."""
@@ -362,12 +445,6 @@ class SyncReplicas:
             self._session.read_value(),
         ]
         self._send_control(self._gradient_queue, header + self.layout.empty())
-
-    def free(self, worker: int) -> None:
-        """Lets `worker`'s current (or next) wait end without an update."""
-        self._send_control(
-            self.token_queues[worker], [tf.constant(FREE_PASS, tf.int64)]
-        )
 
     def poison(self, workers) -> None:
         """Makes `workers`' next (or current) wait fail (see `POISON`)."""

@@ -15,6 +15,13 @@ the shared queue (see `protocol.py`) and, per element:
   remaining workers' gradients are dropped (counted as dropped at the end)
   and each is released at once, so no worker waits for an update that cannot
   come.
+- the chief's own `LEAVE`: its `fit` ended, and so does the session (as
+  TF1's chief stopped at its last step and closed the token queue): no update
+  is made after it. The service writes `finished` and gives each worker
+  still training an end token (`protocol.END`): a straggler stops at its next
+  step or wait instead of running out its epochs with every gradient
+  dropped, so the chief's `fit` (which waits for every worker to leave) and
+  the job end without it. What it sends meanwhile is dropped at the end.
 - `LOST` (sent by the chief's watchdog when a worker's heartbeat stops, see
   `cluster.liveness`): the worker no longer counts. If the others can still
   gather `replicas_to_aggregate` gradients (backup workers), the run goes on;
@@ -62,8 +69,9 @@ def counts_summary(
     ... # doctest: +NORMALIZE_WHITESPACE
     keras_psdist sync-replicas (finished a fit): 7 updates; gradients per
     worker (worker:0, worker:1): applied [7, 7]; dropped as stale [0, 0];
-    dropped at the end [0, 3] (sent after the last update, when too few
-    workers were still training to make another: not applied)
+    dropped at the end [0, 3] (sent after the last update, when the chief's
+    fit had ended or too few workers were still training to make another:
+    not applied)
     """
     workers = ", ".join(name(w) for w in range(counts.shape[1]))
     parts = []
@@ -78,6 +86,16 @@ def counts_summary(
         f"keras_psdist sync-replicas ({what}): {updates}; gradients per worker "
         f"({workers}): " + "; ".join(parts)
     )
+
+
+def say(message: str) -> None:
+    """Says what is no fault as Keras says its callbacks' messages (its
+    `Epoch 3: early stopping`): printed, or logged at INFO when Keras logs
+    instead of printing."""
+    if keras.config.is_interactive_logging_enabled():
+        print(message, flush=True)
+    else:
+        logging.info(message)
 
 
 class UpdateService:
@@ -103,6 +121,7 @@ class UpdateService:
         self._members: list[tuple[int, list]] = []
         self._later: list[tuple] = []  # elements of a later session
         self._at_end = False
+        self._closed = False  # the chief's fit ended (see `_close`)
         self._session_done = threading.Condition()
         self._finished_sessions = 0
         self.error: BaseException | None = None
@@ -181,12 +200,7 @@ class UpdateService:
                 self._later.append(element)
                 continue
             if session < self._session:
-                # A worker late for a session that has ended (restarted after
-                # the others left, or left over from a failed one): nothing
-                # will be updated for it.
-                if kind == protocol.GRADIENT:
-                    self._count(protocol.DROPPED_AT_END, worker)
-                    self._free(worker)
+                self._late(kind, worker, session)
                 continue
             self._handle(kind, worker, step, grads)
             if not self._active:
@@ -204,10 +218,21 @@ class UpdateService:
         kind, worker, step, session = (int(c) for c in header.numpy())
         return kind, worker, step, session, list(grads)
 
+    def _late(self, kind: int, worker: int, session: int) -> None:
+        """An element of a session that has ended (its worker restarted after
+        the others left, or left over from a failed one): nothing will be
+        updated for it, so its worker gets that session's end token."""
+        if kind == protocol.GRADIENT:
+            self._count(protocol.DROPPED_AT_END, worker)
+            self._wake(worker, protocol.END + session)
+
     def _handle(self, kind, worker, step, grads) -> None:
         if kind == protocol.LEAVE:
             self._active.discard(worker)
-            self._check_end()
+            if worker == self._sync.worker:
+                self._close()
+            else:
+                self._check_end()
             return
         if kind == protocol.LOST:
             self._lose(worker)
@@ -300,13 +325,43 @@ class UpdateService:
                 sorted(self._active),
                 config.replicas_to_aggregate,
             )
-        for worker, _ in self._members:
-            self._count(protocol.DROPPED_AT_END, worker)
-        self._members = []
+        self._drop_pending()
         # Whoever is waiting now may be waiting for an update that will not
         # come; every later gradient gets its own free pass when popped.
         for worker in self._active:
             self._free(worker)
+
+    def _close(self) -> None:
+        """The chief's fit ended: so does the session, for every worker.
+
+        Whoever still trains (a straggler; a worker counted lost, which may
+        be alive) gets the end token: its wait ends, and its `fit` stops at
+        the step's end instead of running out its epochs, every gradient of
+        them dropped. `finished` is written first: a worker that flushes its
+        token queue at the start of its `fit` reads it after the flush.
+        """
+        self._closed = True
+        self._drop_pending()
+        self._at_end = True
+        self._sync.mark_finished(self._session)
+        still = sorted(self._active | self._lost)
+        for worker in still:
+            self._wake(worker, protocol.END + self._session)
+        if still:
+            # (A worker that has just run its last step may still be here:
+            # its leave is on the way.)
+            say(
+                f"keras_psdist sync-replicas: the chief finished its fit at "
+                "global step "
+                f"{self._step}: no update comes after its last, so the workers "
+                f"still in this fit ({self._sync.config.names(still)}) stop at "
+                "their next step; their remaining steps would only be dropped."
+            )
+
+    def _drop_pending(self) -> None:
+        for worker, _ in self._members:
+            self._count(protocol.DROPPED_AT_END, worker)
+        self._members = []
 
     def _begin(self, session: int) -> None:
         self._session = session
@@ -314,6 +369,7 @@ class UpdateService:
         self._active = set(range(self._sync.config.total_num_replicas)) - self._lost
         self._members = []
         self._at_end = False
+        self._closed = False
 
     def _end_session(self) -> None:
         self._publish()
@@ -340,8 +396,11 @@ class UpdateService:
         self._release_fn(tf.constant(step, tf.int64), tf.constant(counts))
 
     def _free(self, worker: int) -> None:
-        """Lets `worker`'s current (or next) wait end without an update."""
-        self._wake(worker, protocol.FREE_PASS)
+        """Lets `worker`'s current (or next) wait end without an update (and,
+        once the chief's fit has ended, its fit too)."""
+        self._wake(
+            worker, protocol.END + self._session if self._closed else protocol.FREE_PASS
+        )
 
     def _wake(self, worker: int, token: int) -> None:
         protocol.enqueue(
@@ -359,10 +418,9 @@ class UpdateService:
         summary = counts_summary(what, self._step, self._counts, self._sync.config.name)
         # Drops are no fault (backup workers are there to be dropped), but
         # none is silent, as TF1's were: the end of a fit is said like the
-        # callbacks' summaries, printed (logged when Keras logs instead of
-        # printing); progress is logged.
-        if what == FIT_FINISHED and keras.config.is_interactive_logging_enabled():
-            print(summary, flush=True)
+        # callbacks' summaries; progress is logged.
+        if what == FIT_FINISHED:
+            say(summary)
         else:
             logging.info(summary)
 

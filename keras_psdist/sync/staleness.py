@@ -219,13 +219,18 @@ class BoundedStaleness:
                 )
             time.sleep(_POLL_S)
 
-    def progress(self) -> None:
-        """Advances this worker's clock after a finished step."""
+    def progress(
+        self, steps_run: int | None = None, steps_planned: int | None = None
+    ) -> bool:
+        """Advances this worker's clock after a finished step (the step
+        counts are `SyncTraining.progress`'s, unused here); never stops the
+        `fit`."""
         tf.raw_ops.ResourceScatterAdd(
             resource=self.clocks.handle,
             indices=tf.constant([self.worker]),
             updates=tf.constant([1], tf.int64),
         )
+        return False
 
     def counts(self) -> dict[str, Any]:
         """This worker's counts: applied, dropped as stale, waits, and the

@@ -11,11 +11,23 @@
   chief's update service, and watches for a stall. At the end the worker
   leaves, and the chief waits until every worker has left, so no worker is
   left waiting for an update the chief would never make.
+- The chief's end is everyone's (TF1's chief stopped at its last step): once
+  the chief's `fit` has ended, no update comes, so a worker still training (a
+  straggler the backup workers did not wait for) stops its `fit` at its next
+  step or wait, saying so at INFO level with the steps it did not run, and
+  leaves. Its `fit` returns normally. The chief waits for that, not for the
+  straggler's epochs. A worker faster than the chief ends its `fit` as
+  before, and the chief trains on.
 
 What happens when a process fails:
 
 | who fails               | what the others see                                |
 |-------------------------|----------------------------------------------------|
+| nobody; a worker is     | with backup workers, the others do not wait for it |
+| slow (a straggler)      | (its gradients are dropped as stale); when the     |
+|                         | chief's fit ends, its fit stops at its next step   |
+|                         | or wait (INFO: why, and the steps not run), and    |
+|                         | the chief's fit returns                            |
 | a worker (its `fit`     | it leaves: the run goes on without it (an update   |
 | raises)                 | then needs replicas_to_aggregate of the others);   |
 |                         | before its first step it cannot leave, and the     |
@@ -25,8 +37,9 @@ What happens when a process fails:
 |                         | With backup workers the run goes on; without,      |
 |                         | every worker raises `WorkerLostError` naming it.   |
 |                         | Restarted, it rejoins and counts again. If the     |
-|                         | others finish while it is counted lost, its `fit`  |
-|                         | stops (with a warning): no update can come for it. |
+|                         | chief's fit ends while it is counted lost (or      |
+|                         | before it is back), its `fit` stops, as a          |
+|                         | straggler's: no update can come for it.            |
 | the chief (`fit` raises | every worker raises `RuntimeError` at its next     |
 | or the service fails)   | wait: "the chief stopped the run"                  |
 | the chief dies (killed) | after `heartbeat_timeout` s every worker raises    |
@@ -54,7 +67,7 @@ from keras_psdist.distribute.reduction import GradientReduction, ReductionState
 from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
 from keras_psdist.sync import keras_hooks, protocol
 from keras_psdist.sync.protocol import SyncReplicas
-from keras_psdist.sync.service import UpdateService, WorkerLostError
+from keras_psdist.sync.service import UpdateService, WorkerLostError, say
 from keras_psdist.variables.staged_merge import in_replica_control_flow
 
 # How often the watchdog looks, in seconds.
@@ -125,8 +138,8 @@ class SyncTraining:
         self._update_fn = None
         self._session = 0
         self._in_session = False
-        self._model = None
-        self._let_go = False
+        # Whether this session's early end (the chief finished it) was said.
+        self._said_end = False
         self._last_progress = time.monotonic()
         self._stall: str | None = None
 
@@ -206,8 +219,7 @@ class SyncTraining:
             yield  # nested (fit inside `strategy.training`)
             return
         self._session = self.sync.begin_session()
-        self._model = model
-        self._let_go = False
+        self._said_end = False
         self._stall = None
         self._last_progress = time.monotonic()
         if self.sync.is_chief:
@@ -256,9 +268,47 @@ class SyncTraining:
     def before_step(self) -> None:
         """Called before each step; a worker waits inside the step instead."""
 
-    def progress(self) -> None:
-        """Marks a finished step (the watchdog's sign of life)."""
+    def progress(
+        self, steps_run: int | None = None, steps_planned: int | None = None
+    ) -> bool:
+        """Marks a finished step (the watchdog's sign of life).
+
+        Args:
+            steps_run: Steps this `fit` has run, this one included.
+            steps_planned: Steps the `fit` would run in all (None: unknown).
+
+        Returns:
+            Whether the `fit` must stop after this step: the chief has
+            finished the session (this worker is a straggler). It is said
+            once, with why and the steps not run (see the module docstring).
+        """
         self._last_progress = time.monotonic()
+        if self.sync.is_chief or not self.sync.session_ended(self._session):
+            return False
+        if not self._said_end:
+            self._said_end = True
+            if steps_planned is None or steps_run is None or steps_run < steps_planned:
+                say(self._stopped_early(steps_run, steps_planned))
+        return True
+
+    def _stopped_early(self, steps_run, steps_planned) -> str:
+        # No update comes after the chief's end: this is the step it ended at.
+        step = int(self.sync.global_step.numpy())
+        if steps_run is None:
+            ran = ""
+        elif steps_planned is None:
+            ran = f" It ran {steps_run} steps; the rest of its epochs are not run."
+        else:
+            ran = (
+                f" It ran {steps_run} of its {steps_planned} steps: "
+                f"{steps_planned - steps_run} not run."
+            )
+        return (
+            f"keras_psdist sync-replicas: {self._name} stops its fit early: the "
+            f"chief finished its fit at global step {step}, and no update comes "
+            "after the chief's last, so this worker's remaining steps would only "
+            f"be dropped.{ran}"
+        )
 
     def counts(self) -> dict[str, Any]:
         """The run's counts so far, as published by the chief."""
@@ -280,11 +330,20 @@ class SyncTraining:
             return
         sync.send_marker(protocol.LEAVE)
         if not sync.is_chief:
+            skipped = 0 if failed or self._said_end else sync.steps_skipped()
+            if skipped:
+                # A custom loop: no step end stopped it.
+                say(
+                    f"keras_psdist sync-replicas: {self._name}: the chief "
+                    f"finished its fit (global step {int(sync.global_step.numpy())}) "
+                    f"before this worker's loop ended; its last {skipped} "
+                    "steps sent nothing: their gradients could only be dropped."
+                )
             return
         service = self._service
+        # The service ended the session when it handled this LEAVE: every
+        # worker still training stops at its next step or wait.
         finished = service.wait_for_session(self._session, sync.config.step_timeout)
-        if finished and service.error is None:
-            sync.finished.assign(self._session)
         if not finished:
             logging.error(
                 "keras_psdist sync-replicas: %s did not finish within "
@@ -334,13 +393,15 @@ class SyncTraining:
         )
 
     def _check_liveness(self) -> str | None:
-        """Reports lost workers to the service (chief); on a worker, lets
-        its fit end if the chief finished it, or says why to stop if the
-        chief is lost."""
-        if not self.sync.is_chief and self._model is not None:
-            if self._let_go or self._chief_finished():
-                self._let_go_of_fit()
-                return None
+        """Reports lost workers to the service (chief); on a worker, ends
+        its session here if the chief finished it, or says why to stop if
+        the chief is lost."""
+        if not self.sync.is_chief and self._chief_finished():
+            # Usually known already (the end token, or `finished` read with
+            # the global step); this catches a step still computing, so that
+            # it sends nothing. The chief may be gone: that is no fault now.
+            self.sync.end_session(self._session)
+            return None
         if self._heartbeats is None:
             return None
         lost = set(self._heartbeats.lost())
@@ -372,30 +433,6 @@ class SyncTraining:
 
     def _chief_finished(self) -> bool:
         return int(self.sync.finished.numpy()) >= self._session
-
-    def _let_go_of_fit(self) -> None:
-        """Ends this worker's fit: the chief finished it without this worker.
-
-        The chief finishes a fit once every worker it counts has left. A
-        worker still training then was not counted at that moment: lost (its
-        heartbeat stopped for `heartbeat_timeout`: restarted near the end, or
-        starved of CPU) and not back yet. No update of this fit will come,
-        whether or not the chief is still there to pop its gradients.
-        """
-        if not self._let_go:
-            logging.warning(
-                "keras_psdist sync-replicas: %s: the chief finished this fit "
-                "without this worker (it had counted it lost); this worker's "
-                "remaining steps are not trained: its fit stops now.",
-                self._name,
-            )
-            self._model.stop_training = True
-            self._let_go = True
-        # A pass for each wait left in the fit (several with
-        # steps_per_execution > 1): one a second, the watchdog's pace.
-        # `begin_session` drops the unused ones.
-        self.sync.free(self.sync.worker)
-        self._last_progress = time.monotonic()
 
     def _watch(self, stop: threading.Event) -> None:
         timeout = self.sync.config.step_timeout
@@ -434,15 +471,6 @@ class SyncTraining:
                 "`keras-psdist serve` belong to an in-graph launch: run "
                 "SyncReplicaStrategy under `keras-psdist launch --mode "
                 "between-graph`.)"
-            )
-        elif not self.sync.is_chief and self._chief_finished():
-            why = (
-                "The chief finished this run without this worker (it had "
-                "counted it lost: no heartbeat for heartbeat_timeout), so no "
-                "update of it will come and its remaining steps cannot be "
-                "trained. (A Keras fit stops by itself in that case.) Raise "
-                "SyncReplicaStrategy(heartbeat_timeout=...) if this worker is "
-                "slow, not dead."
             )
         else:
             why = (

@@ -196,6 +196,9 @@ def main(out_dir, config):
             "counter": int(counter.numpy()) if failure is None else None,
         }
         if config["strategy"] == "sync" and failure is None:
+            sync = strategy.extended.sync_training.sync
+            # Steps that sent nothing: the chief had finished the fit.
+            report["steps_skipped"] = sync.steps_skipped()
             counts = strategy.extended.sync_training.counts()
             report["counts"] = {k: np.asarray(v).tolist() for k, v in counts.items()}
             report["lost"] = strategy.extended.sync_training.sync.lost_workers()

@@ -10,13 +10,16 @@ CONFIG_JSON holds the strategy's arguments (`replicas_to_aggregate`,
 with `PSStrategy(mode="between-graph", max_staleness=...)` instead) and the job's:
 `epochs`, `model` (`"embedding"`: a model with sparse gradients),
 `partitioned` (split its table over the ps tasks, as `digits_job` does),
-`sgd_learning_rate` (a momentum-free SGD in place of Adam), and
+`sgd_learning_rate` (a momentum-free SGD in place of Adam),
 `slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
-straggler; with `sleep_until_others_finish`, only until the other workers
-are done). `then`: a second config, run after the first by a second
-strategy in the same script (a run of its own); its report is the first's
-`then`. Each worker writes `OUT_DIR/worker_<i>.json`; the chief also writes
-`OUT_DIR/weights.npz` (the first run's model).
+straggler), and `fits` (how many `fit`s, each followed by `evaluate`, the
+model trains in a row; 1 by default). `then`: a second config, run after
+the first by a second strategy in the same script (a run of its own); its
+report is the first's `then`. Each worker writes `OUT_DIR/worker_<i>.json`
+(`fits`: per fit, the steps it ran, the steps it would have run, the
+epochs in its History, and the steps that sent nothing because the chief
+had finished the fit; the other keys are the last fit's); the chief also
+writes `OUT_DIR/weights.npz` (the first run's model).
 """
 
 import json
@@ -43,44 +46,38 @@ STRATEGY_ARGS = (
 
 
 class Straggler(keras.callbacks.Callback):
-    """Makes this worker slow: it sleeps after every training step, or, with
-    `until_finished` (the other workers' indices), only until each of them
-    has written its `finished_<i>` file (`CountsAtLastStep`): what happens
-    after that is not under test, and sleeping on would only make the run
-    long."""
+    """Makes this worker slow: it sleeps after every training step."""
 
-    def __init__(self, seconds, out_dir=None, until_finished=()):
+    def __init__(self, seconds):
         super().__init__()
         self.seconds = seconds
-        self.markers = [_finished(out_dir, i) for i in until_finished]
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self.markers or not all(map(os.path.exists, self.markers)):
-            time.sleep(self.seconds)
+        time.sleep(self.seconds)
 
 
 class CountsAtLastStep(keras.callbacks.Callback):
     """Reads the counts when this worker's last step is done (before `fit`
-    waits, on the chief, for the other workers to finish), and says so in
-    `OUT_DIR/finished_<worker>` (what a `Straggler` waits for)."""
+    waits, on the chief, for the other workers to finish), and counts the
+    steps each `fit` ran."""
 
-    def __init__(self, strategy, out_dir):
+    def __init__(self, strategy):
         super().__init__()
         self.strategy = strategy
-        self.marker = _finished(out_dir, strategy.extended.topology.worker_index)
         self.counts = None
+        self.steps_run = []  # per fit
+
+    def on_train_begin(self, logs=None):
+        self.steps_run.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps_run[-1] += 1
 
     def on_train_end(self, logs=None):
         training = self.strategy.extended.sync_training
         self.counts = training.counts()
         if hasattr(training, "clocks"):
             self.counts["clocks"] = training.clocks.numpy()
-        with open(self.marker, "w"):
-            pass
-
-
-def _finished(out_dir, worker):
-    return os.path.join(out_dir, f"finished_{worker}")
 
 
 def _listed(counts):
@@ -139,7 +136,7 @@ def _train(out_dir, config):
             strategy, sgd_learning_rate=config.get("sgd_learning_rate")
         )
     digits_job.EPOCHS = config.get("epochs", digits_job.EPOCHS)
-    last_step = CountsAtLastStep(strategy, out_dir)
+    last_step = CountsAtLastStep(strategy)
     callbacks = [
         last_step,
         *(
@@ -157,15 +154,27 @@ def _train(out_dir, config):
         ),
     ]
     if worker == config.get("slow_worker"):
-        others = ()
-        if config.get("sleep_until_others_finish"):
-            workers = kpd.cluster.from_environment().num_workers
-            others = [i for i in range(workers) if i != worker]
-        callbacks.append(Straggler(config["sleep_s"], out_dir, others))
-    if sparse:
-        history = digits_job.train_embedding(model, callbacks)
-    else:
-        history, _ = digits_job.train(model, 0, callbacks)
+        callbacks.append(Straggler(config["sleep_s"]))
+    fits = []
+    for _ in range(config.get("fits", 1)):
+        if sparse:
+            history = digits_job.train_embedding(model, callbacks)
+        else:
+            history, _ = digits_job.train(model, 0, callbacks)
+        fits.append(
+            {
+                "steps_run": last_step.steps_run[-1],
+                "steps_planned": history.params["epochs"] * history.params["steps"],
+                "steps_per_epoch": history.params["steps"],
+                # Steps that sent nothing: the chief had finished the fit.
+                "steps_skipped": (
+                    0
+                    if bounded
+                    else strategy.extended.sync_training.sync.steps_skipped()
+                ),
+                "epochs_in_history": len(history.history["loss"]),
+            }
+        )
     finished = strategy.extended.sync_training.counts()
     x, y = digits_job.embedding_digits() if sparse else digits_job.digits()
     logits = model(x[1500:], training=False)
@@ -174,6 +183,7 @@ def _train(out_dir, config):
         "worker": worker,
         "is_chief": strategy.extended.should_checkpoint,
         "steps": len(history.history["loss"]) * history.params["steps"],
+        "fits": fits,
         "accuracy": accuracy,
         "counts_at_last_step": _listed(last_step.counts),
         "counts_when_finished": _listed(finished),

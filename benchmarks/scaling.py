@@ -1,0 +1,796 @@
+"""How the cost grows: workers, ps tasks, table size and link bandwidth, on separate hosts.
+
+What it measures
+----------------
+Every task of every run is on a host of its own: a Linux network namespace
+with its own address on a private bridge (``keras_psdist.testing.hosts``),
+started by ``keras_psdist.cluster.launch(hosts=...)``. Three sweeps:
+
+1. **Workers** (``--workers``, default 1 2 4 8): examples/s and ps updates/s
+   of async ``PSStrategy(mode="between-graph")``, ``SyncReplicaStrategy``
+   (every worker's gradient aggregated, ``replicas_to_aggregate`` = workers),
+   in-graph ``PSStrategy()`` (a chief driving the workers) and tf_keras's
+   ``ParameterServerStrategy`` with its ``ClusterCoordinator``
+   (``--kinds``; tf_keras is in the ``bench`` extra). 1 ps task. Each worker
+   step trains ``--batch`` examples (weak scaling: a step of W workers is W
+   batches); the model is the MLP of ``benchmarks/strategies.py``
+   (64-512-512-2, Adam, 297k parameters, 1.19 MB).
+2. **ps tasks** (``--ps``, default 1 2 4) x **table rows** (``--rows``): an
+   embedding table of rows x 64 float32 split over the ps tasks
+   (``partitioners.Fixed``), async on 2 workers, batches of random ids:
+   ps updates/s and each ps task's peak RSS.
+3. **Bandwidth** (``--mbit``, default unlimited 1000 100 10): every host's
+   link limited to that rate each way (``tc`` token bucket), async on 2
+   workers and 1 ps: examples/s, and the bytes through the ps host's link
+   per update (its interface counters over the timed window) against what
+   an async step must move: the variables read (1.19 MB) plus the gradient
+   sent (1.19 MB).
+4. **A straggler on a slow link** (``--only straggler``): ``SyncReplicaStrategy``
+   on 3 workers with one backup (``replicas_to_aggregate=2``) and a
+   digits-sized MLP (64-64-64-2, 34 KB), with every link unlimited and with
+   the last worker's limited to ``--slow-mbit`` (2) Mbit/s, alternating per
+   round: the chief's updates/s over its timed window, and the whole job,
+   from the first ``fit``'s start to the last process's end. Targets: the
+   update rate >= 0.9x, the job <= 1.1x of the run without the slow link.
+
+Every side runs ``--steps-per-execution`` (10) steps per call, as TensorFlow's
+parameter-server tutorial advises for its strategy and docs/cluster.md for
+ours, and tf_keras gets its tutorial's legacy Adam and ``DatasetCreator``
+(``benchmarks/_tf_keras_ps.py``); its epoch is ``--steps`` x workers
+single-worker steps, so every side trains the same examples per epoch.
+
+Method: each run warms up one epoch of ``--steps`` steps (tracing, the first
+connections), the workers wait for each other (a file barrier), then
+``--epochs`` epochs of ``--steps`` steps are timed. Throughput = examples
+trained in the timed epochs, over all workers / the wall time from the first
+worker's timed start to the last one's end. ps updates/s: async, every worker
+step applies one update; sync and in-graph, the optimizer's ``iterations``
+counted over the window; tf_keras, its ``iterations``. Every process reports
+its CPU time over the window: ``cpu_fraction`` = CPU s / wall s of that
+process (1.0 = one core busy all the time), and the machine's busy fraction
+over the window is read from ``/proc/stat``.
+
+What it can and cannot show: this machine has ``os.cpu_count()`` cores (2
+where it was written) for every task of a run. Compute cannot scale: more
+workers share the same cores, so examples/s flattens at what the cores
+compute, and the machine busy fraction says when that is reached. What the
+curve does show is the overhead that grows with workers (the time a worker
+is *not* on a CPU while the machine has idle CPU: waiting on the ps, the
+network, the chief), the bytes each update moves, and where a limited link
+becomes the bottleneck. The rounds of a run alternate the kinds (rotated
+order) so drift of the machine hits each alike.
+
+How to run (as root: namespaces need it)
+----------------------------------------
+From the repository root::
+
+    python benchmarks/scaling.py                    # all three sweeps
+    python benchmarks/scaling.py --quick            # smoke run, about 3 minutes
+    python benchmarks/scaling.py --only workers --workers 1 2 4 8 16
+
+Writes ``benchmarks/results/scaling.json`` (``--json``) and
+``docs/images/scaling.png`` (``--plot``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import harness
+
+harness.prepare_tensorflow()
+
+KINDS = ("async", "sync", "in-graph", "tf_keras")
+SWEEPS = ("workers", "ps", "mbit", "straggler")
+EMBED_DIM = 64
+RUN_TIMEOUT_S = 900.0
+BARRIER_TIMEOUT_S = 300.0
+
+
+# --------------------------------------------------------- child processes
+
+
+def _child_main(args: argparse.Namespace) -> int:
+    """One training process of a run: build, warm up, wait for the others,
+    time, write its JSON."""
+    out = Path(args.out_dir)
+    if args.kind == "tf_keras":
+        return _tf_keras_child(args, out)
+    import keras
+    import numpy as np
+    import strategies  # benchmarks/strategies.py: the MLP and its data
+
+    import keras_psdist as kpd
+
+    if args.kind == "async" or args.kind == "embedding":
+        partitioner = (
+            kpd.partitioners.Fixed(args.num_ps) if args.kind == "embedding" else None
+        )
+        strategy = kpd.PSStrategy(mode="between-graph", partitioner=partitioner)
+    elif args.kind == "sync":
+        strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers)
+    elif args.kind == "sync-backup":
+        # One backup worker: an update takes the first workers - 1 gradients.
+        strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers - 1)
+    else:
+        strategy = kpd.PSStrategy()
+    topology = strategy.extended.topology
+    index = topology.worker_index if args.kind != "in-graph" else 0
+    per_step = args.batch * (args.workers if args.kind == "in-graph" else 1)
+    steps = args.steps * (args.epochs + 1)
+    if args.kind == "embedding":
+        model = _embedding_model(
+            strategy, args.rows, args.seed, args.steps_per_execution
+        )
+        rng = np.random.default_rng(args.seed + index)
+        x = rng.integers(0, args.rows, size=(steps * per_step, 8)).astype(np.int32)
+        y = rng.integers(0, 2, size=steps * per_step).astype(np.int32)
+    else:
+        model = strategies.build_model(
+            strategy,
+            args.seed,
+            hidden=args.hidden,
+            steps_per_execution=args.steps_per_execution,
+        )
+        x, y = strategies.make_arrays(steps * per_step, args.seed + index)
+    # The barrier lines the workers' timed windows up; not with a backup
+    # worker, whose point is that nobody waits for the slowest.
+    alone = args.kind in ("in-graph", "sync-backup")
+    clock = _make_clock(out, index, 1 if alone else args.workers)
+    fit_start_wall = time.time()
+    model.fit(
+        x,
+        y,
+        batch_size=per_step,
+        epochs=1 + args.epochs,
+        steps_per_epoch=args.steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=[clock, keras.callbacks.TerminateOnNaN()],
+    )
+    iterations = clock.iterations_of(model)
+    report = {
+        "kind": args.kind,
+        "task": topology.config.task_name,
+        "worker_index": index,
+        "steps": args.steps * args.epochs,
+        "examples": args.steps * args.epochs * per_step,
+        "start_wall": clock.start_wall,
+        "end_wall": clock.end_wall,
+        "fit_start_wall": fit_start_wall,
+        "exit_wall": time.time(),
+        "cpu_s": clock.cpu_s,
+        "iterations": [clock.iterations_begin, iterations],
+        "barrier_wait_s": clock.barrier_wait_s,
+    }
+    name = report["task"].replace(":", "_")
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _embedding_model(strategy, rows: int, seed: int, steps_per_execution: int):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((8,), dtype="int32"),
+                keras.layers.Embedding(rows, EMBED_DIM),
+                keras.layers.GlobalAveragePooling1D(),
+                keras.layers.Dense(2),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=steps_per_execution,
+        )
+    return model
+
+
+def _make_clock(out: Path, index: int, count: int):
+    """A Keras callback: after the warm-up epoch, a file barrier, then the
+    timed window's wall and CPU time; the first worker also marks the window
+    with files (`timed_begin`, `timed_end`) for the parent's counters."""
+    import keras
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.start_wall = self.end_wall = self.cpu_s = None
+            self.barrier_wait_s = 0.0
+            self.iterations_begin = None
+            self._cpu0 = None
+
+        def iterations_of(self, model) -> int:
+            return int(model.optimizer.iterations.numpy())
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch != 0:
+                return
+            (out / f"ready_{index}").touch()
+            waited = time.perf_counter()
+            deadline = time.monotonic() + BARRIER_TIMEOUT_S
+            while sum((out / f"ready_{i}").exists() for i in range(count)) < count:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"not all {count} workers reached the barrier in "
+                        f"{BARRIER_TIMEOUT_S:g} s"
+                    )
+                time.sleep(0.01)
+            self.barrier_wait_s = time.perf_counter() - waited
+            self.iterations_begin = self.iterations_of(self.model)
+            if index == 0:
+                (out / "timed_begin").touch()
+            self.start_wall = time.time()
+            self._cpu0 = time.process_time()
+
+        def on_train_end(self, logs=None):
+            if self._cpu0 is None:  # Stopped in its warm-up epoch.
+                return
+            self.end_wall = time.time()
+            self.cpu_s = time.process_time() - self._cpu0
+            if index == 0:
+                (out / "timed_end").touch()
+
+    return Clock()
+
+
+def _tf_keras_child(args: argparse.Namespace, out: Path) -> int:
+    """tf_keras ParameterServerStrategy + ClusterCoordinator as the chief,
+    set up as its tutorial says (`_tf_keras_ps.coordinate`: 10 steps per
+    execution, the legacy Adam, a `DatasetCreator`). Each of its steps is one
+    worker's batch, so an epoch of `steps x workers` steps trains what an
+    async epoch of `steps` steps on each worker does."""
+    import _tf_keras_ps
+
+    report = _tf_keras_ps.coordinate(
+        steps_per_epoch=args.steps * args.workers,
+        per_worker_batch=args.batch,
+        epochs=args.epochs,
+        steps_per_execution=args.steps_per_execution,
+        seed=args.seed,
+    )
+    steps = report["steps_per_epoch"] * args.epochs
+    ours = {
+        "kind": "tf_keras",
+        "task": "chief:0",
+        "worker_index": 0,
+        "steps": steps,
+        "examples": report["examples"],
+        "start_wall": report["timed_start_wall"],
+        "end_wall": report["timed_end_wall"],
+        "cpu_s": None,  # The coordinator's CPU is not a worker's.
+        "iterations": [0, steps],  # One update per step.
+        "barrier_wait_s": 0.0,
+        "tf_keras": report,
+    }
+    (out / "chief_0.json").write_text(json.dumps(ours, indent=1))
+    return 0
+
+
+# ------------------------------------------------------------ one run
+
+
+class _Sampler(threading.Thread):
+    """While a run goes: each ps host's peak RSS, and the link counters and
+    /proc/stat at the timed window's marks (files the first worker writes)."""
+
+    def __init__(self, hosts, out: Path, ps_hosts: list[str]):
+        super().__init__(daemon=True)
+        self.hosts, self.out, self.ps_hosts = hosts, out, ps_hosts
+        self.peak_rss = dict.fromkeys(ps_hosts, 0)
+        self.marks: dict[str, dict] = {}
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.wait(0.02):
+            for mark in ("timed_begin", "timed_end"):
+                if mark not in self.marks and (self.out / mark).exists():
+                    self.marks[mark] = {
+                        "counters": {
+                            h: vars(self.hosts.counters(h)) for h in self.hosts.names
+                        },
+                        "cpu": _cpu_times(),
+                    }
+            for host in self.ps_hosts:
+                self.peak_rss[host] = max(self.peak_rss[host], _rss(self.hosts, host))
+
+
+def _rss(hosts, host: str) -> int:
+    pids = subprocess.run(
+        ["ip", "netns", "pids", hosts.namespace(host)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    total = 0
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+        total += int(match.group(1)) * 1024 if match else 0
+    return total
+
+
+def _cpu_times() -> list[int]:
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return [int(f) for f in fields]
+
+
+def _busy_fraction(begin: list[int], end: list[int]) -> float:
+    delta = [e - b for b, e in zip(begin, end, strict=True)]
+    idle = delta[3] + delta[4]  # idle + iowait
+    return 1.0 - idle / max(1, sum(delta))
+
+
+def run_once(kind: str, workers: int, num_ps: int, args, work: Path, **extra) -> dict:
+    """One launch on fresh hosts; returns the run's summary (or its error)."""
+    from keras_psdist.cluster.launcher.run import launch
+    from keras_psdist.testing.hosts import NamespaceHosts, one_host_per_task
+
+    chief = kind in ("in-graph", "tf_keras")
+    placement = one_host_per_task(num_ps, workers, chief=chief)
+    out = Path(tempfile.mkdtemp(prefix=f"{kind}-w{workers}-p{num_ps}-", dir=work))
+    log_path = out / "launch.log"
+    mbit = extra.get("mbit")
+    rows = extra.get("rows", 0)
+    slow_mbit = extra.get("slow_mbit")  # The last worker's link alone.
+    hidden = extra.get("hidden", 512)
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--role", kind,
+        "--out-dir", str(out), "--workers", str(workers), "--num-ps", str(num_ps),
+        "--steps", str(extra.get("steps", args.steps)), "--epochs", str(args.epochs),
+        "--batch", str(args.batch), "--seed", str(args.seed), "--rows", str(rows or 1),
+        "--steps-per-execution", str(args.steps_per_execution),
+        "--hidden", str(hidden),
+    ]  # fmt: skip
+    entry = {
+        "kind": kind,
+        "workers": workers,
+        "num_ps": num_ps,
+        "mbit": mbit,
+        "rows": rows,
+        "slow_mbit": slow_mbit,
+    }
+    harness.log(
+        f"{kind}: {workers} workers, {num_ps} ps, mbit {mbit}, rows {rows}, "
+        f"last worker's link {slow_mbit or 'unlimited'}"
+    )
+    with NamespaceHosts(list(dict.fromkeys(placement.values()))) as hosts:
+        if mbit:
+            for host in hosts.names:
+                hosts.limit(host, mbit)
+        if slow_mbit:
+            hosts.limit(placement[f"worker:{workers - 1}"], slow_mbit)
+        ps_hosts = [placement[f"ps:{i}"] for i in range(num_ps)]
+        sampler = _Sampler(hosts, out, ps_hosts)
+        sampler.start()
+        with open(log_path, "w") as log:
+            code = launch(
+                command,
+                num_ps=num_ps,
+                num_workers=workers,
+                mode="in-graph" if chief else "between-graph",
+                hosts=hosts.task_hosts(placement),
+                timeout_s=RUN_TIMEOUT_S,
+                out=log,
+            )
+        sampler.stop.set()
+        sampler.join()
+    if code != 0:
+        entry["error"] = {"code": code, "log_tail": harness.tail(log_path, 40)}
+        harness.log(f"  failed (exit {code}); log {log_path}")
+        return entry
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("*_[0-9]*.json"))]
+    entry.update(_summarize_run(kind, reports, sampler, ps_hosts))
+    harness.log(
+        f"  {entry['examples_per_s']:.0f} examples/s, "
+        f"{entry['updates_per_s']:.1f} updates/s, "
+        f"machine busy {entry['machine_busy']:.2f}"
+    )
+    return entry
+
+
+def _summarize_run(kind, reports, sampler, ps_hosts) -> dict:
+    if kind == "sync-backup":
+        return _summarize_backup_run(reports)
+    start = min(r["start_wall"] for r in reports)
+    end = max(r["end_wall"] for r in reports)
+    wall = end - start
+    examples = sum(r["examples"] for r in reports)
+    first = next(r for r in reports if r["worker_index"] == 0)
+    if kind in ("async", "embedding"):
+        updates = sum(r["steps"] for r in reports)
+    else:
+        updates = first["iterations"][1] - first["iterations"][0]
+    summary = {
+        "wall_s": wall,
+        "examples_per_s": examples / wall,
+        "updates_per_s": updates / wall,
+        "updates": updates,
+        "cpu_fraction": {
+            r["task"]: r["cpu_s"] / (r["end_wall"] - r["start_wall"])
+            for r in reports
+            if r["cpu_s"] is not None
+        },
+        "peak_rss_mb": {h: rss / 2**20 for h, rss in sampler.peak_rss.items()},
+    }
+    marks = sampler.marks
+    if {"timed_begin", "timed_end"} <= set(marks):
+        begin, finish = marks["timed_begin"], marks["timed_end"]
+        summary["machine_busy"] = _busy_fraction(begin["cpu"], finish["cpu"])
+        ps_bytes = sum(
+            finish["counters"][h]["rx_bytes"]
+            + finish["counters"][h]["tx_bytes"]
+            - begin["counters"][h]["rx_bytes"]
+            - begin["counters"][h]["tx_bytes"]
+            for h in ps_hosts
+        )
+        summary["ps_link_bytes_per_update"] = ps_bytes / max(1, updates)
+    else:
+        summary["machine_busy"] = float("nan")
+    return summary
+
+
+def _summarize_backup_run(reports) -> dict:
+    """A sync run with a backup worker: the chief's update rate over its
+    timed window, and the whole job, from the first `fit`'s start to the
+    last process's end (a straggler that runs on after the chief counts)."""
+    chief = next(r for r in reports if r["worker_index"] == 0)
+    updates = chief["iterations"][1] - chief["iterations"][0]
+    window = chief["end_wall"] - chief["start_wall"]
+    job = max(r["exit_wall"] for r in reports) - min(r["fit_start_wall"] for r in reports)
+    return {
+        "updates": updates,
+        "updates_per_s": updates / window,
+        "examples_per_s": chief["examples"] / window,
+        "job_s": job,
+        "chief_fit_s": chief["exit_wall"] - chief["fit_start_wall"],
+        "machine_busy": float("nan"),
+    }
+
+
+# ------------------------------------------------------------ the sweeps
+
+# What an async step of the MLP moves through the ps's link: every variable
+# read (297k float32) and a gradient of the same size sent.
+MLP_PARAMETERS = 64 * 512 + 512 + 512 * 512 + 512 + 512 * 2 + 2
+MLP_STEP_BYTES = 2 * 4 * MLP_PARAMETERS
+
+
+def _rotated(items: list, r: int) -> list:
+    return items[r % len(items) :] + items[: r % len(items)]
+
+
+def sweep_workers(args, work: Path) -> list[dict]:
+    runs = []
+    for r in range(args.rounds):
+        for workers in args.workers:
+            for kind in _rotated(list(args.kinds), r):
+                runs.append({"round": r, **run_once(kind, workers, 1, args, work)})
+    return runs
+
+
+def sweep_ps(args, work: Path) -> list[dict]:
+    runs = []
+    for r in range(args.rounds):
+        for rows in args.rows:
+            for num_ps in _rotated(list(args.ps), r):
+                runs.append(
+                    {
+                        "round": r,
+                        **run_once("embedding", 2, num_ps, args, work, rows=rows),
+                    }
+                )
+    return runs
+
+
+def sweep_mbit(args, work: Path) -> list[dict]:
+    runs = []
+    for r in range(args.rounds):
+        for mbit in _rotated(list(args.mbit), r):
+            runs.append(
+                {
+                    "round": r,
+                    **run_once(
+                        "async", 2, 1, args, work, mbit=mbit or None,
+                        steps=args.mbit_steps,
+                    ),
+                }  # fmt: skip
+            )
+    return runs
+
+
+def sweep_straggler(args, work: Path) -> list[dict]:
+    """SyncReplicaStrategy, 3 workers, one backup, a digits-sized MLP: with
+    every link unlimited, and with the last worker's limited to
+    `--slow-mbit`, alternating."""
+    runs = []
+    for r in range(args.rounds):
+        for slow in _rotated([None, args.slow_mbit], r):
+            runs.append(
+                {
+                    "round": r,
+                    **run_once(
+                        "sync-backup", 3, 1, args, work, slow_mbit=slow, hidden=64
+                    ),
+                }
+            )
+    return runs
+
+
+def _median(runs: list[dict], key: str):
+    values = [run[key] for run in runs if "error" not in run and key in run]
+    return harness.median_or_none(values)
+
+
+def _group(runs: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(tuple(run[k] for k in keys), []).append(run)
+    return groups
+
+
+def tables(results: dict) -> None:
+    fmt = harness.fmt
+    if results.get("straggler"):
+        straggler_table(results["straggler"])
+    if results.get("workers"):
+        rows = []
+        groups = _group(results["workers"], "workers", "kind")
+        for (workers, kind), runs in groups.items():
+            tf_keras = groups.get((workers, "tf_keras"), [])
+            ours = _median(runs, "examples_per_s")
+            base = _median(tf_keras, "examples_per_s")
+            cpu = [
+                harness.median_or_none(list(run["cpu_fraction"].values()))
+                for run in runs
+                if "error" not in run
+            ]
+            rows.append(
+                [
+                    workers,
+                    kind,
+                    fmt(ours, ".0f"),
+                    fmt(_median(runs, "updates_per_s"), ".1f"),
+                    harness.times(harness.ratio(ours, base))
+                    if kind != "tf_keras"
+                    else "",
+                    "" if kind == "tf_keras" else fmt(harness.median_or_none(c for c in cpu if c is not None), ".2f"),
+                    fmt(_median(runs, "machine_busy"), ".2f"),
+                    f"{sum('error' in run for run in runs)} failed"
+                    if any("error" in run for run in runs)
+                    else "",
+                ]
+            )
+        print(
+            harness.markdown_table(
+                rows,
+                ["workers", "kind", "examples/s", "updates/s", "vs tf_keras",
+             "worker CPU/wall", "machine busy", ""],
+            )
+        )  # fmt: skip
+    if results.get("ps"):
+        rows = []
+        for (rows_, num_ps), runs in _group(results["ps"], "rows", "num_ps").items():
+            rss = [run["peak_rss_mb"] for run in runs if "error" not in run]
+            per_task = harness.median_or_none(max(r.values()) for r in rss)
+            rows.append(
+                [
+                    rows_,
+                    f"{rows_ * EMBED_DIM * 4 / 2**20:.0f}",
+                    num_ps,
+                    fmt(_median(runs, "updates_per_s"), ".1f"),
+                    fmt(per_task, ".0f"),
+                    fmt(_median(runs, "machine_busy"), ".2f"),
+                ]
+            )
+        print(
+            harness.markdown_table(
+                rows,
+                ["rows", "table MB", "ps tasks", "updates/s", "peak RSS of a ps task (MB)",
+             "machine busy"],
+            )
+        )  # fmt: skip
+    if results.get("mbit"):
+        rows = []
+        for (mbit,), runs in _group(results["mbit"], "mbit").items():
+            per_update = _median(runs, "ps_link_bytes_per_update")
+            rows.append(
+                [
+                    "unlimited" if not mbit else f"{mbit:g} Mbit/s",
+                    fmt(_median(runs, "examples_per_s"), ".0f"),
+                    fmt(_median(runs, "updates_per_s"), ".1f"),
+                    fmt(None if per_update is None else per_update / 2**20, ".2f"),
+                    harness.times(harness.ratio(per_update, MLP_STEP_BYTES)),
+                ]
+            )
+        print(
+            harness.markdown_table(
+                rows,
+                ["link", "examples/s", "updates/s", "ps link MB per update",
+             "vs variables + gradient"],
+            )
+        )  # fmt: skip
+
+
+def straggler_table(runs: list[dict]) -> None:
+    """Per round: the slow-link run against the run without it."""
+    rows = []
+    for (r,), pair in sorted(_group(runs, "round").items()):
+        fast = next((x for x in pair if not x["slow_mbit"] and "error" not in x), None)
+        slow = next((x for x in pair if x["slow_mbit"] and "error" not in x), None)
+        if fast is None or slow is None:
+            rows.append(f"round {r}: a run failed")
+            continue
+        rows.append(
+            [
+                r,
+                f"{fast['updates_per_s']:.1f}",
+                f"{slow['updates_per_s']:.1f}",
+                f"{slow['updates_per_s'] / fast['updates_per_s']:.2f}",
+                f"{fast['job_s']:.1f}",
+                f"{slow['job_s']:.1f}",
+                f"{slow['job_s'] / fast['job_s']:.2f}",
+            ]
+        )
+    print(
+        harness.markdown_table(
+            rows,
+            ["round", "updates/s", "updates/s, slow link", "ratio (target >= 0.9)",
+             "job s", "job s, slow link", "ratio (target <= 1.1)"],
+        )  # fmt: skip
+    )
+
+
+def plot(results: dict, path: Path) -> None:
+    panels = [k for k in SWEEPS[:3] if results.get(k)]
+    if not panels:
+        return
+    with harness.figure(
+        path, 1, len(panels), figsize=(5 * len(panels), 4), squeeze=False
+    ) as (
+        _,
+        axes,
+    ):
+        for ax, panel in zip(axes[0], panels, strict=True):
+            runs = results[panel]
+            if panel == "workers":
+                for (kind,), group in _group(runs, "kind").items():
+                    xs = sorted({run["workers"] for run in group})
+                    ys = [
+                        _median(
+                            [r for r in group if r["workers"] == x], "examples_per_s"
+                        )
+                        for x in xs
+                    ]
+                    ax.plot(xs, ys, marker="o", label=kind)
+                ax.set_xscale("log", base=2)
+                ax.set_xlabel("workers (1 ps)")
+                ax.set_ylabel("examples/s")
+            elif panel == "ps":
+                for (rows,), group in _group(runs, "rows").items():
+                    xs = sorted({run["num_ps"] for run in group})
+                    ys = [
+                        _median([r for r in group if r["num_ps"] == x], "updates_per_s")
+                        for x in xs
+                    ]
+                    ax.plot(xs, ys, marker="o", label=f"{rows} rows")
+                ax.set_xlabel("ps tasks (2 async workers)")
+                ax.set_ylabel("ps updates/s")
+            else:
+                xs = sorted({run["mbit"] or 0 for run in runs})
+                ys = [
+                    _median(
+                        [r for r in runs if (r["mbit"] or 0) == x], "examples_per_s"
+                    )
+                    for x in xs
+                ]
+                labels = ["unlimited" if not x else f"{x:g}" for x in xs]
+                ax.bar(labels, [y or 0 for y in ys])
+                ax.set_xlabel("link Mbit/s (2 async workers, 1 ps)")
+                ax.set_ylabel("examples/s")
+            ax.set_title(panel)
+            if panel != "mbit":
+                ax.legend()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = harness.BenchmarkParser(
+        __doc__.split("\n")[0],
+        name="scaling",
+        quick="smoke run: 1 and 2 workers, 1 and 2 ps, one table size, two rates",
+        quick_json=True,
+        plot="the curves' PNG (default docs/images/scaling.png; not with --quick)",
+    )
+    parser.add_child_role((*KINDS, "embedding", "sync-backup"))
+    parser.add_argument("--hidden", type=int, default=512, help=argparse.SUPPRESS)
+    parser.add_rounds(2, "rounds; each runs every configuration, kinds rotated (2)")
+    parser.add_argument("--num-ps", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--only", nargs="+", choices=SWEEPS, default=list(SWEEPS))
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument(
+        "--workers", nargs="+", type=harness.positive, default=[1, 2, 4, 8]
+    )
+    parser.add_argument("--ps", nargs="+", type=harness.positive, default=[1, 2, 4])
+    parser.add_argument(
+        "--rows", nargs="+", type=harness.positive, default=[100_000, 1_000_000]
+    )
+    parser.add_argument(
+        "--mbit", nargs="+", type=float, default=[0, 1000, 100, 10],
+        help="link rates in Mbit/s; 0 is unlimited (default 0 1000 100 10)",
+    )  # fmt: skip
+    parser.add_argument("--steps", type=harness.positive, default=30)
+    parser.add_argument("--epochs", type=harness.positive, default=2)
+    parser.add_argument("--batch", type=harness.positive, default=128)
+    parser.add_argument(
+        "--mbit-steps", type=harness.positive, default=10,
+        help="steps per epoch of the bandwidth sweep (10: at 10 Mbit/s a step "
+        "of 2 workers takes seconds)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slow-mbit", type=float, default=2.0,
+        help="the straggler sweep's slow link, Mbit/s each way (2)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--steps-per-execution", type=harness.positive, default=10,
+        help="every side's steps per call, as docs/cluster.md and TensorFlow's "
+        "parameter-server tutorial advise (10)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workers, args.ps, args.rows = [1, 2], [1, 2], [50_000]
+        args.mbit, args.steps, args.epochs, args.rounds = [0, 10], 10, 1, 1
+        args.mbit_steps = 5
+    if args.plot is None and not args.quick:
+        args.plot = "docs/images/scaling.png"
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.role:
+        args.kind = args.role
+        args.workers, args.rows = args.workers[0], args.rows[0]
+        return _child_main(args)
+    from keras_psdist.testing import hosts
+
+    hosts.check_available()
+    harness.use_checkout()
+    load_start = harness.loadavg()
+    start = time.monotonic()
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
+        work = Path(tmp)
+        sweeps = {
+            "workers": sweep_workers,
+            "ps": sweep_ps,
+            "mbit": sweep_mbit,
+            "straggler": sweep_straggler,
+        }
+        for name in args.only:
+            results[name] = sweeps[name](args, work)
+    tables(results)
+    if args.plot and not args.quick:
+        plot(results, Path(args.plot))
+    settings = ("only", "kinds", "workers", "ps", "rows", "mbit", "mbit_steps", "slow_mbit", "steps",
+                "epochs", "batch", "steps_per_execution", "rounds", "seed", "quick")  # fmt: skip
+    return harness.finish(
+        args, settings, load_start, time.monotonic() - start, {}, results
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
