@@ -79,6 +79,8 @@ _NAMED = {
     ],
     "api/errors": [
         "keras_psdist.errors.TaskLostError",
+        "keras_psdist.errors.TaskUnreachableError",
+        "keras_psdist.errors.DisconnectedError",
         "keras_psdist.errors.WorkerLostError",
         "keras_psdist.errors.StalledError",
         "keras_psdist.errors.PortInUseError",

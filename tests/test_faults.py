@@ -306,7 +306,7 @@ def test_restarted_cluster_resumes_from_the_backup(ps_loss_and_resume):
     assert json.loads(saved["training_metadata.json"])["epoch"] == 2
     # The backup holds the weights and optimizer state at the end of epoch 2...
     at_epoch_end = np.load(first / "at_epoch_end.npz")
-    from_file = _state_in_weights_file(saved["latest.weights.h5"], first)
+    from_file = ps_loss_job.state_in_weights_file(saved["latest.weights.h5"], first)
     assert len(from_file) == len(at_epoch_end.files)
     for i, value in enumerate(from_file):
         np.testing.assert_array_equal(value, at_epoch_end[f"arr_{i}"])
@@ -316,22 +316,6 @@ def test_restarted_cluster_resumes_from_the_backup(ps_loss_and_resume):
     for i, value in enumerate(from_file):
         np.testing.assert_array_equal(restored[f"arr_{i}"], value)
     assert json.loads((second / "epochs.json").read_text()) == [2, 3]
-
-
-def _state_in_weights_file(content, tmp_path):
-    """What a `.weights.h5` file holds, read without keras_psdist: weights
-    then optimizer variables, in the order `ps_loss_job.state` lists them."""
-    import digits_job
-    import tensorflow as tf
-
-    path = tmp_path / "copy.weights.h5"
-    path.write_bytes(content)
-    model = digits_job.build(tf.distribute.get_strategy(), seed=2)
-    model.optimizer.build(model.trainable_variables)
-    model.load_weights(path)
-    return [v.numpy() for v in model.weights] + [
-        v.numpy() for v in model.optimizer.variables
-    ]
 
 
 # --------------------------------------- killed while writing a checkpoint

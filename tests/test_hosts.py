@@ -282,3 +282,12 @@ def test_a_start_that_fails_halfway_removes_what_it_made(monkeypatch):
     with pytest.raises(RuntimeError, match="no address for y"):
         made.start()
     assert namespace_hosts.leftovers(tag) == []
+
+
+def test_network_state_shows_each_host_s_neighbours_and_sockets(hosts, server):
+    assert _send(hosts, "b", "a", 10) == "sent 10"
+    assert _received(server) == 10
+    state = hosts.network_state()
+    assert "--- a (10.231.0.2; cut: False)" in state
+    assert "10.231.0.3 dev eth0 lladdr" in state  # a's neighbour b
+    assert "LISTEN" in state and "--- bridge" in state

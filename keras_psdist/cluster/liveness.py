@@ -70,9 +70,11 @@ class Heartbeats(_Background):
         worker: This process's index among the training processes.
         num_workers: How many processes train.
         timeout: Seconds without a beat after which a worker is lost.
-        server_watch: This process's `cluster.task_loss.ServerWatch`: once
-            it has found a ps lost, this process stops beating (and reading
-            beats). Defaults to `None`: beats go on however they fail.
+        server_watch: This process's `cluster.task_loss.ServerWatch`: while
+            it finds a ps lost, this process does not beat (a beat would
+            wait on the lost ps); it beats again if the ps answers again (a
+            link that came back). Defaults to `None`: beats go on however
+            they fail.
         names: The workers' task names by index (`"chief:0"`, `"worker:0"`,
             ...), for messages (`Topology.training_task_names`).
     """
@@ -117,12 +119,13 @@ class Heartbeats(_Background):
 
     def _beat_forever(self) -> None:
         while not self._stop.is_set():
-            if self.servers_lost:
-                return  # The watch reports it; a beat would need the lost ps.
-            try:
-                self.beat()
-            except Exception as e:  # noqa: BLE001 - a dead ps: the watch reports it
-                logging.warning("keras_psdist heartbeat failed: %s", e)
+            # While a ps is lost the watch reports it (or stands down when it
+            # answers again); a beat would wait on it.
+            if not self.servers_lost:
+                try:
+                    self.beat()
+                except Exception as e:  # noqa: BLE001 - a dead ps: the watch reports it
+                    logging.warning("keras_psdist heartbeat failed: %s", e)
             self._stop.wait(self.period)
 
     def beat(self) -> None:
@@ -211,7 +214,7 @@ class LossReporter(_Background):
     def _watch(self) -> None:
         while not self._stop.wait(self._every):
             if self._heartbeats.servers_lost:
-                return  # Reading the beats would need the lost ps.
+                continue  # Reading the beats would wait on the lost ps.
             try:
                 self.check()
             except Exception as e:  # noqa: BLE001 - a dead ps is reported elsewhere

@@ -407,11 +407,16 @@ class SyncTraining:
         lost = set(self._heartbeats.lost())
         if not self.sync.is_chief:
             if 0 in lost:
+                chief = self.sync.config.name(0)
+                # Hung, gone, or cut off: what a probe of its port says.
+                where = task_loss.whereabouts(self._config, chief)
                 return (
-                    f"{self._name}: the chief ({self.sync.config.name(0)}) is "
+                    f"{self._name}: the chief ({chief}) is "
                     "lost: no "
                     f"heartbeat for {self._heartbeats.silent_for(0):.0f} s "
-                    f"(heartbeat_timeout={self._heartbeats.timeout:g}). It makes "
+                    f"(heartbeat_timeout={self._heartbeats.timeout:g}). "
+                    + (f"{where} " if where else "")
+                    + "It makes "
                     "every update, so no step can finish. Restart the run; "
                     "BackupAndRestore resumes it from the last epoch."
                 )

@@ -369,6 +369,26 @@ class NamespaceHosts:
         stats = json.loads(shown.stdout)[0]["stats64"]
         return LinkCounters(stats["rx"]["bytes"], stats["tx"]["bytes"])
 
+    def network_state(self) -> str:
+        """What each host's link, neighbour table and TCP sockets look like
+        now (`ip link`, `ip neigh`, `ss -tan`), and the bridge's ports: for a
+        test to print when a host cannot reach another."""
+        parts = []
+        for name in self._names:
+            ns = self.namespace(name)
+            parts.append(f"--- {name} ({self.address(name)}; cut: {name in self._cut})")
+            for command in (
+                ["ip", "-n", ns, "-br", "link", "show", "dev", DEVICE],
+                ["ip", "-n", ns, "neigh", "show"],
+                ["ip", "netns", "exec", ns, "ss", "-tan"],
+            ):
+                parts.append(_run(command, check=False).stdout.rstrip())
+        parts.append("--- bridge")
+        parts.append(
+            _run(["bridge", "-n", self._bridge, "link"], check=False).stdout.rstrip()
+        )
+        return "\n".join(parts)
+
     # Internals.
 
     @property

@@ -102,6 +102,21 @@ class LosePs(keras.callbacks.Callback):
             time.sleep(0.1)
 
 
+def state_in_weights_file(content, tmp_path):
+    """What a `.weights.h5` file holds, read without keras_psdist: weights
+    then optimizer variables, in the order `state` lists them."""
+    import tensorflow as tf
+
+    path = tmp_path / "copy.weights.h5"
+    path.write_bytes(content)
+    model = digits_job.build(tf.distribute.get_strategy(), seed=2)
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(path)
+    return [v.numpy() for v in model.weights] + [
+        v.numpy() for v in model.optimizer.variables
+    ]
+
+
 class RecordRestore(keras.callbacks.Callback):
     """After BackupAndRestore (listed before it): what `fit` resumed from."""
 
