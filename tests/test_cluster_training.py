@@ -11,7 +11,6 @@ localhost.
 import importlib.util
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -181,20 +180,12 @@ def test_in_graph_streams_every_task_output(in_graph_run):
     assert "[chief:0] chief:0: accuracy" in log
 
 
-def _cluster_line(log):
-    return next(
-        line for line in log.splitlines() if line.startswith("[launch] cluster")
-    )
-
-
 @pytest.mark.hosts
 @pytest.mark.xdist_group("in_graph_cluster")
 def test_in_graph_ran_every_task_on_a_host_of_its_own(in_graph_run):
     _, _, log = in_graph_run
-    if os.environ.get(launching.HOSTS_ENV) == "loopback":
-        pytest.skip(f"{launching.HOSTS_ENV}=loopback")
     # ps:0=10.231.0.2:2222, ...: five tasks, five addresses, none loopback.
-    addresses = re.findall(r"(\S+)=([\d.]+):2222", _cluster_line(log))
+    addresses = launching.host_addresses(log)
     assert len(addresses) == 5 and len({a for _, a in addresses}) == 5, addresses
     assert not any(a.startswith("127.") for _, a in addresses)
 
@@ -237,9 +228,7 @@ def test_async_workers_share_the_variables_on_the_ps(async_run):
 @pytest.mark.xdist_group("between_graph_cluster")
 def test_async_ran_every_task_on_a_host_of_its_own(async_run):
     _, _, log = async_run
-    if os.environ.get(launching.HOSTS_ENV) == "loopback":
-        pytest.skip(f"{launching.HOSTS_ENV}=loopback")
-    addresses = re.findall(r"(\S+)=([\d.]+):2222", _cluster_line(log))
+    addresses = launching.host_addresses(log)
     assert [task for task, _ in addresses] == ["ps:0", "worker:0", "worker:1"]
     assert len({a for _, a in addresses}) == 3, addresses
 

@@ -8,7 +8,6 @@ straggler's link limited in rate (`launching.cluster_hosts`).
 
 import contextlib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -300,12 +299,7 @@ def test_straggler_stops_when_the_chief_has_finished(straggler_run):
 @pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
 def test_straggler_ran_on_a_host_of_its_own_behind_a_slow_link(straggler_run):
     _, log = straggler_run
-    if os.environ.get(launching.HOSTS_ENV) == "loopback":
-        pytest.skip(f"{launching.HOSTS_ENV}=loopback")
-    layout = next(
-        line for line in log.splitlines() if line.startswith("[launch] cluster")
-    )
-    addresses = re.findall(r"(\S+)=([\d.]+):2222", layout)
+    addresses = launching.host_addresses(log)
     assert [task for task, _ in addresses] == [
         "ps:0",
         "worker:0",

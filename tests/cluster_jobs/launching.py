@@ -72,3 +72,16 @@ def cluster_hosts(num_ps, num_workers, chief=False):
     placement = namespace_hosts.one_host_per_task(num_ps, num_workers, chief)
     with namespace_hosts.NamespaceHosts(list(placement.values())) as hosts:
         yield hosts, hosts.task_hosts(placement)
+
+
+def host_addresses(log):
+    """`[(task, address), ...]` from a launch's `[launch] cluster` line, for
+    a launch with a host per task (`cluster_hosts`: port 2222 each); skips
+    the calling test when `KERAS_PSDIST_TEST_HOSTS=loopback` put the launch
+    on loopback."""
+    import pytest
+
+    if os.environ.get(HOSTS_ENV) == "loopback":
+        pytest.skip(f"{HOSTS_ENV}=loopback")
+    layout = next(x for x in log.splitlines() if x.startswith("[launch] cluster"))
+    return re.findall(r"(\S+)=([\d.]+):2222", layout)
