@@ -9,6 +9,8 @@
                               (on every copy of a replicated variable)
     optimizer_update       -> Keras's update step, the optimizer known (a
                               partitioned variable updates shard by shard)
+    run.mode.training      -> once: the mode's part beyond Keras's step
+                              (`sync_training`, a `keras_psdist.modes.Training`)
 
 Variables exist once (a `PSVariable` on a parameter device); replicas read it
 there. There is no mirrored copy to keep in sync, so an update is one op per
@@ -225,7 +227,9 @@ class PSExtended(
 
     @property
     def aggregator(self) -> Aggregator:
-        """The rule `batch_reduce_to` applies to per-replica values."""
+        """The rule `batch_reduce_to` applies to per-replica values (sync
+        replicas: a `SyncReplicaAggregation`, whose `rule` the chief applies
+        across workers)."""
         return self._reduction.aggregator
 
     @property

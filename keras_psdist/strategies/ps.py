@@ -199,7 +199,7 @@ class PSStrategy(distribute_lib.Strategy):
 
     def __repr__(self) -> str:
         ext = self.extended
-        mode = ext.topology.mode
+        launch = ext.mode.launch
         return (
             f"PSStrategy(devices={list(ext.worker_devices)}, "
             f"parameter_devices={list(ext.parameter_devices)}, "
@@ -215,5 +215,5 @@ class PSStrategy(distribute_lib.Strategy):
                 if ext.partitioner is not None
                 else ""
             )
-            + (f", mode={mode!r})" if mode != "local" else ")")
+            + (f", mode={launch!r})" if launch is not None else ")")
         )
