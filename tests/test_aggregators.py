@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from keras_psdist import aggregators
+from keras_psdist.families import AGGREGATORS
 from tests import reference
 from tests.reference import (
     REFERENCES,
@@ -542,8 +543,6 @@ def test_bad_identifier_type():
 
 def test_user_rule_can_be_registered():
     class FirstReplica(aggregators.Aggregator):
-        name = "first_replica_for_test"
-
         def aggregate(self, per_replica):
             return [tf.identity(vs[0]) for vs in per_replica]
 
@@ -553,10 +552,11 @@ def test_user_rule_can_be_registered():
         [out] = rule.aggregate([[tf.constant([1.0]), tf.constant([9.0])]])
         assert out.numpy().tolist() == [1.0]
         assert aggregators.serialize(rule)["class_name"] == "first_replica_for_test"
+        assert rule.name == "first_replica_for_test"
         with pytest.raises(ValueError, match="already registered"):
             aggregators.register("first_replica_for_test", aggregators.Mean)
     finally:
-        aggregators.registry._REGISTRY.pop("first_replica_for_test")
+        AGGREGATORS.unregister("first_replica_for_test")
 
 
 def test_register_refuses_non_aggregators():

@@ -26,6 +26,7 @@ import keras_psdist as kpd
 from keras_psdist import cluster
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.devices import canonical_names
+from keras_psdist.families import AGGREGATORS, ATTACKS
 from keras_psdist.sync.protocol import SyncConfig
 from keras_psdist.sync.training import SyncTraining
 
@@ -383,16 +384,20 @@ def _config_dicts(registry):
     misspelt), each of any value; else a malformed dict."""
 
     def of(name):
-        own = st.sampled_from(list(inspect.signature(registry[name]).parameters))
+        own = st.sampled_from(list(inspect.signature(registry.lookup(name)).parameters))
         arguments = st.dictionaries(
             st.one_of(own, own, own, st.text(max_size=6)), _VALUES, max_size=4
         )
         return st.fixed_dictionaries({"class_name": st.just(name), "config": arguments})
 
-    well_formed = st.sampled_from(sorted(registry)).flatmap(of)
+    well_formed = st.sampled_from(sorted(registry.names())).flatmap(of)
     malformed = st.one_of(
         st.fixed_dictionaries(
-            {"class_name": st.one_of(st.sampled_from(sorted(registry)), _VALUES)},
+            {
+                "class_name": st.one_of(
+                    st.sampled_from(sorted(registry.names())), _VALUES
+                )
+            },
             optional={"config": _VALUES},
         ),
         st.dictionaries(st.sampled_from(["class_name", "config", "x"]), _VALUES),
@@ -401,7 +406,7 @@ def _config_dicts(registry):
 
 
 @settings(max_examples=300, deadline=None)
-@given(_config_dicts(kpd.aggregators.registry._REGISTRY))
+@given(_config_dicts(AGGREGATORS))
 def test_any_aggregator_config_builds_or_raises_value_error(config):
     try:
         rule = kpd.aggregators.get(config)
@@ -412,7 +417,7 @@ def test_any_aggregator_config_builds_or_raises_value_error(config):
 
 
 @settings(max_examples=300, deadline=None)
-@given(_config_dicts(kpd.attacks._REGISTRY))
+@given(_config_dicts(ATTACKS))
 def test_any_attack_config_builds_or_raises_value_error(config):
     try:
         attack = kpd.attacks.get(config)

@@ -115,7 +115,7 @@ def test_demo_unknown_aggregator_exits_2_with_the_registry_error():
 
 
 def test_the_cli_knows_every_registered_id():
-    # `--help` and the flag checks use spelled-out ids, to need no TensorFlow.
+    # `--help` and the flag checks read the registries' ids.
     assert cli.AGGREGATOR_IDS == tuple(kpd.aggregators.names())
     assert cli.ATTACK_IDS == tuple(kpd.attacks.names())
     try:

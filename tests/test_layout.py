@@ -108,9 +108,11 @@ def test_the_top_level_holds_only_the_public_api_and_the_tf_gate():
         "callbacks",
         "devices",
         "errors",
+        "families",
         "heterogeneity",
         "partitioners",
         "placement",
+        "registry",
         "routing",
         "synchronization",
     ]

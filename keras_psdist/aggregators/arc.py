@@ -87,7 +87,6 @@ class ARC(PreAggregation):
         unclipped vector), over the full vector.
     """
 
-    name = "arc"
     needs_num_byzantine = True
     without_num_byzantine = "clips no replica: it adds no defence to its inner rule"
 

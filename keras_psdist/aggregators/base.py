@@ -26,7 +26,8 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from keras_psdist.aggregators import sparse as sparse_lib
-from keras_psdist.aggregators.configs import check_arguments
+from keras_psdist.families import AGGREGATORS
+from keras_psdist.registry import check_arguments
 
 ReduceOp = tf.distribute.ReduceOp
 
@@ -92,7 +93,7 @@ class Aggregator:
             it is the plain mean, and defends against no faulty replica").
     """
 
-    name: str = "aggregator"
+    name = AGGREGATORS.id_attribute(default="aggregator")
     report_names: tuple[str, ...] = ()
     per_variable: bool = False
     scale_equivariant: bool = False

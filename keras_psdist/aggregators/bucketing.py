@@ -65,8 +65,6 @@ class Bucketing(PreAggregation):
         Datasets via Bucketing", ICLR 2022.
     """
 
-    name = "bucketing"
-
     def __init__(
         self,
         aggregator: str | dict[str, Any] | Aggregator = "trimmed_mean",

@@ -87,7 +87,6 @@ class CenteredClipping(Aggregator):
         Optimization", ICML 2021.
     """
 
-    name = "centered_clipping"
     report_names = (REPORT_NAME,)
 
     def __init__(

@@ -77,8 +77,6 @@ class Clipping(PreAggregation):
         full vector.
     """
 
-    name = "clipping"
-
     def __init__(
         self,
         aggregator: str | dict[str, Any] | Aggregator = "trimmed_mean",

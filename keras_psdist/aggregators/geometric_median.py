@@ -63,7 +63,6 @@ class GeometricMedian(Aggregator):
         Learning", IEEE Transactions on Signal Processing 70, 2022.
     """
 
-    name = "geometric_median"
     report_names = (REPORT_NAME,)
 
     def __init__(

@@ -53,7 +53,6 @@ class Krum(Aggregator):
         Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017.
     """
 
-    name = "krum"
     report_names = (REPORT_NAME,)
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
@@ -112,7 +111,6 @@ class MultiKrum(Aggregator):
         (Multi-Krum, Section 5).
     """
 
-    name = "multi_krum"
     needs_num_byzantine = True  # with m = None; see __init__
     without_num_byzantine = (
         "keeps and averages every replica: it is the plain mean, and defends "

@@ -30,7 +30,6 @@ class Mean(Aggregator):
         Descent", NeurIPS 2017.
     """
 
-    name = "mean"
     per_variable = True
 
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:

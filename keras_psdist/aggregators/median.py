@@ -43,8 +43,6 @@ class Median(OrderStatisticsMean):
         Learning: Towards Optimal Statistical Rates", ICML 2018.
     """
 
-    name = "median"
-
     def kept(self, n: int) -> tuple[int, int]:
         return (n - 1) // 2, n // 2
 

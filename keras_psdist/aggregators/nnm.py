@@ -72,7 +72,6 @@ class NearestNeighborMixing(PreAggregation):
         AISTATS 2023.
     """
 
-    name = "nnm"
     needs_num_byzantine = True
     without_num_byzantine = (
         "mixes every replica into the mean of all of them: its inner rule sees "

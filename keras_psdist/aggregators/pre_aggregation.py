@@ -13,8 +13,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_psdist.aggregators import registry
 from keras_psdist.aggregators.base import Aggregator
+from keras_psdist.families import AGGREGATORS
 
 
 class PreAggregation(Aggregator):
@@ -41,7 +41,7 @@ class PreAggregation(Aggregator):
         aggregator: str | dict[str, Any] | Aggregator = "trimmed_mean",
         num_byzantine: int | None = None,
     ):
-        inner = registry.get(aggregator)
+        inner = AGGREGATORS.get(aggregator)
         if num_byzantine is None:
             num_byzantine = inner.num_byzantine
         elif inner.num_byzantine is not None and inner.num_byzantine != num_byzantine:
@@ -92,12 +92,12 @@ class PreAggregation(Aggregator):
     def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
-            "aggregator": registry.serialize(self.aggregator),
+            "aggregator": AGGREGATORS.serialize(self.aggregator),
         }
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> PreAggregation:
         config = dict(config)
         if isinstance(config.get("aggregator"), dict):
-            config["aggregator"] = registry.deserialize(config["aggregator"])
+            config["aggregator"] = AGGREGATORS.deserialize(config["aggregator"])
         return super().from_config(config)

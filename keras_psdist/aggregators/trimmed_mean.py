@@ -41,7 +41,6 @@ class TrimmedMean(OrderStatisticsMean):
         beta-trimmed mean with beta = f / n).
     """
 
-    name = "trimmed_mean"
     needs_num_byzantine = True
     without_num_byzantine = (
         "trims nothing: it is the plain mean, and defends against no faulty replica"

@@ -232,7 +232,6 @@ class OptimalALIE(_FactorSearch):
         honest mean).
     """
 
-    name = "optimal_alie"
     _range_names = ("min_z", "max_z")
 
     def __init__(
@@ -318,7 +317,6 @@ class OptimalIPM(_FactorSearch):
         and the honest mean).
     """
 
-    name = "optimal_ipm"
     _range_names = ("min_epsilon", "max_epsilon")
 
     def __init__(

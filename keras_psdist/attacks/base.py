@@ -28,7 +28,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_psdist.aggregators.configs import check_arguments
+from keras_psdist.families import ATTACKS
+from keras_psdist.registry import check_arguments
 
 PerReplica = Sequence[Sequence[tf.Tensor]]
 # An aggregation rule as an adaptive attack sees it: `rule(values)`, with
@@ -70,7 +71,7 @@ class Attack:
         1982 (the fault model: attacked replicas may send anything).
     """
 
-    name: str = "attack"
+    name = ATTACKS.id_attribute(default="attack")
 
     def __init__(self, replicas: Sequence[int]):
         self.replicas: tuple[int, ...] = _check_replicas(replicas)

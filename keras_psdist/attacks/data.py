@@ -50,8 +50,6 @@ class LabelFlip(Attack):
         for 10 classes).
     """
 
-    name = "label_flip"
-
     def __init__(self, replicas: Sequence[int], num_classes: int):
         super().__init__(replicas)
         if (

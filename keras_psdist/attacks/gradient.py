@@ -34,8 +34,6 @@ class SignFlip(GradientAttack):
         generalises it).
     """
 
-    name = "sign_flip"
-
     def __init__(self, replicas: Sequence[int], scale: float = 1.0):
         super().__init__(replicas)
         self.scale = check_finite_number("SignFlip", "scale", scale, positive=True)
@@ -70,8 +68,6 @@ class Scale(GradientAttack):
         Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017 (a
         single replica can move the average anywhere).
     """
-
-    name = "scale"
 
     def __init__(self, replicas: Sequence[int], factor: float):
         super().__init__(replicas)
@@ -113,8 +109,6 @@ class GaussianNoise(GradientAttack):
         Xie, Koyejo, Gupta, "Generalized Byzantine-tolerant SGD", arXiv
         1802.10116, 2018 (the "Gaussian" Byzantine value).
     """
-
-    name = "gaussian_noise"
 
     def __init__(
         self, replicas: Sequence[int], stddev: float = 1.0, seed: int | None = None
@@ -178,8 +172,6 @@ class NonFinite(GradientAttack):
         Methods for Safe AI", Springer 2024 (the Byzantine fault model: a
         faulty replica may send any value).
     """
-
-    name = "non_finite"
 
     def __init__(self, replicas: Sequence[int], value: str = "nan"):
         super().__init__(replicas)

@@ -24,40 +24,16 @@ from keras_psdist.cluster.mode_names import (  # noqa: E402
     LAUNCH_MODES,
     canonical,
 )
+from keras_psdist.families import AGGREGATORS, ATTACKS  # noqa: E402
 
 PROG = "keras-psdist"
 
 FLAGS = flags.FLAGS
 
-# The ids `--aggregator` and `--attack` take: those of the registries in
-# `keras_psdist.aggregators` and `keras_psdist.attacks`, spelled out so that
-# `--help` and a typo need no TensorFlow (tests/test_cli.py keeps them equal).
-AGGREGATOR_IDS = (
-    "mean",
-    "median",
-    "trimmed_mean",
-    "krum",
-    "multi_krum",
-    "bulyan",
-    "geometric_median",
-    "centered_clipping",
-    "nnm",
-    "bucketing",
-    "clipping",
-    "arc",
-)
-ATTACK_IDS = (
-    "sign_flip",
-    "scale",
-    "gaussian_noise",
-    "non_finite",
-    "alie",
-    "ipm",
-    "optimal_alie",
-    "optimal_ipm",
-    "mimic",
-    "label_flip",
-)
+# The ids `--aggregator` and `--attack` take, read from the families'
+# registries (listing them imports no TensorFlow).
+AGGREGATOR_IDS = tuple(AGGREGATORS.names())
+ATTACK_IDS = tuple(ATTACKS.names())
 
 flags.DEFINE_integer(
     "replicas", 4, "Number of logical CPU replicas (ignored when a GPU is present)."
@@ -287,16 +263,9 @@ def demo_command(args: Sequence[str] = ()) -> int:
     """Train a small MLP on the bundled digits dataset with PSStrategy."""
     for name in ("replicas", "epochs", "batch_size", "num_byzantine", "seed"):
         _check_minimum(name)
-    if FLAGS.aggregator not in AGGREGATOR_IDS:
-        raise _CliError(
-            f"Unknown aggregator {FLAGS.aggregator!r}. Expected one of: "
-            f"{', '.join(AGGREGATOR_IDS)}."
-        )
-    if FLAGS.attack and FLAGS.attack not in ATTACK_IDS:
-        raise _CliError(
-            f"Unknown attack {FLAGS.attack!r}. Expected one of: "
-            f"{', '.join(ATTACK_IDS)}."
-        )
+    for registry, given in ((AGGREGATORS, FLAGS.aggregator), (ATTACKS, FLAGS.attack)):
+        if given and given not in registry.names():
+            raise _CliError(registry.unknown_message(given))
     if FLAGS.attack and not FLAGS.num_byzantine:
         raise _CliError(
             "`--attack` needs the attacked replicas: set --num-byzantine to how "

@@ -1,0 +1,63 @@
+"""Every pluggable family's string ids, in one place that imports no TensorFlow.
+
+One dictionary per family, each id written once (Keras's shape: see
+`keras_psdist.registry`). The classes read their id back from here
+(`aggregators.Krum.name == "krum"`), `get`, `serialize` and `deserialize` of
+each family go through its `Registry`, and the CLI's `--help` lists these ids
+without importing TensorFlow.
+
+| family | where it is used |
+|---|---|
+| `AGGREGATORS` | `PSStrategy(aggregator=...)`, `keras-psdist demo --aggregator` |
+| `ATTACKS` | `PSStrategy(attack=...)`, `keras-psdist demo --attack` |
+
+Examples:
+
+>>> from keras_psdist import families
+>>> families.AGGREGATORS.names()[:3]
+['mean', 'median', 'trimmed_mean']
+"""
+
+from __future__ import annotations
+
+from keras_psdist.registry import Registry
+
+AGGREGATORS = Registry(
+    "aggregator",
+    {
+        "mean": "keras_psdist.aggregators.mean:Mean",
+        "median": "keras_psdist.aggregators.median:Median",
+        "trimmed_mean": "keras_psdist.aggregators.trimmed_mean:TrimmedMean",
+        "krum": "keras_psdist.aggregators.krum:Krum",
+        "multi_krum": "keras_psdist.aggregators.krum:MultiKrum",
+        "bulyan": "keras_psdist.aggregators.bulyan:Bulyan",
+        "geometric_median": "keras_psdist.aggregators.geometric_median:GeometricMedian",
+        "centered_clipping": "keras_psdist.aggregators.centered_clipping:CenteredClipping",
+        "nnm": "keras_psdist.aggregators.nnm:NearestNeighborMixing",
+        "bucketing": "keras_psdist.aggregators.bucketing:Bucketing",
+        "clipping": "keras_psdist.aggregators.clipping:Clipping",
+        "arc": "keras_psdist.aggregators.arc:ARC",
+    },
+    base="keras_psdist.aggregators.base:Aggregator",
+    example="{'class_name': 'trimmed_mean', 'config': {'num_byzantine': 1}}",
+)
+
+ATTACKS = Registry(
+    "attack",
+    {
+        "sign_flip": "keras_psdist.attacks.gradient:SignFlip",
+        "scale": "keras_psdist.attacks.gradient:Scale",
+        "gaussian_noise": "keras_psdist.attacks.gradient:GaussianNoise",
+        "non_finite": "keras_psdist.attacks.gradient:NonFinite",
+        "alie": "keras_psdist.attacks.crafted:ALIE",
+        "ipm": "keras_psdist.attacks.crafted:IPM",
+        "optimal_alie": "keras_psdist.attacks.adaptive:OptimalALIE",
+        "optimal_ipm": "keras_psdist.attacks.adaptive:OptimalIPM",
+        "mimic": "keras_psdist.attacks.crafted:Mimic",
+        "label_flip": "keras_psdist.attacks.data:LabelFlip",
+    },
+    base="keras_psdist.attacks.base:Attack",
+    example="{'class_name': 'sign_flip', 'config': {'replicas': [7]}}",
+    needs_arguments="the replicas it controls",
+    example_arguments="replicas=[7]",
+)
