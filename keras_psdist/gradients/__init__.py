@@ -23,7 +23,7 @@ written is `keras_psdist.spelling`.
 
 from keras_psdist.gradients.attack import Attacked
 from keras_psdist.gradients.momentum import Momentum
-from keras_psdist.gradients.path import gradient_path, is_plain_mean
+from keras_psdist.gradients.path import configure, gradient_path, is_plain_mean
 from keras_psdist.gradients.pre_aggregation import Transform, stages_of
 from keras_psdist.gradients.rule import Rule
 from keras_psdist.gradients.stage import Chain, Replicas, Stage, chain
@@ -37,6 +37,7 @@ __all__ = [
     "Stage",
     "Transform",
     "chain",
+    "configure",
     "gradient_path",
     "is_plain_mean",
     "stages_of",

@@ -12,7 +12,9 @@
   in the order written (`"nnm>arc>median"`: mix, then clip).
 - `Rule` (`rule.py`): the aggregate.
 
-`gradient_path` builds that chain from the strategy's arguments;
+`configure` reads the strategy's `aggregator=` (a configuration string may
+end with worker momentum, `"nnm>median+wm"`), `gradient_path` builds the
+chain from the strategy's arguments;
 `GradientReduction` (`keras_psdist.distribute.reduction`) runs it each step.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from keras_psdist import aggregators, spelling
 from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.aggregators.mean import Mean
 from keras_psdist.gradients.attack import Attacked
@@ -28,6 +31,37 @@ from keras_psdist.gradients.momentum import Momentum
 from keras_psdist.gradients.pre_aggregation import stages_of
 from keras_psdist.gradients.rule import Rule
 from keras_psdist.gradients.stage import Chain, Stage, chain
+
+
+def configure(
+    aggregator: Any, worker_momentum: float = 0.0
+) -> tuple[Aggregator, float]:
+    """A strategy's `aggregator=` and `worker_momentum=`, resolved.
+
+    Args:
+        aggregator: What `aggregators.get` takes, or a configuration string
+            ending with `+wm[BETA]` (`keras_psdist.spelling`).
+        worker_momentum: The strategy's `worker_momentum=` (checked).
+
+    Returns:
+        `(aggregator, worker_momentum)`: the (unbound) aggregator, and the
+        string's momentum, else the argument's.
+
+    Raises:
+        ValueError: as `aggregators.get`, or for a `+wm` suffix that
+            disagrees with `worker_momentum=`.
+    """
+    if spelling.is_spelled(aggregator):
+        configuration = spelling.parse(aggregator)
+        beta = configuration.worker_momentum
+        if beta:
+            if worker_momentum and worker_momentum != beta:
+                raise ValueError(
+                    f"aggregator={aggregator!r} sets worker momentum {beta}, but "
+                    f"worker_momentum={worker_momentum}. Set it in one place."
+                )
+            return aggregators.get(configuration.aggregator), beta
+    return aggregators.get(aggregator), worker_momentum
 
 
 def gradient_path(

@@ -9,9 +9,9 @@ from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
 from keras_psdist import devices as devices_lib
+from keras_psdist import gradients, synchronization
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
-from keras_psdist import synchronization
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.aggregators.momentum import check_beta
@@ -46,8 +46,9 @@ class PSStrategy(distribute_lib.Strategy):
             `(name, shape, dtype) -> device` returning one of
             `parameter_devices`. Defaults to `"greedy"`.
         aggregator: How per-replica gradients become one: a string id, a
-            config dict or a `keras_psdist.aggregators.Aggregator`. Defaults
-            to `"mean"`.
+            configuration (`"nnm>trimmed_mean"`, `"arc>median+wm"`, see
+            `keras_psdist.spelling`), a config dict or a
+            `keras_psdist.aggregators.Aggregator`. Defaults to `"mean"`.
         num_byzantine: How many replicas may be faulty (the papers' *f*);
             robust rules guard against this many, and each rule's condition
             on the replica count and f is checked when the strategy is
@@ -316,7 +317,8 @@ def check_shared_arguments(
     check_seconds(**seconds)
     if num_byzantine is not None:
         check_count("num_byzantine", num_byzantine, minimum=0)
-    return partitioner, aggregators_lib.get(aggregator), worker_momentum
+    aggregator, worker_momentum = gradients.configure(aggregator, worker_momentum)
+    return partitioner, aggregator, worker_momentum
 
 
 def check_placement(placement: Any) -> None:
