@@ -65,9 +65,16 @@ class Aggregator:
     `self.num_byzantine`). A rule built with its own `num_byzantine` must agree
     with the strategy's.
 
-    Subclasses implement `aggregate(per_replica)`, or `apply(per_replica,
-    state)` when they keep state between steps or report diagnostics; they
-    never edit their inputs.
+    What a rule overrides: `aggregate(per_replica)`, or `apply(per_replica,
+    state)` and `initial_state(specs)` when it keeps state between steps or
+    reports diagnostics (never editing its inputs); `check` for its
+    condition on n and f, and `get_config` for its arguments. The rest
+    (`bind`, `step`, `reduce`, `apply_step`, `reduce_sparse`) adapts the
+    rule to the strategy: built-in rules override `step` and `apply_step`
+    only to fuse passes (the mean over sparse rows, the order statistics'
+    masking and scaling). In a strategy the rule is the last stage of the
+    gradient path (`keras_psdist.gradients`), after worker momentum, an
+    attack and the pre-aggregations.
 
     Args:
         num_byzantine: The *f* this rule is configured for, or `None` to take
@@ -200,13 +207,6 @@ class Aggregator:
         device between steps. Stateless rules return `()`.
         """
         return ()
-
-    def state_devices(self, state: Any) -> Any:
-        """Where each part of `state` lives between steps: a device name, or
-        `None` for the reduction device (every part, unless a rule keeps
-        per-replica state, as `WorkerMomentum` does). Same structure as
-        `state`."""
-        return tf.nest.map_structure(lambda _: None, state)
 
     # ---------------------------------------------- tf.distribute adapters
 

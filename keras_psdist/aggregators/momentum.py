@@ -154,7 +154,7 @@ class WorkerMomentum(Aggregator):
 
     def state_devices(self, state: Any) -> MomentumState:
         """Replica r's buffers on `devices[r]`; the inner rule's state where
-        the inner rule says."""
+        the rule runs."""
         state = MomentumState(*state)
         momenta = tuple(
             tuple(
@@ -163,7 +163,10 @@ class WorkerMomentum(Aggregator):
             )
             for buffers in state.momenta
         )
-        return MomentumState(momenta, self.aggregator.state_devices(state.inner))
+        # The rule's state lives where the rule runs.
+        return MomentumState(
+            momenta, tf.nest.map_structure(lambda _: None, state.inner)
+        )
 
     def step(
         self,

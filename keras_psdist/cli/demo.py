@@ -113,8 +113,7 @@ def run_demo(
             config["seed"] = seed
         attack_config = {"class_name": attack, "config": config}
     undefended = (
-        spelling.parse(aggregator).stages == ("mean",)
-        and attack_config is not None
+        spelling.parse(aggregator).stages == ("mean",) and attack_config is not None
     )
     verbosity = absl_logging.get_verbosity()
     if undefended:  # The `baseline:` line below says it, for this run.

@@ -36,9 +36,6 @@ class Rule(Stage):
     def init(self, specs: Sequence[tf.TensorSpec]) -> Any:
         return self.aggregator.initial_state(list(specs))
 
-    def state_devices(self, state: Any) -> Any:
-        return self.aggregator.state_devices(state)
-
     def apply(
         self, replicas: Replicas, state: Any, *, downstream: Downstream | None = None
     ) -> tuple[Aggregation, Any]:
