@@ -87,7 +87,7 @@ def test_stage_contract_state_structure_and_round_trip(name):
 @pytest.mark.parametrize(
     "text, reference_fn",
     [
-        ("clipping(threshold=2.0)>mean", lambda x: reference.clipping(x, threshold=2.0, inner="mean")),
+        ("clipping(threshold=2.0)>trimmed_mean", lambda x: reference.clipping(x, f=F, threshold=2.0, inner="trimmed_mean")),
         ("arc>median", lambda x: reference.arc(x, f=F, inner="median")),
         ("nnm>krum", lambda x: reference.nnm(x, f=F, inner="krum")),
         ("arc>nnm>trimmed_mean", lambda x: reference.arc(x, f=F, inner=lambda v, **k: reference.nnm(v, inner="trimmed_mean", **k))),
@@ -321,7 +321,10 @@ def test_strategies_take_configuration_strings(cpu_devices):
     strategy = kpd.PSStrategy(
         devices=cpu_devices[:4], aggregator="arc>geometric_median", num_byzantine=1
     )
-    assert aggregators.spell(strategy.extended.aggregator) == "arc>geometric_median"
+    assert (
+        aggregators.spell(strategy.extended.aggregator)
+        == "arc>geometric_median(num_byzantine=1)"
+    )
     stages = strategy.extended._reduction.path.stages
     assert [type(s) for s in stages] == [gradients.Transform, gradients.Rule]
 

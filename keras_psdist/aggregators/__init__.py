@@ -100,6 +100,13 @@ def _without_defaults(config: dict[str, Any]) -> dict[str, Any]:
             arguments[key] = _without_defaults(value)
         elif key not in defaults or defaults[key] != value:
             arguments[key] = value
+    inner = arguments.get("aggregator")
+    if isinstance(inner, dict) and "num_byzantine" in arguments:
+        # A pre-aggregation takes its rule's f: say it once, on the rule.
+        if (inner.get("config") or {}).get("num_byzantine") == arguments[
+            "num_byzantine"
+        ]:
+            del arguments["num_byzantine"]
     return {"class_name": config["class_name"], "config": arguments}
 
 
