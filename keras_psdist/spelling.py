@@ -1,7 +1,7 @@
 """How a gradient path is written down: one string, everywhere.
 
 The strategies (`aggregator=`), `aggregators.get`, the CLI's `--aggregator`,
-the benchmarks and the docs' tables write a configuration the same way::
+the benchmarks and the docs' tables write a configuration the same way:
 
     [pre-aggregation>...>]rule[+wm[BETA]]
 

@@ -343,3 +343,37 @@ def test_strategies_take_configuration_strings(cpu_devices):
         )
     with pytest.raises(ValueError, match="Unknown pre-aggregation 'nmn'"):
         kpd.PSStrategy(devices=cpu_devices[:4], aggregator="nmn>median")
+
+
+def test_the_state_variables_keep_the_checkpointed_order(cpu_devices):
+    """The chain's state flattens as the composed rule's did
+    (`WorkerMomentum(UnderAttack(rule))`: the momenta, then the rule's), so
+    checkpoints written before the chain restore into it."""
+    from keras_psdist.aggregators.momentum import WorkerMomentum
+    from keras_psdist.distribute.reduction import GradientReduction
+
+    _, columns = _values()
+    rule = aggregators.get("arc>centered_clipping").bind(N, F)
+    attack = attacks.SignFlip(replicas=[N - 1])
+    reduction = GradientReduction(rule, attack, cpu_devices[0], N, worker_momentum=0.9)
+    reduction(SUM, [[v / N for v in c] for c in columns], None)
+    old = WorkerMomentum(attacks.UnderAttack(rule, attack), 0.9).bind(N, F)
+    want = tf.nest.flatten(old.initial_state(_specs(columns)))
+    got = reduction.state.kept
+    assert [(v.shape, v.dtype) for v in got] == [(t.shape, t.dtype) for t in want]
+
+
+def test_a_users_pre_aggregation_with_only_apply_stays_one_stage():
+    class Halve(aggregators.NearestNeighborMixing.__mro__[1]):  # PreAggregation
+        def apply(self, per_replica, state=()):
+            halved = [[v / 2 for v in column] for column in per_replica]
+            return self.inner_rule(len(per_replica[0])).apply(halved, state)
+
+    rule = Halve("median").bind(N, F)
+    path = gradients.gradient_path(rule, num_replicas=N)
+    assert [type(s) for s in path.stages] == [gradients.Rule]
+    arrays, columns = _values()
+    out, _ = path.apply(Replicas(columns, MEAN), path.init(_specs(columns)))
+    want = reference.median([a / 2 for a in arrays], f=F)
+    for got, w in zip(out.values, want, strict=True):
+        np.testing.assert_allclose(got.numpy(), w, rtol=1e-5)

@@ -55,9 +55,9 @@ class PreAggregation(Aggregator):
         pre_aggregation: True: a configuration writes it before a rule
             (`keras_psdist.spelling`); a user's subclass registered with
             `aggregators.register` is spelled so too.
-        runs_with_inner: True when it computes in one kernel with its inner
-            rule (NNM with an order-statistics rule): the gradient path then
-            keeps the two as one stage.
+        runs_with_inner: True when it computes with its inner rule in one
+            kernel (NNM with an order-statistics rule), or implements only
+            `apply`: the gradient path then keeps the two as one stage.
     """
 
     pre_aggregation = True
@@ -114,7 +114,9 @@ class PreAggregation(Aggregator):
 
     @property
     def runs_with_inner(self) -> bool:
-        return False
+        # A subclass written before `transform` existed runs its inner rule
+        # in its own `apply`.
+        return type(self).transform is PreAggregation.transform
 
     def transform(self, per_replica: Sequence[Sequence[tf.Tensor]]) -> Transformed:
         """The values the inner rule aggregates, from the replicas'.
