@@ -364,7 +364,9 @@ def test_the_state_variables_keep_the_checkpointed_order(cpu_devices):
 
 
 def test_a_users_pre_aggregation_with_only_apply_stays_one_stage():
-    class Halve(aggregators.NearestNeighborMixing.__mro__[1]):  # PreAggregation
+    from keras_psdist.aggregators.pre_aggregation import PreAggregation
+
+    class Halve(PreAggregation):
         def apply(self, per_replica, state=()):
             halved = [[v / 2 for v in column] for column in per_replica]
             return self.inner_rule(len(per_replica[0])).apply(halved, state)
