@@ -8,7 +8,7 @@ without importing TensorFlow.
 
 | family | where it is used |
 |---|---|
-| `AGGREGATORS` | `PSStrategy(aggregator=...)`, `keras-psdist demo --aggregator` |
+| `AGGREGATORS` | `PSStrategy(aggregator=...)`, `keras-psdist demo --aggregator` (`RULES` and `PRE_AGGREGATIONS`, chained as `"nnm>median"`: `keras_psdist.spelling`) |
 | `ATTACKS` | `PSStrategy(attack=...)`, `keras-psdist demo --attack` |
 
 Examples:
@@ -22,25 +22,39 @@ from __future__ import annotations
 
 from keras_psdist.registry import Registry
 
+# The rules: the last stage of a gradient path, which returns the aggregate.
+_RULES = {
+    "mean": "keras_psdist.aggregators.mean:Mean",
+    "median": "keras_psdist.aggregators.median:Median",
+    "trimmed_mean": "keras_psdist.aggregators.trimmed_mean:TrimmedMean",
+    "krum": "keras_psdist.aggregators.krum:Krum",
+    "multi_krum": "keras_psdist.aggregators.krum:MultiKrum",
+    "bulyan": "keras_psdist.aggregators.bulyan:Bulyan",
+    "geometric_median": "keras_psdist.aggregators.geometric_median:GeometricMedian",
+    "centered_clipping": "keras_psdist.aggregators.centered_clipping:CenteredClipping",
+}
+
+# The pre-aggregations: each transforms the replicas' values for the rule
+# after it ("nnm>median", see `keras_psdist.spelling`); on its own, an id
+# builds the pre-aggregation around its default rule.
+_PRE_AGGREGATIONS = {
+    "nnm": "keras_psdist.aggregators.nnm:NearestNeighborMixing",
+    "bucketing": "keras_psdist.aggregators.bucketing:Bucketing",
+    "clipping": "keras_psdist.aggregators.clipping:Clipping",
+    "arc": "keras_psdist.aggregators.arc:ARC",
+}
+
 AGGREGATORS = Registry(
     "aggregator",
-    {
-        "mean": "keras_psdist.aggregators.mean:Mean",
-        "median": "keras_psdist.aggregators.median:Median",
-        "trimmed_mean": "keras_psdist.aggregators.trimmed_mean:TrimmedMean",
-        "krum": "keras_psdist.aggregators.krum:Krum",
-        "multi_krum": "keras_psdist.aggregators.krum:MultiKrum",
-        "bulyan": "keras_psdist.aggregators.bulyan:Bulyan",
-        "geometric_median": "keras_psdist.aggregators.geometric_median:GeometricMedian",
-        "centered_clipping": "keras_psdist.aggregators.centered_clipping:CenteredClipping",
-        "nnm": "keras_psdist.aggregators.nnm:NearestNeighborMixing",
-        "bucketing": "keras_psdist.aggregators.bucketing:Bucketing",
-        "clipping": "keras_psdist.aggregators.clipping:Clipping",
-        "arc": "keras_psdist.aggregators.arc:ARC",
-    },
+    {**_RULES, **_PRE_AGGREGATIONS},
     base="keras_psdist.aggregators.base:Aggregator",
     example="{'class_name': 'trimmed_mean', 'config': {'num_byzantine': 1}}",
 )
+
+# The built-in ids of each kind (a user's registered class says its kind
+# with `pre_aggregation = True`).
+RULES = tuple(_RULES)
+PRE_AGGREGATIONS = tuple(_PRE_AGGREGATIONS)
 
 ATTACKS = Registry(
     "attack",

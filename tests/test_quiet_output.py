@@ -148,6 +148,11 @@ def test_serve_rejects_a_bad_tf_config_before_tensorflow_loads():
     "flag, expected",
     [
         ("--aggregator=krumm", "Unknown aggregator 'krumm'. Expected one of: mean,"),
+        (
+            "--aggregator=nmn>median",
+            "Unknown pre-aggregation 'nmn' in 'nmn>median'. Expected one of: nnm,",
+        ),
+        ("--aggregator=median>nnm", "The rule goes last in 'median>nnm'"),
         ("--attack=sign_flap", "Unknown attack 'sign_flap'. Expected one of: sign_"),
     ],
 )

@@ -58,7 +58,7 @@ from .checkout import (
     prepare_tensorflow,
     use_checkout,
 )
-from .configs import WORKER_MOMENTUM, config_names, parse_config
+from .configs import config_names, parse_config
 from .machine import cpu_model, environment, git_commit, loadavg
 from .plotting import figure, pyplot
 from .processes import RunFailed, read_reports, run_dir, run_process, tail
@@ -83,7 +83,6 @@ from .tables import (
 __all__ = [
     "REPO_ROOT",
     "RESULTS",
-    "WORKER_MOMENTUM",
     "BenchmarkParser",
     "Column",
     "Rounds",

@@ -3,28 +3,24 @@
 
 `parse_config` turns one into (rule id, aggregator for `PSStrategy`, worker
 momentum); `config_names` is the argparse type of a comma-separated list of
-them. One parser of these strings for the benchmarks, in one module, so that
-it can give way to the library's own (`keras_psdist.aggregators.get`) when
-that takes them.
+them. The parsing is the library's own (`keras_psdist.spelling`), the
+spelling the strategies and the CLI take.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-
-# The worker momentum `+wm` means.
-WORKER_MOMENTUM = 0.9
 
 
 def parse_config(name: str) -> tuple[str, object, float]:
     """`[pre>...>]rule[+wm[BETA]]` -> (rule id, aggregator for PSStrategy, worker momentum).
 
-    `pre` is a pre-aggregation wrapped around what follows it (`nnm`,
-    `bucketing`, `arc`, `clipping`); several chain, the leftmost outermost
-    (`nnm>arc>rule` is NNM(ARC(rule))). `+wm` adds worker momentum 0.9,
-    `+wmBETA` worker momentum BETA. Any stage may take constructor
-    arguments in parentheses, `;`-separated: `centered_clipping(radius=0.1)`,
+    The library's spelling (`keras_psdist.spelling.parse`), the one the
+    strategies and the CLI take: `pre` is a pre-aggregation (`nnm`,
+    `bucketing`, `arc`, `clipping`) before the rule, several in the order
+    they run; `+wm` adds worker momentum 0.9, `+wmBETA` worker momentum
+    BETA; any stage may take constructor arguments in parentheses,
+    `;`-separated: `centered_clipping(radius=0.1)`,
     `bucketing(bucket_size=2;seed=0)`.
 
     >>> parse_config("arc>median+wm")
@@ -35,44 +31,10 @@ def parse_config(name: str) -> tuple[str, object, float]:
     {'class_name': 'nnm', 'config': {'aggregator': {'class_name': 'arc', \
 'config': {'aggregator': {'class_name': 'centered_clipping', 'config': {'radius': 0.5}}}}}}
     """
-    body, plus, suffix = name.partition("+")
-    if plus and not re.fullmatch(r"wm(0?\.\d+)?", suffix):
-        raise ValueError(
-            f"unknown suffix +{suffix} in {name!r}; the one suffix is +wm[BETA]"
-        )
-    beta = (float(suffix[2:]) if suffix[2:] else WORKER_MOMENTUM) if plus else 0.0
-    stages = [_stage(s, name) for s in body.split(">")]
-    (rule, rule_args), pres = stages[-1], stages[:-1]
-    aggregator: object = (
-        {"class_name": rule, "config": rule_args} if rule_args else rule
-    )
-    for pre, pre_args in reversed(pres):
-        aggregator = {
-            "class_name": pre,
-            "config": {"aggregator": aggregator, **pre_args},
-        }
-    return rule, aggregator, beta
+    from keras_psdist import spelling
 
-
-def _stage(text: str, name: str) -> tuple[str, dict[str, object]]:
-    """`id` or `id(key=value;...)` -> (id, {key: value}); ints and floats parsed."""
-    match = re.fullmatch(r"(\w+)(?:\((.*)\))?", text.strip())
-    if not match:
-        raise ValueError(f"cannot parse {text!r} in {name!r}")
-    kwargs: dict[str, object] = {}
-    for item in filter(None, (match.group(2) or "").split(";")):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"expected key=value, got {item!r} in {name!r}")
-        for convert in (int, float):
-            try:
-                kwargs[key.strip()] = convert(value)
-                break
-            except ValueError:
-                continue
-        else:
-            kwargs[key.strip()] = value.strip()
-    return match.group(1), kwargs
+    configuration = spelling.parse(name)
+    return configuration.rule, configuration.aggregator, configuration.worker_momentum
 
 
 PRE_AGGREGATIONS = ("nnm", "bucketing", "arc", "clipping")

@@ -1,8 +1,11 @@
 """Aggregation rules, looked up the Keras way.
 
 Each rule's string id is written once, in `keras_psdist.families.AGGREGATORS`
-(the rule reads it back as `Rule.name`); `get`, `serialize`, `deserialize`,
-`names` and `register` are that registry's.
+(the rule reads it back as `Rule.name`); `serialize`, `deserialize`,
+`names` and `register` are that registry's. `get` also reads a configuration
+of pre-aggregations before a rule, `"nnm>trimmed_mean"`, with arguments,
+`"bucketing(bucket_size=4)>median"` (`keras_psdist.spelling`), and `spell`
+writes one.
 
 Examples:
 
@@ -13,12 +16,19 @@ Mean()
 Mean()
 >>> Krum.name
 'krum'
+>>> rule = aggregators.get("nnm>trimmed_mean(num_byzantine=1)")
+>>> type(rule).__name__, type(rule.aggregator).__name__
+('NearestNeighborMixing', 'TrimmedMean')
+>>> aggregators.spell(aggregators.get("arc>geometric_median"))
+'arc>geometric_median'
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from keras_psdist import spelling
 from keras_psdist.aggregators.arc import ARC
 from keras_psdist.aggregators.base import Aggregation, Aggregator
 from keras_psdist.aggregators.bucketing import Bucketing
@@ -38,13 +48,66 @@ from keras_psdist.families import AGGREGATORS
 
 
 def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
-    """Returns an aggregator from a string id, a config dict or an instance.
+    """Returns an aggregator from a string, a config dict or an instance.
+
+    Args:
+        identifier: A string id (`"median"`), a configuration
+            (`"nnm>arc>median"`, see `keras_psdist.spelling`), a config
+            dict or an `Aggregator`.
 
     Raises:
-        ValueError: for an unknown id, naming the valid ones, or a config
-            dict the rule cannot be built from, naming what it accepts.
+        ValueError: for an unknown id, naming the valid ones where it
+            stands; a rule before a pre-aggregation (the rule goes last); a
+            config dict the rule cannot be built from, naming what it
+            accepts; or a `+wm` suffix (worker momentum is the strategy's).
     """
+    if spelling.is_spelled(identifier):
+        configuration = spelling.parse(identifier)
+        if configuration.worker_momentum:
+            raise ValueError(
+                f"{identifier!r} ends with worker momentum, which the strategy "
+                "keeps for each replica, not the aggregator: pass the whole "
+                "string as a strategy's `aggregator=`, or "
+                f"aggregator={spelling.spell(configuration.aggregator)!r}, "
+                f"worker_momentum={configuration.worker_momentum}."
+            )
+        return AGGREGATORS.get(configuration.aggregator)
     return AGGREGATORS.get(identifier)
+
+
+def spell(aggregator: Aggregator) -> str:
+    """Writes `aggregator` as a configuration string that `get` reads back.
+
+    Arguments equal to the class's defaults are left out:
+    `NearestNeighborMixing(aggregator=Median())` is `"nnm>median"`.
+
+    Raises:
+        ValueError: if its class (or an inner rule's) is not registered.
+    """
+    return spelling.spell(_without_defaults(serialize(aggregator)))
+
+
+def _without_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    cls = AGGREGATORS.lookup(config["class_name"])
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(cls).parameters.items()
+        if p.default is not p.empty
+    }
+    arguments = {}
+    for key, value in (config.get("config") or {}).items():
+        if isinstance(value, dict) and "class_name" in value:
+            arguments[key] = _without_defaults(value)
+        elif key not in defaults or defaults[key] != value:
+            arguments[key] = value
+    inner = arguments.get("aggregator")
+    if isinstance(inner, dict) and "num_byzantine" in arguments:
+        # A pre-aggregation takes its rule's f: say it once, on the rule.
+        if (inner.get("config") or {}).get("num_byzantine") == arguments[
+            "num_byzantine"
+        ]:
+            del arguments["num_byzantine"]
+    return {"class_name": config["class_name"], "config": arguments}
 
 
 def serialize(aggregator: Aggregator) -> dict[str, Any]:
@@ -110,4 +173,5 @@ __all__ = [
     "names",
     "register",
     "serialize",
+    "spell",
 ]

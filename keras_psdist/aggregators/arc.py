@@ -8,10 +8,10 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist.aggregators import distances
-from keras_psdist.aggregators.base import Aggregation, Aggregator, check_honest_majority
+from keras_psdist.aggregators.base import Aggregator, check_honest_majority
 from keras_psdist.aggregators.clipping import clip
 from keras_psdist.aggregators.configs import check_bool
-from keras_psdist.aggregators.pre_aggregation import PreAggregation
+from keras_psdist.aggregators.pre_aggregation import PreAggregation, Transformed
 
 
 def clipped_count(num_replicas: int, num_byzantine: int) -> int:
@@ -106,16 +106,13 @@ class ARC(PreAggregation):
         check_honest_majority(self, num_replicas, num_byzantine)
         super().check(num_replicas, num_byzantine)
 
-    def apply(
-        self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
-    ) -> Aggregation:
+    def transform(self, per_replica: Sequence[Sequence[tf.Tensor]]) -> Transformed:
         n = len(per_replica[0])
         squared = distances.squared_norms(per_replica)  # +inf: non-finite
         k = clipped_count(n, self.f)
         largest_first = tf.sort(squared, direction="DESCENDING")
         threshold = tf.sqrt(largest_first[k])
-        clipped = clip(per_replica, squared, threshold, self.jit_compile)
-        return self.inner_rule(n).apply(clipped, state)
+        return Transformed(clip(per_replica, squared, threshold, self.jit_compile))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "jit_compile": self.jit_compile}

@@ -65,9 +65,16 @@ class Aggregator:
     `self.num_byzantine`). A rule built with its own `num_byzantine` must agree
     with the strategy's.
 
-    Subclasses implement `aggregate(per_replica)`, or `apply(per_replica,
-    state)` when they keep state between steps or report diagnostics; they
-    never edit their inputs.
+    What a rule overrides: `aggregate(per_replica)`, or `apply(per_replica,
+    state)` and `initial_state(specs)` when it keeps state between steps or
+    reports diagnostics (never editing its inputs); `check` for its
+    condition on n and f, and `get_config` for its arguments. The rest
+    (`bind`, `step`, `reduce`, `apply_step`, `reduce_sparse`) adapts the
+    rule to the strategy: built-in rules override `step` and `apply_step`
+    only to fuse passes (the mean over sparse rows, the order statistics'
+    masking and scaling). In a strategy the rule is the last stage of the
+    gradient path (`keras_psdist.gradients`), after worker momentum, an
+    attack and the pre-aggregations.
 
     Args:
         num_byzantine: The *f* this rule is configured for, or `None` to take
@@ -201,13 +208,6 @@ class Aggregator:
         """
         return ()
 
-    def state_devices(self, state: Any) -> Any:
-        """Where each part of `state` lives between steps: a device name, or
-        `None` for the reduction device (every part, unless a rule keeps
-        per-replica state, as `WorkerMomentum` does). Same structure as
-        `state`."""
-        return tf.nest.map_structure(lambda _: None, state)
-
     # ---------------------------------------------- tf.distribute adapters
 
     def reduce(
@@ -255,7 +255,7 @@ class Aggregator:
         # once when the rule allows, else each replica's values.
         scale_result = reduce_op == ReduceOp.SUM and self.scale_equivariant
         if reduce_op == ReduceOp.SUM and not scale_result:
-            per_replica = [[_scale(v, n) for v in vs] for vs in per_replica]
+            per_replica = [[times(v, n) for v in vs] for vs in per_replica]
         blocks = [sparse_lib.to_dense_rows(vs) for vs in per_replica]
         has_data = None
         if shares is not None:
@@ -297,11 +297,11 @@ class Aggregator:
             `apply`'s `Aggregation`, its values multiplied by `scale`.
         """
         if has_data is not None:
-            per_replica = _mask_replicas_without_data(per_replica, has_data)
+            per_replica = mask_replicas_without_data(per_replica, has_data)
         result = self.apply(per_replica, state)
         if scale is None:
             return result
-        return result._replace(values=[_scale(v, scale) for v in result.values])
+        return result._replace(values=[times(v, scale) for v in result.values])
 
     def reduce_sparse(
         self,
@@ -369,7 +369,7 @@ def weighted_sum(column: Sequence[tf.Tensor], shares: Sequence[tf.Tensor]) -> tf
     return tf.add_n(terms)
 
 
-def _mask_replicas_without_data(dense, has_data):
+def mask_replicas_without_data(dense, has_data):
     """Zeros for replicas without data (their values may be NaN).
 
     Every replica has data in all but a partial last batch, so the masking
@@ -385,7 +385,7 @@ def _mask_replicas_without_data(dense, has_data):
     return tf.cond(tf.reduce_all(has_data), lambda: dense, masked)
 
 
-def _scale(value, n):
+def times(value, n):
     if isinstance(value, tf.IndexedSlices):
         return tf.IndexedSlices(
             value.values * tf.cast(n, value.values.dtype),

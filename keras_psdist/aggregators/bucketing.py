@@ -9,9 +9,9 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist.aggregators import combine
-from keras_psdist.aggregators.base import Aggregation, Aggregator
+from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.aggregators.configs import check_bool
-from keras_psdist.aggregators.pre_aggregation import PreAggregation
+from keras_psdist.aggregators.pre_aggregation import PreAggregation, Transformed
 
 
 class Bucketing(PreAggregation):
@@ -114,9 +114,7 @@ class Bucketing(PreAggregation):
                 f"num_byzantine. (The inner rule says: {error})"
             ) from None
 
-    def apply(
-        self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
-    ) -> Aggregation:
+    def transform(self, per_replica: Sequence[Sequence[tf.Tensor]]) -> Transformed:
         n = len(per_replica[0])
         order = tf.random.shuffle(tf.range(n), seed=self.seed)
         # bucket_of[r]: the bucket replica r falls in.
@@ -124,11 +122,7 @@ class Bucketing(PreAggregation):
         means = combine.bucket_means(
             per_replica, order, self.bucket_size, self.jit_compile
         )
-        result = self.inner_rule(n).apply(means, state)
-        report = {
-            name: tf.gather(value, bucket_of) for name, value in result.report.items()
-        }
-        return Aggregation(result.values, report, result.state)
+        return Transformed(means, bucket_of)
 
     def get_config(self) -> dict[str, Any]:
         return {

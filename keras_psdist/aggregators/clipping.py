@@ -10,9 +10,9 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist.aggregators import combine, distances
-from keras_psdist.aggregators.base import Aggregation, Aggregator
+from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.aggregators.configs import check_bool
-from keras_psdist.aggregators.pre_aggregation import PreAggregation
+from keras_psdist.aggregators.pre_aggregation import PreAggregation, Transformed
 
 
 class Clipping(PreAggregation):
@@ -100,13 +100,9 @@ class Clipping(PreAggregation):
         self.threshold = float(threshold)
         self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
-    def apply(
-        self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
-    ) -> Aggregation:
-        n = len(per_replica[0])
+    def transform(self, per_replica: Sequence[Sequence[tf.Tensor]]) -> Transformed:
         squared = distances.squared_norms(per_replica)
-        clipped = clip(per_replica, squared, self.threshold, self.jit_compile)
-        return self.inner_rule(n).apply(clipped, state)
+        return Transformed(clip(per_replica, squared, self.threshold, self.jit_compile))
 
     def get_config(self) -> dict[str, Any]:
         return {

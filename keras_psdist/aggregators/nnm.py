@@ -15,7 +15,7 @@ from keras_psdist.aggregators.order_statistics import (
     sort_columns,
     sum_without_extremes,
 )
-from keras_psdist.aggregators.pre_aggregation import PreAggregation
+from keras_psdist.aggregators.pre_aggregation import PreAggregation, Transformed
 
 
 class NearestNeighborMixing(PreAggregation):
@@ -93,9 +93,20 @@ class NearestNeighborMixing(PreAggregation):
         super().check(num_replicas, num_byzantine)
         check_honest_majority(self, num_replicas, num_byzantine)
 
-    def apply(
-        self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
-    ) -> Aggregation:
+    @property
+    def runs_with_inner(self) -> bool:
+        """Whether the mixing may run inside the inner rule's kernel (see
+        the class docstring): the gradient path keeps them as one stage."""
+        return _fusable(self.aggregator, [], self.f)
+
+    def transform(self, per_replica: Sequence[Sequence[tf.Tensor]]) -> Transformed:
+        """The mixed replicas, by the product with the weight matrix."""
+        geom, weights, _, _ = self._neighbours(per_replica)
+        return Transformed(combine.matmul_sums(per_replica, weights, geom.finite))
+
+    def _neighbours(self, per_replica):
+        """The replicas' geometry, the `[n, n]` mixing weights, each row's
+        neighbours (bool) and the ranks of the distances."""
         n = len(per_replica[0])
         size = n - self.f
         geom = distances.geometry(per_replica)
@@ -103,6 +114,14 @@ class NearestNeighborMixing(PreAggregation):
         # Weight 0 for a non-finite column: its values count as zeros.
         near = tf.logical_and(ranks < size, geom.finite[None, :])
         weights = tf.cast(near, tf.float32) / float(size)
+        return geom, weights, near, ranks
+
+    def apply(
+        self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
+    ) -> Aggregation:
+        n = len(per_replica[0])
+        size = n - self.f
+        geom, weights, near, ranks = self._neighbours(per_replica)
         inner = self.inner_rule(n)
 
         def mixed_by_product():

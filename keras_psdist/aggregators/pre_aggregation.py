@@ -1,28 +1,46 @@
-"""The base of the pre-aggregation wrappers (NNM, bucketing, clipping, ARC).
+"""The base of the pre-aggregations (NNM, bucketing, clipping, ARC).
 
-A wrapper transforms the n replicas' values into new ones (mixed with their
-neighbours, averaged in buckets, or clipped) and hands them to an inner rule,
-which it holds, binds, serializes and whose report and state it passes on.
+A pre-aggregation transforms the n replicas' values into new ones (mixed
+with their neighbours, averaged in buckets, or clipped): its `transform`.
+Written in a configuration before a rule (`"nnm>median"`), it holds that
+rule as its inner aggregator, which it binds, serializes and whose report
+and state it passes on. In the strategy's gradient path
+(`keras_psdist.gradients`) it is one stage, its inner rule the next.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from keras_psdist.aggregators.base import Aggregator
+from keras_psdist.aggregators.base import Aggregation, Aggregator
 from keras_psdist.families import AGGREGATORS
+
+
+class Transformed(NamedTuple):
+    """What a pre-aggregation made of the replicas' values.
+
+    Attributes:
+        values: `values[v][k]`, the k-th value the inner rule aggregates for
+            variable v.
+        replica_index: int32 `[n]`, which of them stands for replica r (the
+            inner rule's report on it is replica r's), or `None` when value
+            r stands for replica r.
+    """
+
+    values: list[list[tf.Tensor]]
+    replica_index: tf.Tensor | None = None
 
 
 class PreAggregation(Aggregator):
     """An `Aggregator` that runs an inner rule on transformed values.
 
-    Subclasses implement `inner_replicas(n)` (how many values the inner rule
-    sees) and `apply`, calling `inner_rule(n)` for the inner rule with the
-    wrapper's f.
+    Subclasses implement `transform` (their own work, with the wrapper's f)
+    and, when the inner rule sees another number of values,
+    `inner_replicas(n)`.
 
     Args:
         aggregator: The inner rule: a string id, a config dict or an
@@ -34,7 +52,15 @@ class PreAggregation(Aggregator):
     Attributes:
         aggregator: The inner rule (bound once the wrapper is bound).
         report_names: The inner rule's.
+        pre_aggregation: True: a configuration writes it before a rule
+            (`keras_psdist.spelling`); a user's subclass registered with
+            `aggregators.register` is spelled so too.
+        runs_with_inner: True when it computes with its inner rule in one
+            kernel (NNM with an order-statistics rule), or implements only
+            `apply`: the gradient path then keeps the two as one stage.
     """
+
+    pre_aggregation = True
 
     def __init__(
         self,
@@ -86,6 +112,31 @@ class PreAggregation(Aggregator):
         inner.num_byzantine = self.f
         return inner
 
+    @property
+    def runs_with_inner(self) -> bool:
+        # A subclass written before `transform` existed runs its inner rule
+        # in its own `apply`.
+        return type(self).transform is PreAggregation.transform
+
+    def transform(self, per_replica: Sequence[Sequence[tf.Tensor]]) -> Transformed:
+        """The values the inner rule aggregates, from the replicas'.
+
+        Args:
+            per_replica: Dense true-scale values, `per_replica[v][r]`.
+
+        Returns:
+            A `Transformed`: new tensors, the inputs left as they are.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement `transform`.")
+
+    def apply(
+        self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
+    ) -> Aggregation:
+        n = len(per_replica[0])
+        out = self.transform(per_replica)
+        result = self.inner_rule(n).apply(out.values, state)
+        return result._replace(report=index_report(result.report, out.replica_index))
+
     def initial_state(self, specs: Sequence[tf.TensorSpec]) -> Any:
         return self.aggregator.initial_state(specs)
 
@@ -101,3 +152,11 @@ class PreAggregation(Aggregator):
         if isinstance(config.get("aggregator"), dict):
             config["aggregator"] = AGGREGATORS.deserialize(config["aggregator"])
         return super().from_config(config)
+
+
+def index_report(report: dict[str, tf.Tensor], replica_index: tf.Tensor | None):
+    """An inner rule's report, per replica: entry r is that of the value
+    standing for replica r (`Transformed.replica_index`)."""
+    if replica_index is None:
+        return report
+    return {name: tf.gather(value, replica_index) for name, value in report.items()}

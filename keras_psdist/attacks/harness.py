@@ -61,16 +61,14 @@ class UnderAttack(Aggregator):
     def apply(
         self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
     ) -> Aggregation:
-        if isinstance(self.attack, AdaptiveAttack):
-            # The attack tries candidates against the rule as it will run
-            # this step: same state, output values only.
-            attacked = self.attack.apply(
-                per_replica,
-                rule=lambda values: self.aggregator.apply(values, state).values,
-            )
-        else:
-            attacked = self.attack.apply(per_replica)
-        return self.aggregator.apply(attacked, state)
+        # The attack tries candidates against the rule as it will run this
+        # step: same state, output values only.
+        values = attacked(
+            self.attack,
+            per_replica,
+            lambda values: self.aggregator.apply(values, state).values,
+        )
+        return self.aggregator.apply(values, state)
 
     def initial_state(self, specs: Sequence[tf.TensorSpec]) -> Any:
         return self.aggregator.initial_state(specs)
@@ -80,6 +78,25 @@ class UnderAttack(Aggregator):
 
     def __repr__(self) -> str:
         return f"UnderAttack({self.aggregator!r}, {self.attack!r})"
+
+
+def attacked(
+    attack: Attack,
+    per_replica: Sequence[Sequence[tf.Tensor]],
+    rule: Callable[[list[list[tf.Tensor]]], list[tf.Tensor]],
+) -> list[list[tf.Tensor]]:
+    """The values `attack` leaves of the replicas' (dense, true scale).
+
+    Args:
+        attack: The attack.
+        per_replica: `per_replica[v][r]`.
+        rule: What runs after the attack this step, values in, aggregate
+            out: an adaptive attack (`AdaptiveAttack`) tries its candidates
+            against it; others ignore it.
+    """
+    if isinstance(attack, AdaptiveAttack):
+        return attack.apply(per_replica, rule=rule)
+    return attack.apply(per_replica)
 
 
 def corrupting_batches(

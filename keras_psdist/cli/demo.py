@@ -75,7 +75,8 @@ def run_demo(
         epochs: Number of training epochs.
         batch_size: Global batch size (any size; an uneven split over the
             replicas is weighted exactly).
-        aggregator: Name of the gradient aggregation rule, e.g. `"mean"`.
+        aggregator: The gradient aggregation rule or configuration, e.g.
+            `"mean"`, `"nnm>trimmed_mean+wm"` (`keras_psdist.spelling`).
         seed: Random seed for weight initialization and shuffling.
         num_byzantine: Replicas that may be faulty (the rule's f), and with
             `attack` the replicas that attack. With `"mean"`, which guards
@@ -96,6 +97,7 @@ def run_demo(
     import keras
 
     import keras_psdist
+    from keras_psdist import spelling
 
     keras.utils.set_random_seed(seed)
     x_train, y_train, x_test, y_test = load_digits_split()
@@ -110,7 +112,9 @@ def run_demo(
         if attack == "gaussian_noise":
             config["seed"] = seed
         attack_config = {"class_name": attack, "config": config}
-    undefended = aggregator == "mean" and attack_config is not None
+    undefended = (
+        spelling.parse(aggregator).stages == ("mean",) and attack_config is not None
+    )
     verbosity = absl_logging.get_verbosity()
     if undefended:  # The `baseline:` line below says it, for this run.
         absl_logging.set_verbosity(absl_logging.ERROR)
@@ -131,7 +135,13 @@ def run_demo(
         + (
             "mean, undefended (it guards against no replica)"
             if undefended
-            else repr(strategy.extended.aggregator)
+            else keras_psdist.aggregators.spell(strategy.extended.aggregator)
+            + (
+                f"+wm{strategy.extended.worker_momentum}"
+                if strategy.extended.worker_momentum
+                else ""
+            )
+            + f" ({strategy.extended.aggregator!r})"
         )
     )
     if strategy.extended.attack is not None:

@@ -18,6 +18,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags  # noqa: E402
 
+from keras_psdist import spelling  # noqa: E402
 from keras_psdist.cluster.launcher import banner  # noqa: E402
 from keras_psdist.cluster.mode_names import (  # noqa: E402
     IN_GRAPH,
@@ -44,7 +45,9 @@ flags.DEFINE_string(
     "aggregator",
     "mean",
     "Gradient aggregation rule used across replicas, one of: "
-    f"{', '.join(AGGREGATOR_IDS)} (see keras_psdist.aggregators).",
+    f"{', '.join(AGGREGATOR_IDS)} (see keras_psdist.aggregators); or a "
+    "configuration, [pre-aggregation>...>]rule[+wm[BETA]], e.g. "
+    "nnm>trimmed_mean, arc>median+wm (see keras_psdist.spelling).",
 )
 flags.DEFINE_integer(
     "num_byzantine",
@@ -263,9 +266,12 @@ def demo_command(args: Sequence[str] = ()) -> int:
     """Train a small MLP on the bundled digits dataset with PSStrategy."""
     for name in ("replicas", "epochs", "batch_size", "num_byzantine", "seed"):
         _check_minimum(name)
-    for registry, given in ((AGGREGATORS, FLAGS.aggregator), (ATTACKS, FLAGS.attack)):
-        if given and given not in registry.names():
-            raise _CliError(registry.unknown_message(given))
+    try:
+        spelling.parse(FLAGS.aggregator)
+    except ValueError as e:
+        raise _CliError(str(e)) from e
+    if FLAGS.attack and FLAGS.attack not in ATTACKS.names():
+        raise _CliError(ATTACKS.unknown_message(FLAGS.attack))
     if FLAGS.attack and not FLAGS.num_byzantine:
         raise _CliError(
             "`--attack` needs the attacked replicas: set --num-byzantine to how "

@@ -1,10 +1,13 @@
 """The gradient reduction of a step: aggregator, attack, state and report.
 
 `PSExtended` hands every all-reduce of gradients to a `GradientReduction`,
-which runs `Aggregator.step` on the reduction device and keeps, between steps,
+which runs the gradient path (`keras_psdist.gradients.gradient_path`: worker
+momentum, attack, pre-aggregations, rule, as configured) on the reduction
+device and keeps, between steps,
 
-- the rule's state (centered clipping's center) in variables created the first
-  time a step is traced, one set per input signature, and
+- the path's state (each replica's momentum, centered clipping's center) in
+  variables created from the chain's `init` the first time a step is traced,
+  one set per input signature, and
 - the rule's per-replica report (Krum's `selected`, the trimmed fraction, ...)
   in variables that a callback or the user reads after each step
   (`keras_psdist.callbacks.AggregationReport`, `strategy.extended.report()`).
@@ -27,9 +30,7 @@ import tensorflow as tf
 
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.aggregators.base import Aggregator, column_spec
-from keras_psdist.aggregators.mean import Mean
-from keras_psdist.aggregators.momentum import MomentumState, WorkerMomentum
-from keras_psdist.attacks.harness import UnderAttack
+from keras_psdist.gradients import Replicas, gradient_path, is_plain_mean
 
 
 class ReductionState(tf.Module):
@@ -46,7 +47,7 @@ class ReductionState(tf.Module):
 
 
 class GradientReduction:
-    """Runs an aggregator's steps inside a strategy.
+    """Runs the gradient path's steps inside a strategy.
 
     Args:
         aggregator: The bound rule (see `Aggregator.bind`).
@@ -79,15 +80,17 @@ class GradientReduction:
         self.aggregator = aggregator
         self.attack = attack
         self.worker_momentum = worker_momentum
-        # What runs each step: the rule, behind the attack if there is one.
-        self._rule = aggregator if attack is None else UnderAttack(aggregator, attack)
-        if worker_momentum:
-            self._rule = WorkerMomentum(
-                self._rule, worker_momentum, devices=replica_devices
-            )
+        # What runs each step, as one chain of stages.
+        self.path = gradient_path(
+            aggregator,
+            num_replicas=num_replicas,
+            attack=attack,
+            worker_momentum=worker_momentum,
+            replica_devices=replica_devices,
+        )
         self._device = device
         self._num_replicas = num_replicas
-        spread = self._rule.per_variable
+        spread = self.path.per_variable
         self._spread_devices = tuple(spread_devices) if spread else ()
         self._states: dict[tuple, Any] = {}
         self.state = ReductionState()
@@ -110,29 +113,15 @@ class GradientReduction:
             return self._spread(reduce_op, per_replica, shares)
         with tf.device(self._device):
             state_vars = self._state_variables(per_replica)
-            if isinstance(self._rule, WorkerMomentum):
-                # The momenta are updated in place; the rest is written below.
-                state_vars = MomentumState(*state_vars)
-                result = self._rule.step_on_variables(
-                    reduce_op,
-                    per_replica,
-                    shares=shares,
-                    momenta=state_vars.momenta,
-                    inner_state=_read(state_vars.inner),
-                )
-                state_vars = state_vars.inner
-            else:
-                result = self._rule.step(
-                    reduce_op, per_replica, shares=shares, state=_read(state_vars)
-                )
-            # The writes gate nothing: a step function runs every one of them
-            # anyway (automatic control dependencies, which also order them
-            # against the next step's reads), so the optimizer's update does
-            # not wait for the state and the report to be stored.
-            for var, value in zip(
-                tf.nest.flatten(state_vars), tf.nest.flatten(result.state), strict=True
-            ):
-                var.assign(tf.cast(value, var.dtype))
+            # Each stage reads its state and writes the next (worker
+            # momentum in place); the writes gate nothing: a step function
+            # runs every one of them anyway (automatic control dependencies,
+            # which also order them against the next step's reads), so the
+            # optimizer's update does not wait for the state and the report
+            # to be stored.
+            result = self.path.apply_in_place(
+                Replicas(per_replica, reduce_op, shares), state_vars
+            )
             for name, value in result.report.items():
                 if name not in self._report:
                     raise ValueError(
@@ -148,8 +137,10 @@ class GradientReduction:
         groups = _balance_by_bytes(per_replica, self._spread_devices)
         for device, indices in groups.items():
             with tf.device(device):
-                result = self._rule.step(
-                    reduce_op, [per_replica[i] for i in indices], shares=shares
+                columns = [per_replica[i] for i in indices]
+                specs = [column_spec(column) for column in columns]
+                result, _ = self.path.apply(
+                    Replicas(columns, reduce_op, shares), self.path.init(specs)
                 )
                 for i, value in zip(indices, result.values, strict=True):
                     out[i] = _identity(value)
@@ -159,7 +150,7 @@ class GradientReduction:
     def is_plain_mean(self) -> bool:
         """Whether each step is the `mean` of the gradients as they are (no
         attack, no worker momentum): an all-reduce computes it anywhere."""
-        return type(self._rule) is Mean
+        return is_plain_mean(self.path)
 
     def report(self) -> dict[str, np.ndarray]:
         """The last step's per-replica report, `name -> array of shape [n]`."""
@@ -174,21 +165,16 @@ class GradientReduction:
         specs = tuple(column_spec(column) for column in per_replica)
         if specs not in self._states:
             with tf.init_scope():
-                initial = self._rule.initial_state(list(specs))
+                initial = self.path.init(list(specs))
             self._states[specs] = tf.nest.map_structure(
                 lambda t, device: _bookkeeping_variable(
                     t, device or self._device, "aggregator_state"
                 ),
                 initial,
-                self._rule.state_devices(initial),
+                self.path.state_devices(initial),
             )
             self.state.kept.extend(tf.nest.flatten(self._states[specs]))
         return self._states[specs]
-
-
-def _read(variables):
-    """The values of a structure of variables, same structure."""
-    return tf.nest.map_structure(lambda v: v.read_value(), variables)
 
 
 def _balance_by_bytes(per_replica, devices):

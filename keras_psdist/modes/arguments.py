@@ -17,9 +17,9 @@ from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
 from keras_psdist import devices as devices_lib
+from keras_psdist import gradients, synchronization
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
-from keras_psdist import synchronization
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.aggregators.momentum import check_beta
 from keras_psdist.cluster import runtime
@@ -73,7 +73,9 @@ class Arguments:
         )
         if self.num_byzantine is not None:
             check_count("num_byzantine", self.num_byzantine, minimum=0)
-        aggregator = aggregators_lib.get(self.aggregator)
+        aggregator, worker_momentum = gradients.configure(
+            self.aggregator, worker_momentum
+        )
         if self.max_staleness is not None:
             check_count("max_staleness", self.max_staleness, minimum=0)
         return dataclasses.replace(

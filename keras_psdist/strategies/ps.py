@@ -43,8 +43,9 @@ class PSStrategy(distribute_lib.Strategy):
             `(name, shape, dtype) -> device` returning one of
             `parameter_devices`. Defaults to `"greedy"`.
         aggregator: How per-replica gradients become one: a string id, a
-            config dict or a `keras_psdist.aggregators.Aggregator`. Defaults
-            to `"mean"`.
+            configuration (`"nnm>trimmed_mean"`, `"arc>median+wm"`, see
+            `keras_psdist.spelling`), a config dict or a
+            `keras_psdist.aggregators.Aggregator`. Defaults to `"mean"`.
         num_byzantine: How many replicas may be faulty (the papers' *f*);
             robust rules guard against this many, and each rule's condition
             on the replica count and f is checked when the strategy is

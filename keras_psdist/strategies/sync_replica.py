@@ -52,8 +52,9 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             `total_num_replicas`.
         total_num_replicas: The number of worker processes (tasks of jobs
             `chief` and `worker`); given, it is checked against the cluster.
-        aggregator: The rule over the workers' gradients: a string id, config
-            dict or `keras_psdist.aggregators.Aggregator`. Its condition on n
+        aggregator: The rule over the workers' gradients: a string id, a
+            configuration (`"nnm>trimmed_mean"`, see `keras_psdist.spelling`),
+            config dict or `keras_psdist.aggregators.Aggregator`. Its condition on n
             and f is checked with n = `replicas_to_aggregate`. Defaults to
             `"mean"`.
         num_byzantine: How many workers may be faulty. Defaults to the
