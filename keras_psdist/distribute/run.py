@@ -43,7 +43,7 @@ class Run:
             them itself).
         dense: Which trainable variables are replicated and all-reduced
             instead of kept on a parameter device (see
-            `keras_psdist.synchronization.get_chooser`).
+            `keras_psdist.dense_choice.get_chooser`).
     """
 
     topology: Topology

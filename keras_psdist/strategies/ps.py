@@ -8,10 +8,10 @@ from typing import Any
 from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
+from keras_psdist import dense_choice
 from keras_psdist import devices as devices_lib
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
-from keras_psdist import synchronization
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.aggregators.momentum import check_beta
@@ -42,7 +42,8 @@ class PSStrategy(distribute_lib.Strategy):
             CPU, or to the GPU when there is exactly one compute GPU.
         placement: `"greedy"` (the least-loaded parameter device by bytes, as
             AutoDist's load balancer), `"round_robin"` (as TF1's
-            `replica_device_setter`), or a callable
+            `replica_device_setter`), a config dict or a
+            `keras_psdist.placement.PlacementPolicy`, or a callable
             `(name, shape, dtype) -> device` returning one of
             `parameter_devices`. Defaults to `"greedy"`.
         aggregator: How per-replica gradients become one: a string id, a
@@ -109,7 +110,8 @@ class PSStrategy(distribute_lib.Strategy):
         partitioner: Splits large variables (embedding tables) into shards of
             consecutive rows, each placed on a parameter device by
             `placement`: a `keras_psdist.partitioners` object (`Fixed`,
-            `MinSize`, `MaxSize`), a TF
+            `MinSize`, `MaxSize`) or its config dict
+            (`{"class_name": "fixed", "config": {"num_shards": 2}}`), a TF
             `tf.distribute.experimental.partitioners.*`, or a callable
             `(shape, dtype) -> list[int]`. Lookups read only the touched rows
             from the shards that own them; updates run on each shard's
@@ -122,8 +124,9 @@ class PSStrategy(distribute_lib.Strategy):
             embedding tables (and variables the partitioner splits) stay on
             the parameter devices: the Parallax hybrid. `"auto"`: per
             variable, whichever moves fewer bytes per step, logged with the
-            reason (`keras_psdist.synchronization.AutoChoice`;
-            `strategy.extended.dense_decisions`). Or a callable
+            reason (`keras_psdist.dense_choice.AutoChoice`;
+            `strategy.extended.dense_decisions`). Or a config dict, a
+            `keras_psdist.dense_choice.DenseChoice`, or a callable
             `(name, shape, dtype) -> "ps" | "all_reduce" | "auto"` per
             variable (`"auto"`: leave that one to the automatic choice).
             Replication needs one host or `mode="in-graph"`. See
@@ -155,7 +158,7 @@ class PSStrategy(distribute_lib.Strategy):
         self,
         devices: Sequence[str] | None = None,
         parameter_devices: Sequence[str] | None = None,
-        placement: str | placement_lib.PlacementFn = "greedy",
+        placement: str | dict[str, Any] | placement_lib.PlacementFn = "greedy",
         aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean",
         num_byzantine: int | None = None,
         attack: Any = None,
@@ -168,9 +171,9 @@ class PSStrategy(distribute_lib.Strategy):
         init_timeout: float = 120.0,
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
-        dense: str | synchronization.ChooserFn = "ps",
+        dense: str | dict[str, Any] | dense_choice.ChooserFn = "ps",
     ):
-        synchronization.get_chooser(dense)
+        choice = dense_choice.get(dense)
         devices_lib.canonical_names(devices, "devices")
         partitioner, aggregator, worker_momentum = check_shared_arguments(
             parameter_devices=parameter_devices,
@@ -196,9 +199,8 @@ class PSStrategy(distribute_lib.Strategy):
                     f"max_staleness={max_staleness}. For synchronous training "
                     "with backup workers use SyncReplicaStrategy."
                 )
-        if mode == "between-graph" and dense not in (
-            synchronization.PS,
-            synchronization.AUTO,
+        if mode == "between-graph" and not isinstance(
+            choice, (dense_choice.AllOnPS, dense_choice.AutoChoice)
         ):
             raise ValueError(
                 f"dense={dense!r} replicates variables on the replicas, which "
@@ -320,13 +322,9 @@ def check_shared_arguments(
 
 
 def check_placement(placement: Any) -> None:
-    """Raises `ValueError` unless `placement` names a policy or is callable."""
-    if not callable(placement) and placement not in placement_lib.POLICIES:
-        raise ValueError(
-            f"Unknown placement {placement!r}. Expected one of: "
-            f"{', '.join(placement_lib.POLICIES)}, or a callable "
-            "(name, shape, dtype) -> device."
-        )
+    """Raises `ValueError` unless `placement` names a policy (an id, a
+    config dict, a policy) or is callable."""
+    placement_lib.get(placement)
 
 
 def check_seconds(**durations: Any) -> None:
