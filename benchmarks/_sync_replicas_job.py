@@ -3,12 +3,12 @@
 Run on every worker task by `keras_psdist.cluster.launch(mode="between-graph")`
 (its TF_CONFIG says which task it is)::
 
-    python benchmarks/_sync_replicas_job.py --out-dir DIR
-        --replicas-to-aggregate R [--sleep S] [--seconds T]
+    python benchmarks/_sync_replicas_job.py --out-dir DIR --num-workers W
+        --straggler I --replicas-to-aggregate R [--sleep S] [--seconds T]
         [--warmup-steps N] [--batch B] [--seed SEED]
 
 It trains the digits MLP under `SyncReplicaStrategy(replicas_to_aggregate=R)`
-until the chief's measured window closes, worker `STRAGGLER` sleeping `S` s
+until the chief's measured window closes, worker `I` sleeping `S` s
 after each step, and writes `DIR/worker_<i>.json`: its step-end times and CPU
 times, and on the chief the window's two `counts()` reads.
 """
@@ -26,8 +26,6 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-NUM_WORKERS = 3
-STRAGGLER = 2  # worker index; worker 0 is the chief
 TRAIN_EXAMPLES = 1500  # of digits' 1,797; the rest is held out
 # A bound, not a target: workers stop when the chief's window closes.
 MAX_STEPS = 1_000_000
@@ -60,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
         topology.is_chief,
         args.warmup_steps,
         args.seconds,
+        args.num_workers,
     )
     callbacks = [clock]
-    straggler = worker == STRAGGLER and args.sleep > 0
+    straggler = worker == args.straggler and args.sleep > 0
     if straggler:
         callbacks.append(_make_straggler()(args.sleep))
     fit_start = time.time()
@@ -156,7 +155,9 @@ def _make_window_clock():
         `seconds` later, then touches `done` and stops.
         """
 
-        def __init__(self, training, out_dir, worker, is_chief, warmup_steps, seconds):
+        def __init__(
+            self, training, out_dir, worker, is_chief, warmup_steps, seconds, workers
+        ):
             super().__init__()
             self.training = training
             self.out_dir = out_dir
@@ -164,6 +165,7 @@ def _make_window_clock():
             self.is_chief = is_chief
             self.warmup_steps = warmup_steps
             self.seconds = seconds
+            self.workers = workers
             self.step_ends: list[float] = []
             self.step_ends_cpu: list[float] = []
             self.warm_wall = None
@@ -189,7 +191,7 @@ def _make_window_clock():
         def _chief(self, now):
             if self.window is None:
                 if all(
-                    (self.out_dir / f"warm_{w}").exists() for w in range(NUM_WORKERS)
+                    (self.out_dir / f"warm_{w}").exists() for w in range(self.workers)
                 ):
                     self.window = {
                         "start": self._read(),
@@ -237,6 +239,10 @@ def _make_straggler():
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--num-workers", type=int, required=True)
+    parser.add_argument(
+        "--straggler", type=int, required=True, help="its worker index (0: chief)"
+    )
     parser.add_argument("--replicas-to-aggregate", type=int, required=True)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -26,8 +26,8 @@ Three things, in one run, on the MLP of ``benchmarks/strategies.py``
 
    * **tf_keras PSS**: tf_keras (Keras 2) ``model.fit`` under
      ``tf.distribute.ParameterServerStrategy``, this script's child as the
-     coordinator (``benchmarks/_tf_keras_ps.py``, where TensorFlow's tutorial
-     is quoted): ``compile(steps_per_execution=--steps-per-execution)``
+     coordinator (``benchmarks/harness/tf_keras_ps.py``, where TensorFlow's
+     tutorial is quoted): ``compile(steps_per_execution=--steps-per-execution)``
      (default 10), ``tf_keras.optimizers.legacy.Adam``, input from a
      ``DatasetCreator(dataset_fn)`` of a repeated dataset with
      ``steps_per_epoch``, as ``fit`` requires there;
@@ -132,7 +132,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import _tf_keras_ps
 import harness
 from harness import (
     RunFailed,
@@ -142,6 +141,7 @@ from harness import (
     read_reports,
     run_dir,
     run_process,
+    tf_keras_ps,
     use_checkout,
 )
 from harness import fmt as _fmt
@@ -175,7 +175,7 @@ BARRIER_TIMEOUT_S = 120.0
 def _child_main(args: argparse.Namespace) -> int:
     """What a child process does: build, warm up, time, write its JSON."""
     import keras
-    import strategies  # benchmarks/strategies.py: same model and data
+    from harness import mlp  # the MLP and data of strategies.py
 
     import keras_psdist as kpd
 
@@ -192,16 +192,16 @@ def _child_main(args: argparse.Namespace) -> int:
     workers = topology.num_training_processes
     index = topology.worker_index
 
-    model = strategies.build_model(
+    model = mlp.build_model(
         strategy, args.seed, steps_per_execution=args.steps_per_execution
     )
     if args.finite:
         # Exactly `steps` global batches: every epoch builds its own iterator,
         # as a user's `fit(x, y)` does.
-        x, y = strategies.make_arrays(args.steps * args.batch, args.seed)
+        x, y = mlp.make_arrays(args.steps * args.batch, args.seed)
         data = {"x": x, "y": y, "batch_size": args.batch}
     else:
-        dataset = strategies.make_dataset(args.batch, args.seed)
+        dataset = mlp.make_dataset(args.batch, args.seed)
         data = {"x": dataset, "steps_per_epoch": args.steps}
 
     barrier = None
@@ -458,7 +458,7 @@ def _vs_tf_keras_run(work: Path, args, steps: int, key: str, r: int) -> dict:
     _log(f"vs tf_keras, {steps}-step epochs, round {r + 1}: {key} ...")
     if key == "tf_keras":
         # One step is one worker's batch: twice the steps for the same examples.
-        result = _tf_keras_ps.run(
+        result = tf_keras_ps.run(
             work,
             num_workers=VS_WORKERS,
             num_ps=VS_PS,
@@ -818,9 +818,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--steps-per-execution",
         type=harness.positive,
-        default=_tf_keras_ps.STEPS_PER_EXECUTION,
+        default=tf_keras_ps.STEPS_PER_EXECUTION,
         help="steps_per_execution of every side of the tf_keras comparison "
-        f"(default {_tf_keras_ps.STEPS_PER_EXECUTION}, as TensorFlow's "
+        f"(default {tf_keras_ps.STEPS_PER_EXECUTION}, as TensorFlow's "
         "parameter-server tutorial)",
     )
     parser.add_argument("--finite", action="store_true", help=argparse.SUPPRESS)

@@ -33,9 +33,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
-import strategies as bench  # noqa: E402  (sets TF env vars before importing TF)
-from harness import Column, format_row, text_table  # noqa: E402
+
+# `mlp` sets TensorFlow's environment variables before importing it.
+from harness import Column, format_row, mlp, text_table  # noqa: E402
 from tensorflow.python.eager import context  # noqa: E402
+
+from keras_psdist.devices import split_host_cpu  # noqa: E402
 
 
 def _train_tf_function(model):
@@ -52,8 +55,8 @@ def _short_device(name: str) -> str:
 
 
 def analyze(name: str, devices: list[str], dataset, args) -> dict:
-    strategy = bench.make_strategy(name, devices)
-    model = bench.build_model(strategy, args.seed, jit_compile=name.endswith("_xla"))
+    strategy = mlp.make_strategy(name, devices)
+    model = mlp.build_model(strategy, args.seed, jit_compile=name.endswith("_xla"))
     model.fit(dataset, epochs=1, steps_per_epoch=2, verbose=0, shuffle=False)
 
     fn = _train_tf_function(model)
@@ -113,7 +116,7 @@ def format_report(results: dict) -> str:
     ]
     rows = []
     for name, r in results.items():
-        label = bench.LABELS[name]
+        label = mlp.LABELS[name]
         if "error" in r:
             rows.append(f"{format_row(columns, [label])} failed: {r['error']}")
             continue
@@ -172,23 +175,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=harness.positive, default=256)
     parser.add_argument(
         "--strategies",
-        type=harness.name_list(bench.STRATEGIES, "strategies"),
-        default=list(bench.DEFAULT_STRATEGIES),
+        type=harness.name_list(mlp.STRATEGIES, "strategies"),
+        default=list(mlp.DEFAULT_STRATEGIES),
     )
     args = parser.parse_args(argv)
 
-    devices = bench.split_host_cpu(args.replicas)
-    dataset = bench.make_dataset(args.batch, args.seed)
+    devices = split_host_cpu(args.replicas)
+    dataset = mlp.make_dataset(args.batch, args.seed)
     results = {}
     for name in args.strategies:
-        harness.log(f"analyzing {bench.LABELS[name]} ...")
+        harness.log(f"analyzing {mlp.LABELS[name]} ...")
         try:
             results[name] = analyze(name, devices, dataset, args)
         except Exception as e:  # noqa: BLE001 - report and go on
             results[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
     print(
-        f"train-step graph size: MLP {bench.INPUT_DIM}-{bench.HIDDEN}-{bench.HIDDEN}-"
-        f"{bench.NUM_CLASSES}, adam, batch {args.batch}, "
+        f"train-step graph size: MLP {mlp.INPUT_DIM}-{mlp.HIDDEN}-{mlp.HIDDEN}-"
+        f"{mlp.NUM_CLASSES}, adam, batch {args.batch}, "
         f"{args.replicas} logical CPU devices"
     )
     print(format_report(results))

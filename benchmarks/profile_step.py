@@ -30,8 +30,8 @@ from harness import Column, text_table
 harness.prepare_tensorflow()
 harness.ensure_importable()
 
-import strategies  # noqa: E402  (this directory)
 import tensorflow as tf  # noqa: E402
+from harness import mlp  # noqa: E402
 
 from keras_psdist.devices import split_host_cpu  # noqa: E402
 
@@ -126,7 +126,7 @@ def op_times(logdir: str, steps: int) -> collections.Counter:
 def profile(
     name: str, devices, dataset, steps: int
 ) -> tuple[float, collections.Counter]:
-    model = strategies.build_model(strategies.make_strategy(name, devices), seed=0)
+    model = mlp.build_model(mlp.make_strategy(name, devices), seed=0)
     model.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0)
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)
@@ -148,7 +148,7 @@ def main() -> int:
     args = parser.parse_args()
     split_host_cpu(args.replicas)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    x, y = strategies.make_arrays(strategies.NUM_SAMPLES, 0)
+    x, y = mlp.make_arrays(mlp.NUM_SAMPLES, 0)
     dataset = (
         tf.data.Dataset.from_tensor_slices((x, y))
         .repeat()

@@ -43,16 +43,26 @@ from __future__ import annotations
 import argparse
 import sys
 
+import harness
 import numpy as np
-import robustness
 from harness import (
     RESULTS,
     attack_costs,
     chance_gap,
+    config_names,
     keep_table,
     name_list,
     write_results,
 )
+
+# Before TensorFlow is imported anywhere in this process.
+harness.prepare_tensorflow()
+harness.ensure_importable()
+
+import tensorflow as tf  # noqa: E402
+from harness import digits  # noqa: E402  (robustness.py's runs)
+
+from keras_psdist.devices import split_host_cpu  # noqa: E402
 
 # Training seeds are offset from the split's, so that no run repeats a run of
 # the table (whose training seed is its --seed).
@@ -70,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--attacks",
-        type=name_list(list(robustness.ATTACKS), "attacks"),
+        type=name_list(list(digits.ATTACKS), "attacks"),
         default=[],
         help="comma-separated attacks (robustness.py's names) each configuration "
         "is also trained under, --runs times each (default: none)",
@@ -107,14 +117,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    configs = ["mean", *[c for c in robustness.config_names(args.rules) if c != "mean"]]
-    table_args = robustness.parse_args(
-        ["--rules", ",".join(configs), "--attacks", "none", "--seed", str(args.seed)]
-    )
-    table_args.devices = robustness.split_host_cpu(table_args.replicas)
-    robustness.tf.config.experimental.enable_op_determinism()
-    data = robustness.load_data(args.seed)
-    eval_model = robustness.build_model(
+    configs = ["mean", *[c for c in config_names(args.rules) if c != "mean"]]
+    # robustness.py's setup at its defaults (op determinism on, as there).
+    table_args = digits.Setup(seed=args.seed)
+    table_args.devices = split_host_cpu(table_args.replicas)
+    tf.config.experimental.enable_op_determinism()
+    data = digits.load_data(args.seed)
+    eval_model = digits.build_model(
         table_args.hidden, table_args.lr, table_args.momentum
     )
     accuracies: dict[str, list[float]] = {}
@@ -124,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     for config, attack in cells:
         for k in range(args.runs):
             table_args.seed = SEED_OFFSET + k
-            run = robustness.Run(config, attack)
-            robustness.train_one(run, data, eval_model, table_args)
+            run = digits.Run(config, attack)
+            digits.train_one(run, data, eval_model, table_args)
             if run.status != "ok":
                 print(f"{config} x {attack}: {run.reason}", file=sys.stderr)
                 _write_json(args, accuracies, attacked)  # what ran, for a re-run
@@ -168,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if attacked:
         print()
-        labels = {a: robustness.ATTACKS[a].label for a in args.attacks}
+        labels = {a: digits.ATTACKS[a].label for a in args.attacks}
         print(
             f"under attack, {args.runs} training seeds each; below: the clean "
             "runs' mean minus the attacked runs' (points, +- standard error)"

@@ -36,7 +36,7 @@ started by ``keras_psdist.cluster.launch(hosts=...)``. Three sweeps:
 Every side runs ``--steps-per-execution`` (10) steps per call, as TensorFlow's
 parameter-server tutorial advises for its strategy and docs/cluster.md for
 ours, and tf_keras gets its tutorial's legacy Adam and ``DatasetCreator``
-(``benchmarks/_tf_keras_ps.py``); its epoch is ``--steps`` x workers
+(``benchmarks/harness/tf_keras_ps.py``); its epoch is ``--steps`` x workers
 single-worker steps, so every side trains the same examples per epoch.
 
 Method: each run warms up one epoch of ``--steps`` steps (tracing, the first
@@ -106,7 +106,7 @@ def _child_main(args: argparse.Namespace) -> int:
         return _tf_keras_child(args, out)
     import keras
     import numpy as np
-    import strategies  # benchmarks/strategies.py: the MLP and its data
+    from harness import mlp  # the MLP and data of strategies.py
 
     import keras_psdist as kpd
 
@@ -134,13 +134,13 @@ def _child_main(args: argparse.Namespace) -> int:
         x = rng.integers(0, args.rows, size=(steps * per_step, 8)).astype(np.int32)
         y = rng.integers(0, 2, size=steps * per_step).astype(np.int32)
     else:
-        model = strategies.build_model(
+        model = mlp.build_model(
             strategy,
             args.seed,
             hidden=args.hidden,
             steps_per_execution=args.steps_per_execution,
         )
-        x, y = strategies.make_arrays(steps * per_step, args.seed + index)
+        x, y = mlp.make_arrays(steps * per_step, args.seed + index)
     # The barrier lines the workers' timed windows up; not with a backup
     # worker, whose point is that nobody waits for the slowest.
     alone = args.kind in ("in-graph", "sync-backup")
@@ -247,13 +247,13 @@ def _make_clock(out: Path, index: int, count: int):
 
 def _tf_keras_child(args: argparse.Namespace, out: Path) -> int:
     """tf_keras ParameterServerStrategy + ClusterCoordinator as the chief,
-    set up as its tutorial says (`_tf_keras_ps.coordinate`: 10 steps per
+    set up as its tutorial says (`tf_keras_ps.coordinate`: 10 steps per
     execution, the legacy Adam, a `DatasetCreator`). Each of its steps is one
     worker's batch, so an epoch of `steps x workers` steps trains what an
     async epoch of `steps` steps on each worker does."""
-    import _tf_keras_ps
+    from harness import tf_keras_ps
 
-    report = _tf_keras_ps.coordinate(
+    report = tf_keras_ps.coordinate(
         steps_per_epoch=args.steps * args.workers,
         per_worker_batch=args.batch,
         epochs=args.epochs,
@@ -451,7 +451,9 @@ def _summarize_backup_run(reports) -> dict:
     chief = next(r for r in reports if r["worker_index"] == 0)
     updates = chief["iterations"][1] - chief["iterations"][0]
     window = chief["end_wall"] - chief["start_wall"]
-    job = max(r["exit_wall"] for r in reports) - min(r["fit_start_wall"] for r in reports)
+    job = max(r["exit_wall"] for r in reports) - min(
+        r["fit_start_wall"] for r in reports
+    )
     return {
         "updates": updates,
         "updates_per_s": updates / window,
@@ -505,7 +507,12 @@ def sweep_mbit(args, work: Path) -> list[dict]:
                 {
                     "round": r,
                     **run_once(
-                        "async", 2, 1, args, work, mbit=mbit or None,
+                        "async",
+                        2,
+                        1,
+                        args,
+                        work,
+                        mbit=mbit or None,
                         steps=args.mbit_steps,
                     ),
                 }  # fmt: skip
@@ -568,7 +575,11 @@ def tables(results: dict) -> None:
                     harness.times(harness.ratio(ours, base))
                     if kind != "tf_keras"
                     else "",
-                    "" if kind == "tf_keras" else fmt(harness.median_or_none(c for c in cpu if c is not None), ".2f"),
+                    ""
+                    if kind == "tf_keras"
+                    else fmt(
+                        harness.median_or_none(c for c in cpu if c is not None), ".2f"
+                    ),
                     fmt(_median(runs, "machine_busy"), ".2f"),
                     f"{sum('error' in run for run in runs)} failed"
                     if any("error" in run for run in runs)
@@ -649,8 +660,15 @@ def straggler_table(runs: list[dict]) -> None:
     print(
         harness.markdown_table(
             rows,
-            ["round", "updates/s", "updates/s, slow link", "ratio (target >= 0.9)",
-             "job s", "job s, slow link", "ratio (target <= 1.1)"],
+            [
+                "round",
+                "updates/s",
+                "updates/s, slow link",
+                "ratio (target >= 0.9)",
+                "job s",
+                "job s, slow link",
+                "ratio (target <= 1.1)",
+            ],
         )  # fmt: skip
     )
 

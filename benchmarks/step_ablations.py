@@ -39,14 +39,14 @@ def child(case: str, fits: int, steps: int) -> dict:
     """Runs one case in this process; returns the per-fit ms/step."""
     harness.prepare_tensorflow()
     harness.ensure_importable()
-    import strategies
     import tensorflow as tf
+    from harness import mlp
 
     from keras_psdist.devices import split_host_cpu
 
     split_host_cpu(4)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    x, y = strategies.make_arrays(strategies.NUM_SAMPLES, 0)
+    x, y = mlp.make_arrays(mlp.NUM_SAMPLES, 0)
     dataset = (
         tf.data.Dataset.from_tensor_slices((x, y))
         .repeat()
@@ -56,13 +56,11 @@ def child(case: str, fits: int, steps: int) -> dict:
     options.autotune.enabled = False
     dataset = dataset.with_options(options)
     if case.startswith("mirrored"):
-        mirrored = strategies.build_model(
-            strategies.make_strategy("mirrored", devices), seed=0
-        )
+        mirrored = mlp.build_model(mlp.make_strategy("mirrored", devices), seed=0)
         if case == "mirrored_fit":
             mirrored.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0)
     models = {
-        name: strategies.build_model(strategies.make_strategy(name, devices), seed=0)
+        name: mlp.build_model(mlp.make_strategy(name, devices), seed=0)
         for name in ("default", "ps")
     }
     for model in models.values():

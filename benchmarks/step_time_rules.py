@@ -82,9 +82,10 @@ harness.ensure_importable()
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from strategies import build_model, split_host_cpu, timed_fit  # noqa: E402
+from harness.mlp import build_model, timed_fit  # noqa: E402
 
 import keras_psdist as kpd  # noqa: E402
+from keras_psdist.devices import split_host_cpu  # noqa: E402
 
 INPUT_DIM = 64
 NUM_CLASSES = 10

@@ -101,7 +101,6 @@ import time
 from pathlib import Path
 
 import harness
-from _sync_replicas_job import NUM_WORKERS, STRAGGLER
 from harness import RunFailed, finish, log_failure, read_reports, run_dir, use_checkout
 from harness import fmt as _fmt
 from harness import log as _log
@@ -115,7 +114,9 @@ from harness import positive_float as _positive_float
 harness.prepare_tensorflow()
 
 JOB = Path(__file__).resolve().parent / "_sync_replicas_job.py"
+NUM_WORKERS = 3
 NUM_PS = 1
+STRAGGLER = 2  # worker index; worker 0 is the chief
 
 # A limit that turns a hang into a failure (seconds).
 RUN_TIMEOUT_S = 300.0
@@ -149,6 +150,10 @@ def _child_command(
         str(JOB),
         "--out-dir",
         str(out_dir),
+        "--num-workers",
+        str(NUM_WORKERS),
+        "--straggler",
+        str(STRAGGLER),
         "--replicas-to-aggregate",
         str(config.replicas_to_aggregate),
         "--sleep",

@@ -584,8 +584,8 @@ def test_runs_inside_a_strategy(cpu_devices, digits, attack):
 
 
 def test_sync_replicas_refuse_attacks_that_read_honest_gradients():
-    from keras_psdist.strategies.sync_replica import _resolve_worker_attack
+    from keras_psdist.modes.sync_replicas import resolve_worker_attack
 
     for attack in (attacks.Mimic([1]), attacks.OptimalIPM([1])):
         with pytest.raises(ValueError, match="cannot see"):
-            _resolve_worker_attack(attack, 4, 1)
+            resolve_worker_attack(attack, 4, 1)

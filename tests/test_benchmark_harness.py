@@ -1,10 +1,12 @@
 """The benchmark scripts parse their arguments, and the shared harness's
 examples hold (no benchmark is run here: speed is measured by the scripts)."""
 
+import ast
 import doctest
-import importlib.util
+import importlib
 import json
 import os
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,21 +14,56 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-SCRIPTS = sorted(
-    p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith(("_", "harness"))
-)
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
 
 
-def test_the_harness_examples_hold():
-    spec = importlib.util.spec_from_file_location("harness", BENCHMARKS / "harness.py")
-    harness = importlib.util.module_from_spec(spec)
-    sys.modules["harness"] = harness
-    try:
-        spec.loader.exec_module(harness)
-        failed, attempted = doctest.testmod(harness, optionflags=doctest.ELLIPSIS)
-    finally:
-        sys.modules.pop("harness", None)
-    assert attempted > 0 and failed == 0
+def _forget(*names):
+    """Drops `names` and their submodules from `sys.modules`."""
+    for module in list(sys.modules):
+        if module.split(".")[0] in names:
+            del sys.modules[module]
+
+
+@pytest.fixture
+def fresh_harness(monkeypatch):
+    """`benchmarks/harness/` imported afresh, as a script run from
+    `benchmarks/` imports it, and forgotten after the test."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    _forget("harness")
+    yield importlib.import_module("harness")
+    _forget("harness")
+
+
+def test_the_harness_examples_hold(fresh_harness):
+    attempted = 0
+    for info in pkgutil.iter_modules(fresh_harness.__path__):
+        if info.name == "__main__":  # the command line: it edits sys.path
+            continue
+        module = importlib.import_module(f"harness.{info.name}")
+        failed, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert failed == 0, module.__name__
+        attempted += tried
+    assert attempted > 0
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The top-level names of the modules `path` imports, anywhere in it."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_benchmark_script_imports_another():
+    # What scripts share lives in the harness package; a script (or a
+    # child process's script, `_*.py`) imports none of the others.
+    scripts = sorted(BENCHMARKS.glob("*.py"))
+    stems = {p.stem for p in scripts}
+    imports = {p.name: sorted(_imported_modules(p) & stems) for p in scripts}
+    assert {name: found for name, found in imports.items() if found} == {}
 
 
 # Runs `python SCRIPT ARGS...` for every call in one process, so TensorFlow
@@ -246,20 +283,16 @@ def test_robustness_noise_names_an_unknown_attack_and_the_choices(script_runs):
 
 
 @pytest.fixture
-def harness(monkeypatch):
-    """A fresh `benchmarks/harness.py`, its machine description stubbed (the
-    real one imports TensorFlow)."""
-    spec = importlib.util.spec_from_file_location("harness", BENCHMARKS / "harness.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "harness", module)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "environment", lambda: {"cpu_count": 2})
-    return module
+def harness(fresh_harness, monkeypatch):
+    """A fresh `benchmarks/harness/`, the machine description its results
+    record stubbed (the real one imports TensorFlow)."""
+    monkeypatch.setattr(fresh_harness.results, "environment", lambda: {"cpu_count": 2})
+    return fresh_harness
 
 
 def _render(*args):
     return subprocess.run(
-        [sys.executable, str(BENCHMARKS / "harness.py"), "render", *map(str, args)],
+        [sys.executable, str(BENCHMARKS / "harness"), "render", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -345,22 +378,19 @@ def cluster_bench(monkeypatch):
     # Its `harness.prepare_tensorflow()` sets nothing: conftest.py has set
     # both variables.
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    names = ("cluster", "_tf_keras_ps", "harness")
-    for name in names:
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    _forget("cluster", "harness")
     yield importlib.import_module("cluster")
-    for name in names:
-        sys.modules.pop(name, None)
+    _forget("cluster", "harness")
 
 
 def test_the_cluster_benchmarks_examples_hold(cluster_bench):
-    # `_tf_keras_ps.py` checks a cluster of given servers before starting
+    # `harness.tf_keras_ps` checks a cluster of given servers before starting
     # anything (its coordinator's side needs TensorFlow and is not run here).
-    for module in (cluster_bench, cluster_bench._tf_keras_ps):
+    for module in (cluster_bench, cluster_bench.tf_keras_ps):
         failed, attempted = doctest.testmod(module)
         assert attempted > 0 and failed == 0, module.__name__
     with pytest.raises(ValueError, match="Received: num_ps=0"):
-        cluster_bench._tf_keras_ps.check_args(
+        cluster_bench.tf_keras_ps.check_args(
             num_workers=2, num_ps=0, steps_per_epoch=80, steps_per_execution=10
         )
 
@@ -400,7 +430,7 @@ def test_the_tf_keras_comparison_is_fair_and_rotates(cluster_bench, monkeypatch)
             for _ in range(count)
         ]
 
-    monkeypatch.setattr(cluster_bench._tf_keras_ps, "run", tf_keras)
+    monkeypatch.setattr(cluster_bench.tf_keras_ps, "run", tf_keras)
     monkeypatch.setattr(cluster_bench, "run_cluster", ours)
     args = cluster_bench.parse_args(["--only", "vs-tf-keras", "--vs-lengths", "40"])
     assert args.rounds >= 4 and args.steps_per_execution == 10

@@ -28,6 +28,75 @@ CHECKPOINT_KILL_JOB = Path(__file__).parent / "scripts" / "checkpoint_kill_job.p
 LAUNCH_TIMEOUT_S = 420
 
 
+# Every launch of `fault_job.py` here, by name: its config, how many workers,
+# the launch's failure policy, and whether the run must end well (exit code
+# 0). The tests take one through `fault_run`, launched once per module.
+SCENARIOS = {
+    # async: worker 1 killed at step 10, restarted, rejoins.
+    "async_restart": dict(
+        config={
+            "strategy": "async",
+            "kill_worker": 1,
+            "kill_at_step": 10,
+            "wait_for_rejoin_at_step": 30,
+            "epochs": 3,
+            "heartbeat_timeout": 3,
+        },
+        num_workers=2,
+        launch={"max_restarts": 1},
+        succeeds=True,
+    ),
+    # sync replicas, one backup: worker 2 lost, the run goes on, it is back.
+    "sync_backup": dict(
+        config={
+            "strategy": "sync",
+            "replicas_to_aggregate": 2,
+            "kill_worker": 2,
+            "kill_at_step": 10,
+            "wait_for_rejoin_at_step": 25,
+            "epochs": 2,
+            # Long enough that a worker starved of CPU (a loaded test machine)
+            # is not taken for lost a second time: the counts asserted below
+            # are those of a run where only the kill loses it. (Lost again
+            # near the end, its fit stops early: `test_sync_watchdog.py`.)
+            "heartbeat_timeout": 8,
+        },
+        num_workers=3,
+        launch={"max_restarts": 1},
+        succeeds=True,
+    ),
+    # sync replicas, no backup: worker 1 killed; the launcher lets the chief
+    # find out by itself (max_worker_failures=1).
+    "sync_no_backup": dict(
+        config={
+            "strategy": "sync",
+            "kill_worker": 1,
+            "kill_at_step": 10,
+            "epochs": 2,
+            "heartbeat_timeout": 3,
+        },
+        num_workers=2,
+        launch={"max_worker_failures": 1},
+        succeeds=False,
+    ),
+    # sync replicas, the chief frozen: SIGSTOP, not SIGKILL, so its process
+    # stays (a hung machine) and the launcher sees no exit; only the
+    # heartbeats tell the others.
+    "sync_frozen_chief": dict(
+        config={
+            "strategy": "sync",
+            "freeze_worker": 0,
+            "freeze_at_step": 10,
+            "epochs": 3,
+            "heartbeat_timeout": 3,
+        },
+        num_workers=2,
+        launch={},
+        succeeds=False,
+    ),
+}
+
+
 def _launch(tmp_path, config, num_workers, **kwargs):
     code, log = launching.launch_job(
         JOB,
@@ -45,28 +114,42 @@ def _launch(tmp_path, config, num_workers, **kwargs):
     return code, reports, log
 
 
-# ------------------------------------------- async: killed, restarted, rejoined
+def _failed_not_timed_out(code, log):
+    """The launch ended with an error (not 0), not by its timeout (124)."""
+    assert code not in (0, 124), without_progress(log)[-6000:]
 
 
 @pytest.fixture(scope="module")
-def async_restart_run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("async_restart")
-    config = {
-        "strategy": "async",
-        "kill_worker": 1,
-        "kill_at_step": 10,
-        "wait_for_rejoin_at_step": 30,
-        "epochs": 3,
-        "heartbeat_timeout": 3,
-    }
-    code, reports, log = _launch(tmp_path, config, num_workers=2, max_restarts=1)
-    assert code == 0, without_progress(log)[-8000:]
-    return reports, log
+def fault_run(request, tmp_path_factory):
+    """`(exit code, reports, log)` of the launch `SCENARIOS[request.param]`
+    (tests pick it with `scenario`); one that must end well has."""
+    name = request.param
+    scenario = SCENARIOS[name]
+    code, reports, log = _launch(
+        tmp_path_factory.mktemp(name),
+        scenario["config"],
+        scenario["num_workers"],
+        **scenario["launch"],
+    )
+    if scenario["succeeds"]:
+        assert code == 0, without_progress(log)[-8000:]
+    else:
+        _failed_not_timed_out(code, log)
+    return code, reports, log
+
+
+def scenario(name):
+    """The test reads the launch `SCENARIOS[name]` (`fault_run`)."""
+    return pytest.mark.parametrize("fault_run", [name], indirect=True)
+
+
+# ------------------------------------------- async: killed, restarted, rejoined
 
 
 @pytest.mark.xdist_group("async_restart")
-def test_async_survivor_finishes_and_keeps_every_update(async_restart_run):
-    reports, log = async_restart_run
+@scenario("async_restart")
+def test_async_survivor_finishes_and_keeps_every_update(fault_run):
+    _, reports, log = fault_run
     assert set(reports) == {"0_start_1", "1_start_1", "1_start_2"}
     killed = reports["1_start_1"]
     assert killed["steps"] == 10
@@ -81,8 +164,9 @@ def test_async_survivor_finishes_and_keeps_every_update(async_restart_run):
 
 
 @pytest.mark.xdist_group("async_restart")
-def test_async_chief_reports_the_lost_worker_and_its_return(async_restart_run):
-    _, log = async_restart_run
+@scenario("async_restart")
+def test_async_chief_reports_the_lost_worker_and_its_return(fault_run):
+    _, _, log = fault_run
     chief = "\n".join(
         line for line in log.splitlines() if line.startswith("[worker:0]")
     )
@@ -91,8 +175,9 @@ def test_async_chief_reports_the_lost_worker_and_its_return(async_restart_run):
 
 
 @pytest.mark.xdist_group("async_restart")
-def test_async_restarted_worker_reads_the_current_variables(async_restart_run):
-    reports, _ = async_restart_run
+@scenario("async_restart")
+def test_async_restarted_worker_reads_the_current_variables(fault_run):
+    _, reports, _ = fault_run
     chief, restarted = reports["0_start_1"], reports["1_start_2"]
     # It joined a run in progress: the ps held at least the chief's 30 steps
     # and the killed start's 10, and weights trained that far, not the
@@ -107,31 +192,11 @@ def test_async_restarted_worker_reads_the_current_variables(async_restart_run):
 # ------------------------- sync replicas, one backup: lost, run goes on, back
 
 
-@pytest.fixture(scope="module")
-def sync_backup_run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("sync_backup")
-    config = {
-        "strategy": "sync",
-        "replicas_to_aggregate": 2,
-        "kill_worker": 2,
-        "kill_at_step": 10,
-        "wait_for_rejoin_at_step": 25,
-        "epochs": 2,
-        # Long enough that a worker starved of CPU (a loaded test machine)
-        # is not taken for lost a second time: the counts asserted below are
-        # those of a run where only the kill loses it. (Lost again near the
-        # end, its fit stops early: `test_sync_watchdog.py`.)
-        "heartbeat_timeout": 8,
-    }
-    code, reports, log = _launch(tmp_path, config, num_workers=3, max_restarts=1)
-    assert code == 0, without_progress(log)[-8000:]
-    return reports, log
-
-
 @pytest.mark.xdist_group("sync_backup")
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 120)
-def test_sync_goes_on_without_a_lost_backup_worker(sync_backup_run):
-    reports, log = sync_backup_run
+@scenario("sync_backup")
+def test_sync_goes_on_without_a_lost_backup_worker(fault_run):
+    _, reports, log = fault_run
     assert set(reports) == {"0_start_1", "1_start_1", "2_start_1", "2_start_2"}
     chief = reports["0_start_1"]
     assert chief["failure"] is None and reports["1_start_1"]["failure"] is None
@@ -146,8 +211,9 @@ def test_sync_goes_on_without_a_lost_backup_worker(sync_backup_run):
 
 @pytest.mark.xdist_group("sync_backup")
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 120)
-def test_sync_restarted_worker_rejoins_and_counts_again(sync_backup_run):
-    reports, log = sync_backup_run
+@scenario("sync_backup")
+def test_sync_restarted_worker_rejoins_and_counts_again(fault_run):
+    _, reports, log = fault_run
     assert "worker:2 is back and sends gradients again" in log
     chief = reports["0_start_1"]
     applied_by_2 = chief["counts"]["applied"][2]
@@ -170,28 +236,10 @@ def test_sync_restarted_worker_rejoins_and_counts_again(sync_backup_run):
 # ------------------------- sync replicas, no backup: a clear error, no hang
 
 
-@pytest.fixture(scope="module")
-def sync_no_backup_run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("sync_no_backup")
-    config = {
-        "strategy": "sync",
-        "kill_worker": 1,
-        "kill_at_step": 10,
-        "epochs": 2,
-        "heartbeat_timeout": 3,
-    }
-    # max_worker_failures=1: the launcher lets the chief find out by itself.
-    return _launch(tmp_path, config, num_workers=2, max_worker_failures=1)
-
-
 @pytest.mark.xdist_group("sync_no_backup")
-def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
-    sync_no_backup_run,
-):
-    code, reports, log = sync_no_backup_run
-    assert code not in (0, 124), without_progress(log)[
-        -6000:
-    ]  # an error, not a timeout
+@scenario("sync_no_backup")
+def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(fault_run):
+    _, reports, _ = fault_run  # an error, not a timeout (`fault_run`)
     chief = reports["0_start_1"]
     assert chief["failure"].startswith("WorkerLostError: worker:1 was lost"), chief
     assert "replicas_to_aggregate=2" in chief["failure"]
@@ -202,20 +250,9 @@ def test_sync_without_backup_stops_with_an_error_naming_the_lost_worker(
 # ------------------------------- sync replicas, the chief frozen: no hang
 
 
-def test_sync_workers_stop_with_an_error_naming_a_frozen_chief(tmp_path):
-    # SIGSTOP, not SIGKILL: the chief's process stays (a hung machine), so
-    # the launcher sees no exit; only the heartbeats tell the others.
-    config = {
-        "strategy": "sync",
-        "freeze_worker": 0,
-        "freeze_at_step": 10,
-        "epochs": 3,
-        "heartbeat_timeout": 3,
-    }
-    code, reports, log = _launch(tmp_path, config, num_workers=2)
-    assert code not in (0, 124), without_progress(log)[
-        -6000:
-    ]  # an error, not a timeout
+@scenario("sync_frozen_chief")
+def test_sync_workers_stop_with_an_error_naming_a_frozen_chief(fault_run):
+    _, reports, log = fault_run  # an error, not a timeout (`fault_run`)
     failure = reports["1_start_1"]["failure"] or ""
     assert failure.startswith("StalledError: worker:1: the chief (worker:0) is lost"), (
         without_progress(log)[-6000:]

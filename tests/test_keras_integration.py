@@ -39,7 +39,7 @@ def test_every_patch_names_a_keras_attribute_and_why():
     wrappers = [p.wrapper for p in keras_patches.PATCHES if p.target == fit]
     assert wrappers == [
         "keras_psdist.cluster.task_loss:reporting",
-        "keras_psdist.sync.keras_hooks:sync_fit",
+        "keras_psdist.integration.training_hooks:sync_fit",
         "keras_psdist.integration.compile_checks:checked_in_scope",
     ]
 

@@ -6,6 +6,7 @@ Every test checks that nothing it started is left running, and kills what is
 left if it fails.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -225,106 +226,130 @@ def test_between_graph_runs_the_command_once_per_worker(tmp_path, processes):
     processes.assert_all_gone()
 
 
-def test_failing_worker_stops_everything_with_its_exit_code(tmp_path, processes):
-    code, out = _launch(
-        tmp_path,
-        processes,
+def _whole(line: str) -> str:
+    """A pattern for a launch line: exactly `line`."""
+    return re.escape(line)
+
+
+def _starting(prefix: str) -> str:
+    """A pattern for a launch line that starts with `prefix`."""
+    return re.escape(prefix) + ".*"
+
+
+def _containing(part: str) -> str:
+    """A pattern for a launch line that contains `part`."""
+    return ".*" + re.escape(part) + ".*"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerFailure:
+    """A between-graph launch (1 ps) of the fake trainer in which a worker
+    fails, and what the launcher does about it under its failure policy."""
+
+    action: str  # fake_trainer.py's ACTION
+    num_workers: int
+    code: int  # the launch's exit code
+    policy: dict = dataclasses.field(default_factory=dict)  # launch's kwargs
+    launch_says: tuple[str, ...] = ()  # patterns, each matching a launch line
+    launch_ends: str | None = None  # a pattern of the last launch line
+    worker_1_first: str | None = None  # worker:1's first line
+    worker_1_says: tuple[str, ...] = ()  # lines among worker:1's
+    grandchild_of: str | None = None  # a task still running with a grandchild
+    writes: tuple[str, ...] = ()  # files the trainers leave in their folder
+
+
+WORKER_FAILURES = {
+    "failing_worker_stops_everything_with_its_exit_code": WorkerFailure(
         "fail_worker_1",
-        num_ps=1,
         num_workers=2,
-        mode="between-graph",
-    )
-    assert code == 3, out.text
-    assert "failing on purpose" in out.prefixed("worker:1")
-    assert any("worker:1 exited with exit code 3" in x for x in out.prefixed("launch"))
-    reports = processes.add_from_reports(tmp_path / "reports")
-    # worker:0 was still running, with a grandchild, when worker:1 failed.
-    assert reports["worker:0"]["grandchild"]
-    processes.assert_all_gone()
-
-
-def test_a_failed_worker_is_restarted_and_the_run_goes_on(tmp_path, processes):
-    code, out = _launch(
-        tmp_path,
-        processes,
+        code=3,
+        launch_says=(_containing("worker:1 exited with exit code 3"),),
+        worker_1_says=("failing on purpose",),
+        # worker:0 was still running, with a grandchild, when worker:1 failed.
+        grandchild_of="worker:0",
+    ),
+    "a_failed_worker_is_restarted_and_the_run_goes_on": WorkerFailure(
         "flaky_worker_1",
-        num_ps=1,
         num_workers=3,
-        mode="between-graph",
-        max_restarts=1,
-        timeout_s=120,
-    )
-    assert code == 0, out.text
-    assert out.prefixed("worker:1")[:1] == ["worker:1 start 1"]
-    assert "worker:1 start 2" in out.prefixed("worker:1")
-    assert (
-        "worker:1 exited with exit code 3; restarting it (restart 1; "
-        "--max-restarts allows 1)." in out.prefixed("launch")
-    )
-    assert (tmp_path / "reports" / "recovered").exists()
-    starts = (tmp_path / "reports" / "starts_worker_1").read_text().split()
-    processes.pids.update(int(p) for p in starts)
-    processes.assert_all_gone()
-
-
-def test_a_lost_worker_is_tolerated_and_reported(tmp_path, processes):
-    code, out = _launch(
-        tmp_path,
-        processes,
+        code=0,
+        policy={"max_restarts": 1, "timeout_s": 120},
+        launch_says=(
+            _whole(
+                "worker:1 exited with exit code 3; restarting it (restart 1; "
+                "--max-restarts allows 1)."
+            ),
+        ),
+        worker_1_first="worker:1 start 1",
+        worker_1_says=("worker:1 start 2",),
+        writes=("recovered",),
+    ),
+    "a_lost_worker_is_tolerated_and_reported": WorkerFailure(
         "lose_worker_1",
-        num_ps=1,
         num_workers=3,
-        mode="between-graph",
-        max_worker_failures=1,
-        timeout_s=120,
-    )
-    assert code == 0, out.text
-    launch_lines = out.prefixed("launch")
-    assert (
-        "worker:1 exited with exit code 3; lost it and going on without it "
-        "(1 lost; --max-worker-failures allows 1)." in launch_lines
-    )
-    assert launch_lines[-1].startswith(
-        "worker:0, worker:2 finished (exit code 0); lost: worker:1 (exit code 3)"
-    ), launch_lines[-1]
-    processes.assert_all_gone()
-
-
-def test_restarts_run_out_then_the_failure_stops_everything(tmp_path, processes):
-    code, out = _launch(
-        tmp_path,
-        processes,
+        code=0,
+        policy={"max_worker_failures": 1, "timeout_s": 120},
+        launch_says=(
+            _whole(
+                "worker:1 exited with exit code 3; lost it and going on without it "
+                "(1 lost; --max-worker-failures allows 1)."
+            ),
+        ),
+        launch_ends=_starting(
+            "worker:0, worker:2 finished (exit code 0); lost: worker:1 (exit code 3)"
+        ),
+    ),
+    "restarts_run_out_then_the_failure_stops_everything": WorkerFailure(
         "lose_worker_1",
-        num_ps=1,
         num_workers=2,
-        mode="between-graph",
-        max_restarts=1,
-        timeout_s=120,
-    )
-    assert code == 3, out.text
-    assert "worker:1 start 2" in out.prefixed("worker:1")
-    assert out.prefixed("launch")[-1] == (
-        "worker:1 exited with exit code 3; stopping every task."
-    )
-    processes.assert_all_gone()
-
-
-def test_the_chief_is_never_tolerated_to_fail(tmp_path, processes):
-    code, out = _launch(
-        tmp_path,
-        processes,
+        code=3,
+        policy={"max_restarts": 1, "timeout_s": 120},
+        launch_ends=_whole("worker:1 exited with exit code 3; stopping every task."),
+        worker_1_says=("worker:1 start 2",),
+    ),
+    "the_chief_is_never_tolerated_to_fail": WorkerFailure(
         "fail_worker_0",
-        num_ps=1,
         num_workers=2,
+        code=3,
+        policy={"max_restarts": 1, "max_worker_failures": 1, "timeout_s": 120},
+        launch_ends=_whole("worker:0 exited with exit code 3; stopping every task."),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WORKER_FAILURES.values(), ids=WORKER_FAILURES.keys())
+def test_a_worker_failure_under_each_policy(tmp_path, processes, case):
+    code, out = _launch(
+        tmp_path,
+        processes,
+        case.action,
+        num_ps=1,
+        num_workers=case.num_workers,
         mode="between-graph",
-        max_restarts=1,
-        max_worker_failures=1,
-        timeout_s=120,
+        **case.policy,
     )
-    assert code == 3, out.text
-    assert out.prefixed("launch")[-1] == (
-        "worker:0 exited with exit code 3; stopping every task."
-    )
+    assert code == case.code, out.text
+    launch_lines = out.prefixed("launch")
+    for pattern in case.launch_says:
+        assert any(re.fullmatch(pattern, line) for line in launch_lines), (
+            pattern,
+            out.text,
+        )
+    if case.launch_ends is not None:
+        assert re.fullmatch(case.launch_ends, launch_lines[-1]), launch_lines[-1]
+    worker_1 = out.prefixed("worker:1")
+    if case.worker_1_first is not None:
+        assert worker_1[:1] == [case.worker_1_first], out.text
+    for line in case.worker_1_says:
+        assert line in worker_1, out.text
+    report_dir = tmp_path / "reports"
+    reports = processes.add_from_reports(report_dir)
+    if case.grandchild_of is not None:
+        assert reports[case.grandchild_of]["grandchild"]
+    for name in case.writes:
+        assert (report_dir / name).exists()
+    # Every start of a restarted worker, to check that none is left running.
+    for starts in report_dir.glob("starts_*"):
+        processes.pids.update(int(p) for p in starts.read_text().split())
     processes.assert_all_gone()
 
 
@@ -439,31 +464,50 @@ def test_a_command_that_does_not_exist_exits_127(tmp_path, processes, monkeypatc
     processes.assert_all_gone()
 
 
-def test_invalid_arguments_fail_fast():
-    with pytest.raises(ValueError, match="`num_ps` must be an integer >= 1"):
-        launch(["python"], num_ps=0, num_workers=1)
-    with pytest.raises(ValueError, match="`num_workers` must be an integer >= 1"):
-        launch(["python"], num_ps=1, num_workers=0)
-    with pytest.raises(ValueError, match="`command` is empty"):
-        launch([], num_ps=1, num_workers=1)
-    with pytest.raises(ValueError, match="Received the string 'python x.py'"):
-        launch("python x.py", num_ps=1, num_workers=1)
-    with pytest.raises(ValueError, match="Unknown mode 'ring'. Expected one of"):
-        launch(["python"], num_ps=1, num_workers=1, mode="ring")
-    with pytest.raises(ValueError, match="Cannot open ports on host '10.255.255.1'"):
-        launch(["python"], num_ps=1, num_workers=1, host="10.255.255.1")
-    with pytest.raises(ValueError, match="`max_restarts` must be an integer >= 0"):
-        launch(["python"], num_ps=1, num_workers=2, max_restarts=-1)
-    with pytest.raises(ValueError, match="applies to between-graph runs"):
-        launch(["python"], num_ps=1, num_workers=2, max_worker_failures=1)
-    with pytest.raises(ValueError, match="at most num_workers - 1 = 1"):
-        launch(
+@pytest.mark.parametrize(
+    "command, kwargs, message",
+    [
+        (["python"], {"num_ps": 0}, "`num_ps` must be an integer >= 1"),
+        (["python"], {"num_workers": 0}, "`num_workers` must be an integer >= 1"),
+        ([], {}, "`command` is empty"),
+        ("python x.py", {}, "Received the string 'python x.py'"),
+        (["python"], {"mode": "ring"}, "Unknown mode 'ring'. Expected one of"),
+        (
             ["python"],
-            num_ps=1,
-            num_workers=2,
-            mode="between-graph",
-            max_worker_failures=2,
-        )
+            {"host": "10.255.255.1"},
+            "Cannot open ports on host '10.255.255.1'",
+        ),
+        (
+            ["python"],
+            {"num_workers": 2, "max_restarts": -1},
+            "`max_restarts` must be an integer >= 0",
+        ),
+        (
+            ["python"],
+            {"num_workers": 2, "max_worker_failures": 1},
+            "applies to between-graph runs",
+        ),
+        (
+            ["python"],
+            {"num_workers": 2, "mode": "between-graph", "max_worker_failures": 2},
+            "at most num_workers - 1 = 1",
+        ),
+    ],
+    ids=[
+        "num_ps",
+        "num_workers",
+        "empty_command",
+        "string_command",
+        "mode",
+        "host",
+        "max_restarts",
+        "max_worker_failures_in_graph",
+        "max_worker_failures_all",
+    ],
+)
+def test_invalid_arguments_fail_fast(command, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        launch(command, **{"num_ps": 1, "num_workers": 1, **kwargs})
 
 
 def _start_cli(args, out_path, **env) -> subprocess.Popen:
@@ -756,19 +800,37 @@ def test_cli_accepts_the_underscore_spelling_too(cli):
     assert (cli.FLAGS.num_ps, cli.FLAGS.max_worker_failures) == (2, 1)
 
 
-def test_cli_serve_needs_tf_config(cli, capsys, monkeypatch):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    assert _run_main(cli, ["keras-psdist", "serve"]) == 2
-    assert "`serve` needs the cluster in TF_CONFIG" in capsys.readouterr().err
-    monkeypatch.setenv(
-        "TF_CONFIG", json.dumps({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}})
-    )
-    assert _run_main(cli, ["keras-psdist", "serve"]) == 2
-    assert 'TF_CONFIG has no "task"' in capsys.readouterr().err
-    assert _run_main(cli, ["keras-psdist", "serve", "--job", "chief"]) == 2
-    assert "pass both --job and --task" in capsys.readouterr().err
-    assert _run_main(cli, ["keras-psdist", "serve", "--job=chief", "--task=0"]) == 2
-    assert "Task type 'chief' (from --job/--task)" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "tf_config, flags, expected",
+    [
+        (None, [], "`serve` needs the cluster in TF_CONFIG"),
+        (
+            {"cluster": {"ps": ["h:1"], "worker": ["h:2"]}},
+            [],
+            'TF_CONFIG has no "task"',
+        ),
+        (
+            {"cluster": {"ps": ["h:1"], "worker": ["h:2"]}},
+            ["--job", "chief"],
+            "pass both --job and --task",
+        ),
+        (
+            {"cluster": {"ps": ["h:1"], "worker": ["h:2"]}},
+            ["--job=chief", "--task=0"],
+            "Task type 'chief' (from --job/--task)",
+        ),
+    ],
+    ids=["no_tf_config", "no_task", "job_without_task", "unknown_job"],
+)
+def test_cli_serve_needs_tf_config(
+    cli, capsys, monkeypatch, tf_config, flags, expected
+):
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    assert _run_main(cli, ["keras-psdist", "serve", *flags]) == 2
+    assert expected in capsys.readouterr().err
 
 
 def test_cli_help_per_command(cli, capsys):

@@ -106,8 +106,15 @@ def test_current_spellings_do_not_warn(monkeypatch):
 
 
 def test_unknown_mode_lists_both_and_what_they_mean():
-    with pytest.raises(ValueError, match="Unknown mode 'ring'.*'in-graph', "):
+    # The launcher's words (tests/test_launch.py), and what each mode does.
+    with pytest.raises(ValueError) as e:
         kpd.PSStrategy(mode="ring")
+    message = str(e.value)
+    assert message.startswith(
+        "Unknown mode 'ring'. Expected one of: in-graph, between-graph. ("
+    )
+    assert "in-graph: one client, the chief" in message
+    assert "between-graph: every worker task runs the script" in message
 
 
 def test_workers_are_named_by_their_tasks():

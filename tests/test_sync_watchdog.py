@@ -20,7 +20,8 @@ import keras
 import pytest
 import tensorflow as tf
 
-from keras_psdist.sync import keras_hooks, protocol
+from keras_psdist.integration import training_hooks
+from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncConfig
 from keras_psdist.sync.training import SyncTraining
 
@@ -97,7 +98,7 @@ class _Fit:
 
     def __init__(self, training, steps=25, epochs=2, initial_epoch=0):
         self.model = types.SimpleNamespace(stop_training=False)
-        self.callback = keras_hooks._Progress(training)
+        self.callback = training_hooks._Progress(training)
         self.callback.set_model(self.model)
         self.callback.set_params({"steps": steps, "epochs": epochs, "verbose": 0})
         self.callback.on_train_begin()

@@ -10,6 +10,7 @@ import contextlib
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 # Before anything in this process imports TensorFlow or Keras.
@@ -18,6 +19,11 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags  # noqa: E402
 
 from keras_psdist.cluster.launcher import banner  # noqa: E402
+from keras_psdist.cluster.mode_names import (  # noqa: E402
+    IN_GRAPH,
+    LAUNCH_MODES,
+    canonical,
+)
 from keras_psdist.families import AGGREGATORS, ATTACKS  # noqa: E402
 
 PROG = "keras-psdist"
@@ -74,10 +80,10 @@ flags.DEFINE_integer("num_ps", 1, "Number of parameter-server tasks.")
 flags.DEFINE_integer("num_workers", 1, "Number of worker tasks.")
 flags.DEFINE_string(
     "mode",
-    "in-graph",
-    "in-graph: servers for every ps and worker task, the command runs once as "
-    "the chief; between-graph: servers for the ps tasks, the command runs once "
-    "per worker.",
+    IN_GRAPH,
+    f"One of {', '.join(LAUNCH_MODES)}. in-graph: servers for every ps and "
+    "worker task, the command runs once as the chief; between-graph: servers "
+    "for the ps tasks, the command runs once per worker.",
 )
 flags.DEFINE_string(
     "host",
@@ -367,10 +373,14 @@ def launch_command(args: Sequence[str] = ()) -> int:
                 f"`{_flag(name)}` must be > 0. Received: {_flag(name)}={value}"
             )
     try:
+        with warnings.catch_warnings():
+            # A deprecated spelling is said on the terminal, not hidden.
+            warnings.simplefilter("default", DeprecationWarning)
+            mode = canonical(FLAGS.mode, LAUNCH_MODES, "keras-psdist launch --mode")
         # Here too, before `launch` checks it in its arguments' words: the
         # error then names the flags.
         check_fault_tolerance(
-            FLAGS.mode.replace("_", "-"),
+            mode,
             FLAGS.num_workers,
             FLAGS.max_restarts,
             FLAGS.max_worker_failures,
@@ -380,7 +390,7 @@ def launch_command(args: Sequence[str] = ()) -> int:
             list(args),
             num_ps=FLAGS.num_ps,
             num_workers=FLAGS.num_workers,
-            mode=FLAGS.mode,
+            mode=mode,
             host=FLAGS.host,
             timeout_s=FLAGS.timeout,
             startup_timeout_s=FLAGS.startup_timeout,

@@ -1,6 +1,8 @@
 """Where a PSStrategy's replicas, inputs and parameters are: one host or a cluster.
 
-A `Topology` is what `PSExtended` needs to know about the machines:
+A `Topology` is what `PSExtended` needs to know about the machines (its
+`mode` is how the processes are laid out; which execution mode trains on
+them is `keras_psdist.modes`):
 
 | mode       | replicas                          | parameters        | input pipelines      |
 |------------|-----------------------------------|-------------------|----------------------|
@@ -10,7 +12,7 @@ A `Topology` is what `PSExtended` needs to know about the machines:
 | `between-graph` | this worker task's GPUs, else CPU | every ps task's | this worker, on its |
 |            |                                   | CPU, shared       | shard of the data    |
 
-`connect` joins TensorFlow's own gRPC runtime
+`connect_in_graph` and `connect_between_graph` join TensorFlow's own gRPC runtime
 (`tf.config.experimental_connect_to_cluster`); nothing here speaks a protocol
 of its own. It checks, before TensorFlow does, what TensorFlow would turn into
 a hang or an opaque abort: tasks that do not answer within `connect_timeout`
@@ -23,7 +25,6 @@ import dataclasses
 import os
 import shlex
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,36 +40,6 @@ from keras_psdist.cluster.config import (
     not_a_resolver,
 )
 from keras_psdist.cluster.ports import check_port_free, wait_reachable
-
-MODES = ("in-graph", "between-graph")
-# The spellings before 0.2, still accepted with a DeprecationWarning.
-DEPRECATED_MODES = {"sync": "in-graph", "async": "between-graph"}
-
-
-def resolve_mode(mode: str, owner: str = "PSStrategy") -> str:
-    """`mode` in the current spelling; the old one with a DeprecationWarning.
-
-    Raises:
-        ValueError: for anything else.
-    """
-    if mode in DEPRECATED_MODES:
-        new = DEPRECATED_MODES[mode]
-        warnings.warn(
-            f"{owner}(mode={mode!r}) is now spelled mode={new!r} (the same "
-            "word `keras-psdist launch --mode` uses); the old spelling will be "
-            "removed.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return new
-    if mode not in MODES:
-        raise ValueError(
-            f"Unknown mode {mode!r}. Expected one of: {', '.join(map(repr, MODES))} "
-            "(in-graph: one client, the chief, drives every worker's replicas "
-            "in lockstep; between-graph: every worker task runs the script and "
-            "applies its updates asynchronously)."
-        )
-    return mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,38 +175,6 @@ def check_cluster_resolver(cluster_resolver: Any) -> None:
         raise not_a_resolver(cluster_resolver, "cluster_resolver")
 
 
-def connect(
-    config: ClusterConfig,
-    mode: str,
-    devices: Sequence[str] | None,
-    parameter_devices: Sequence[str] | None,
-    connect_timeout: float,
-) -> Topology:
-    """Connects this process to the cluster and returns the run's devices.
-
-    Call `check_launch_mode` first: it says which launch would work when
-    this process cannot play the mode's role.
-
-    Args:
-        config: The validated cluster, with this process's task.
-        mode: `"in-graph"` (this process is the one client) or
-            `"between-graph"` (every worker runs the script).
-        devices: Compute devices to use instead of the defaults, as full
-            names (`"/job:worker/replica:0/task:1/device:GPU:0"`).
-        parameter_devices: Parameter devices instead of every ps task's CPU.
-        connect_timeout: Seconds to wait for every task to accept connections.
-
-    Raises:
-        ConnectionError: if a task does not answer within `connect_timeout`.
-        OSError: if this task's port is held by another process.
-    """
-    if mode == "between-graph":
-        return _connect_between_graph(
-            config, devices, parameter_devices, connect_timeout
-        )
-    return _connect_in_graph(config, devices, parameter_devices, connect_timeout)
-
-
 def check_launch_mode(config: ClusterConfig, mode: str, owner: str) -> None:
     """Raises `ValueError` when this process cannot train in `mode`: a task
     other than the chief under in-graph, a ps task under between-graph, or a
@@ -314,7 +253,29 @@ def script_command() -> str:
     return shlex.join(["python", *argv])
 
 
-def _connect_in_graph(config, devices, parameter_devices, connect_timeout):
+def connect_in_graph(
+    config: ClusterConfig,
+    devices: Sequence[str] | None,
+    parameter_devices: Sequence[str] | None,
+    connect_timeout: float,
+) -> Topology:
+    """Connects this process, the one client (the chief), to the cluster.
+
+    Call `check_launch_mode` first: it says which launch would work when
+    this process cannot play the mode's role.
+
+    Args:
+        config: The validated cluster, with this process's task.
+        devices: Compute devices to use instead of every worker task's GPUs
+            (else its CPU), as full names
+            (`"/job:worker/replica:0/task:1/device:GPU:0"`).
+        parameter_devices: Parameter devices instead of every ps task's CPU.
+        connect_timeout: Seconds to wait for every task to accept connections.
+
+    Raises:
+        ConnectionError: if a task does not answer within `connect_timeout`.
+        OSError: if this task's port is held by another process.
+    """
     wait_reachable(_targets(config, ("ps", "worker")), connect_timeout)
     if config.has_chief:
         check_port_free(config.addresses("chief")[0])
@@ -347,7 +308,16 @@ def _connect_in_graph(config, devices, parameter_devices, connect_timeout):
 _connected_between_graph: tuple | None = None
 
 
-def _connect_between_graph(config, devices, parameter_devices, connect_timeout):
+def connect_between_graph(
+    config: ClusterConfig,
+    devices: Sequence[str] | None,
+    parameter_devices: Sequence[str] | None,
+    connect_timeout: float,
+) -> Topology:
+    """Connects this worker process to the ps tasks, as one of the clients.
+
+    Args and raises as `connect_in_graph`; `devices` are this task's.
+    """
     global _connected_between_graph
     wait_reachable(_targets(config, ("ps",)), connect_timeout)
     # Only the ps tasks and this task: a client creates a context on every

@@ -9,6 +9,8 @@
                               (on every copy of a replicated variable)
     optimizer_update       -> Keras's update step, the optimizer known (a
                               partitioned variable updates shard by shard)
+    run.mode.training      -> once: the mode's part beyond Keras's step
+                              (`sync_training`, a `keras_psdist.modes.Training`)
 
 Variables exist once (a `PSVariable` on a parameter device); replicas read it
 there. There is no mirrored copy to keep in sync, so an update is one op per
@@ -78,6 +80,7 @@ class PSExtended(
         """
         super().__init__(container_strategy)
         topology = run.topology
+        self._mode = run.mode
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices
@@ -146,8 +149,8 @@ class PSExtended(
         # then leave replicas without data at the end; `replica_batches.py`
         # fills them.
         self.experimental_enable_get_next_as_optional = True
-        # `SyncReplicaStrategy`: the attack this worker process runs when it
-        # is one of the attacked workers.
+        # Sync replicas: the attack this worker process runs when it is one
+        # of the attacked workers.
         self.worker_attack = run.worker_attack
         # Cluster runs: ends this process if a server task is lost and it
         # does not stop by itself (`keras_psdist.cluster.task_loss`).
@@ -166,19 +169,20 @@ class PSExtended(
                 server_watch=self.server_watch,
                 names=topology.training_task_names,
             )
-            if topology.is_chief and run.report_lost_workers:
+            if topology.is_chief and run.mode.reports_lost_workers:
                 self.loss_reporter = LossReporter(self.heartbeats)
-        # This process's part in sync-replica or bounded-staleness training.
-        self.sync_training = None if run.training is None else run.training(self)
+        # This process's part in the mode's training beyond Keras's step (a
+        # `keras_psdist.modes.Training`: sync replicas, bounded staleness),
+        # else None.
+        self.sync_training = run.mode.training(
+            container_strategy, topology, self._shared, self.heartbeats
+        )
         # The rule's state, for checkpoints (see `training_state`).
         self._training_state = tf.Module(name="training_state")
         self._training_state.reduction = self._reduction.state
-        service = getattr(self.sync_training, "reduction", None)
-        if service is not None:
-            self._training_state.update_service = service.state
-        momentum = getattr(self.sync_training, "momentum", None)
-        if momentum is not None:
-            self._training_state.worker_momentum = momentum
+        if self.sync_training is not None:
+            for name, state in self.sync_training.checkpointed().items():
+                setattr(self._training_state, name, state)
 
     # ---------------------------------------------------------------- state
 
@@ -213,13 +217,20 @@ class PSExtended(
         return self._shared
 
     @property
+    def mode(self) -> Any:
+        """The run's `keras_psdist.modes.Mode`."""
+        return self._mode
+
+    @property
     def topology(self) -> Topology:
         """Where the replicas, inputs and parameters are (one host or a cluster)."""
         return self._topology
 
     @property
     def aggregator(self) -> Aggregator:
-        """The rule `batch_reduce_to` applies to per-replica values."""
+        """The rule `batch_reduce_to` applies to per-replica values (sync
+        replicas: a `SyncReplicaAggregation`, whose `rule` the chief applies
+        across workers)."""
         return self._reduction.aggregator
 
     @property

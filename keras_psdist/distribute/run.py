@@ -1,15 +1,15 @@
 """`Run`: the one description of a run a strategy front hands its extended.
 
-A front (`PSStrategy`, `SyncReplicaStrategy`) checks its arguments, finds the
-devices (`cluster.runtime`), binds the rule, and describes the run here;
-`PSExtended` builds every collaborator from it and nothing outside sets
-anything on the extended afterwards.
+A front (`PSStrategy`, `SyncReplicaStrategy`) checks its arguments and
+chooses a mode (`keras_psdist.modes`); the mode finds the devices, binds the
+rule, and describes the run here. `PSExtended` builds every collaborator from
+it, calls the mode's `training` hook once, and nothing outside sets anything
+on the extended afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from keras_psdist import placement as placement_lib
@@ -22,30 +22,32 @@ class Run:
     """What a strategy runs: devices, policies, rule, timeouts, training.
 
     Attributes:
+        mode: The `keras_psdist.modes.Mode` that described the run: the
+            extended calls its `training` hook and reads its
+            `reports_lost_workers`.
         topology: Where the replicas, inputs and parameters are.
         placement: The placement policy (see `PSStrategy`).
-        aggregator: The bound rule over the replicas' gradients.
+        aggregator: The bound rule `batch_reduce_to` runs over this process's
+            replicas' gradients. (Sync replicas: a
+            `modes.sync_replicas.SyncReplicaAggregation`, which names the rule
+            the chief applies across workers.)
         attack: A simulated attack on replicas, or `None`.
         init_timeout: Between-graph, seconds to wait for the chief to
             initialise a shared variable.
         partitioner: Splits large variables, or `None`.
         heartbeat_timeout: Cluster runs: seconds of silence after which a
             worker (between-graph) or a server task counts as lost.
-        worker_attack: `SyncReplicaStrategy`: the attack this worker process
-            runs on every replica, when it is an attacked worker.
-        training: Between-graph training beyond plain async updates
-            (`SyncTraining`, `BoundedStaleness`): built from the extended,
-            once its shared variables and heartbeats exist.
+        worker_attack: Sync replicas: the attack this worker process runs on
+            every replica, when it is an attacked worker.
         worker_momentum: Each replica's momentum of its gradients, which the
             rule aggregates (see `aggregators.momentum`), or 0 for none.
-        report_lost_workers: Between-graph, whether the chief logs lost and
-            returning workers (`SyncReplicaStrategy`'s update service logs
-            them itself).
         dense: Which trainable variables are replicated and all-reduced
             instead of kept on a parameter device (see
             `keras_psdist.dense_choice.get_chooser`).
     """
 
+    # A `keras_psdist.modes.Mode` (not imported: modes/ builds on distribute/).
+    mode: Any
     topology: Topology
     placement: str | placement_lib.PlacementFn
     aggregator: Aggregator
@@ -54,7 +56,5 @@ class Run:
     partitioner: Any = None
     heartbeat_timeout: float = 30.0
     worker_attack: Any = None
-    training: Callable[[Any], Any] | None = None
-    report_lost_workers: bool = True
     worker_momentum: float = 0.0
     dense: Any = "ps"

@@ -9,6 +9,11 @@
                        (a piece made outside the scope) with the fix
     xla.py             `jit_compile=True`: each replica's forward and backward
                        pass compiled on its device, the update outside XLA
+    routed_take.py     the wrapper that gathers an embedding's rows where
+                       they live instead of reading the whole table
+    training_hooks.py  the wrappers that hand the optimizer's apply and `fit`
+                       to the mode's `Training` (sync replicas, bounded
+                       staleness)
 
 Beside it, `keras_psdist/_tf.py` holds every import of TensorFlow's private
 modules and checks the supported TensorFlow and Keras versions on import.

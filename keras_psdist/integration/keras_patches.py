@@ -123,7 +123,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "keras.src.backend.tensorflow.numpy:take",
-        "keras_psdist.routing:routed_take",
+        "keras_psdist.integration.routed_take:routed_take",
         "The TF backend's `take` reads the whole variable, then gathers: an "
         "embedding table would cross the network every step. Retired by a "
         "`take` that calls `sparse_read` on a variable (as tf.keras's "
@@ -171,7 +171,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "keras.src.optimizers.base_optimizer:BaseOptimizer.apply",
-        "keras_psdist.sync.keras_hooks:sync_apply",
+        "keras_psdist.integration.training_hooks:sync_apply",
         "A sync-replica worker must send its gradient to the chief and wait, "
         "not apply it; Keras applies inside the train step. Retired by an "
         "optimizer hook of the strategy (`extended.apply_gradients`).",
@@ -181,7 +181,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.fit",
-        "keras_psdist.sync.keras_hooks:sync_fit",
+        "keras_psdist.integration.training_hooks:sync_fit",
         "A sync-replica run has a session around fit and marks each finished "
         "step. Wraps the task-loss fit above (this order). Retired by the "
         "same trainer hook as fit above.",

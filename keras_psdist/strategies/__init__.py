@@ -6,8 +6,9 @@
     sync_replica.py  `SyncReplicaStrategy`: TF1's `SyncReplicasOptimizer`
                      semantics between worker processes
 
-Each front checks its arguments, finds its devices, and hands one
-description of the run (`keras_psdist.distribute.run.Run`) to
+Each front checks its arguments (`keras_psdist.modes.Arguments`), chooses a
+mode (`keras_psdist.modes`), and hands the description of the run the mode
+gives (`keras_psdist.distribute.run.Run`) to
 `keras_psdist.distribute.extended.PSExtended`, which builds everything the
 run needs from it.
 """

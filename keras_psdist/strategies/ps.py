@@ -1,23 +1,20 @@
-"""`PSStrategy`: the public front of the parameter-server strategy."""
+"""`PSStrategy`: the public front of the parameter-server strategy.
+
+It checks its arguments, chooses the mode (`keras_psdist.modes`: one host,
+in-graph, between-graph, bounded staleness) and hands the run the mode
+describes to `PSExtended`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from absl import logging
-
 from keras_psdist import aggregators as aggregators_lib
-from keras_psdist import dense_choice
-from keras_psdist import devices as devices_lib
-from keras_psdist import partitioners as partitioners_lib
+from keras_psdist import dense_choice, modes
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
-from keras_psdist.aggregators.base import check_count
-from keras_psdist.aggregators.momentum import check_beta
-from keras_psdist.cluster import runtime
 from keras_psdist.distribute.extended import PSExtended
-from keras_psdist.distribute.run import Run
 from keras_psdist.integration import keras_patches
 
 
@@ -84,15 +81,16 @@ class PSStrategy(distribute_lib.Strategy):
             training, with backup workers, use `SyncReplicaStrategy`. A
             process started in a role the mode cannot use (e.g. by a launch
             of the other mode) raises `ValueError` naming the command that
-            works. The spellings `"sync"` and `"async"` of earlier versions
-            still work, with a `DeprecationWarning` (renamed in 0.2). Defaults to
-            `"in-graph"`.
+            works. Underscores read as hyphens (`"in_graph"`); the spellings
+            `"sync"` and `"async"` of earlier versions still work, with a
+            `DeprecationWarning` (renamed in 0.2); see
+            `keras_psdist.modes`. Defaults to `"in-graph"`.
         max_staleness: Between-graph, bound the staleness (stale synchronous
             parallel): a worker at most this many steps ahead of the slowest
             waits before its next step, and a gradient computed more than
             this many steps behind the fastest worker is dropped, not
-            applied. See `keras_psdist.sync.staleness`. Defaults to `None`
-            (unbounded).
+            applied (`keras_psdist.modes.bounded_staleness`). Defaults to
+            `None` (unbounded).
         step_timeout: With `max_staleness`, seconds a worker waits for the
             slowest before raising `TimeoutError`. Defaults to 300.
         connect_timeout: Seconds to wait for the cluster's tasks to accept
@@ -173,114 +171,42 @@ class PSStrategy(distribute_lib.Strategy):
         heartbeat_timeout: float = 30.0,
         dense: str | dict[str, Any] | dense_choice.ChooserFn = "ps",
     ):
-        choice = dense_choice.get(dense)
-        devices_lib.canonical_names(devices, "devices")
-        partitioner, aggregator, worker_momentum = check_shared_arguments(
+        arguments = modes.Arguments(
+            devices=devices,
             parameter_devices=parameter_devices,
-            cluster_resolver=cluster_resolver,
             placement=placement,
-            partitioner=partitioner,
             aggregator=aggregator,
             num_byzantine=num_byzantine,
+            attack=attack,
             worker_momentum=worker_momentum,
+            cluster_resolver=cluster_resolver,
+            max_staleness=max_staleness,
             step_timeout=step_timeout,
             connect_timeout=connect_timeout,
             init_timeout=init_timeout,
-            heartbeat_timeout=heartbeat_timeout,
-        )
-        mode = runtime.resolve_mode(mode)
-        if max_staleness is not None:
-            check_count("max_staleness", max_staleness, minimum=0)
-            if mode != "between-graph":
-                raise ValueError(
-                    "max_staleness bounds how far asynchronous workers drift "
-                    "apart; it needs mode='between-graph'. Received: "
-                    f"mode={mode!r}, "
-                    f"max_staleness={max_staleness}. For synchronous training "
-                    "with backup workers use SyncReplicaStrategy."
-                )
-        if mode == "between-graph" and not isinstance(
-            choice, (dense_choice.AllOnPS, dense_choice.AutoChoice)
-        ):
-            raise ValueError(
-                f"dense={dense!r} replicates variables on the replicas, which "
-                "needs one client that sees every replica: one host or "
-                "mode='in-graph'. Between-graph workers keep every variable "
-                "on the ps tasks. Received: mode='between-graph'; leave dense= "
-                "out, or train in-graph."
-            )
-        config = runtime.resolve_config(cluster_resolver)
-        if config is None:
-            if mode == "between-graph":
-                raise ValueError(
-                    "PSStrategy(mode='between-graph') trains between processes "
-                    "and needs a cluster, but TF_CONFIG is not set and no "
-                    "cluster_resolver was passed. Run the script with "
-                    "`keras-psdist launch --mode between-graph --num-ps 1 "
-                    f"--num-workers 2 -- {runtime.script_command()}` (or pass "
-                    "cluster_resolver=); on one host, leave mode out."
-                )
-            topology = runtime.local_topology(devices, parameter_devices)
-        else:
-            runtime.check_launch_mode(config, mode, f"PSStrategy(mode={mode!r})")
-            topology = runtime.connect(
-                config, mode, devices, parameter_devices, connect_timeout
-            )
-        n = len(topology.compute_devices)
-        aggregator = aggregator.bind(n, num_byzantine)
-        warn_if_undefended(aggregator, "PSStrategy")
-        self._num_byzantine = aggregator.num_byzantine
-        attack = resolve_attack(attack, n, self._num_byzantine)
-        training = None
-        if max_staleness is not None:
-            from keras_psdist.cluster.shared_variables import run_namespace
-            from keras_psdist.sync.staleness import BoundedStaleness
-
-            namespace = run_namespace("staleness")
-
-            def training(extended):
-                return BoundedStaleness(
-                    self,
-                    max_staleness,
-                    worker=topology.worker_index,
-                    num_workers=topology.num_training_processes,
-                    device=topology.parameter_devices[0],
-                    shared=extended.shared_variables,
-                    local_device=topology.client_device,
-                    step_timeout=float(step_timeout),
-                    heartbeats=extended.heartbeats,
-                    names=topology.training_task_names,
-                    namespace=namespace,
-                )
-
-        # Keras's side of the run: installed once, before any model exists.
-        keras_patches.install()
-        run = Run(
-            topology,
-            placement,
-            aggregator,
-            attack,
-            init_timeout,
             partitioner=partitioner,
             heartbeat_timeout=heartbeat_timeout,
-            training=training,
-            worker_momentum=worker_momentum,
             dense=dense,
-        )
+        ).checked()
+        mode = modes.choose(mode, arguments, "PSStrategy")
+        mode.validate()
+        run = mode.run(mode.topology())
+        # Keras's side of the run: installed once, before any model exists.
+        keras_patches.install()
         super().__init__(PSExtended(self, run))
 
     @property
     def num_byzantine(self) -> int:
         """The number of replicas the run tolerates as faulty."""
-        return self._num_byzantine
+        return self.extended.aggregator.num_byzantine
 
     def __repr__(self) -> str:
         ext = self.extended
-        mode = ext.topology.mode
+        launch = ext.mode.launch
         return (
             f"PSStrategy(devices={list(ext.worker_devices)}, "
             f"parameter_devices={list(ext.parameter_devices)}, "
-            f"aggregator={ext.aggregator!r}, num_byzantine={self._num_byzantine}"
+            f"aggregator={ext.aggregator!r}, num_byzantine={self.num_byzantine}"
             + (f", attack={ext.attack!r}" if ext.attack is not None else "")
             + (
                 f", worker_momentum={ext.worker_momentum}"
@@ -292,90 +218,5 @@ class PSStrategy(distribute_lib.Strategy):
                 if ext.partitioner is not None
                 else ""
             )
-            + (f", mode={mode!r})" if mode != "local" else ")")
+            + (f", mode={launch!r})" if launch is not None else ")")
         )
-
-
-def check_shared_arguments(
-    *,
-    parameter_devices: Any,
-    cluster_resolver: Any,
-    placement: Any,
-    partitioner: Any,
-    aggregator: Any,
-    num_byzantine: Any,
-    worker_momentum: Any,
-    **seconds: Any,
-) -> tuple[Any, aggregators_lib.Aggregator, float]:
-    """Checks the arguments every strategy front takes (`ValueError` naming
-    the fix); returns the partitioner, the (unbound) aggregator and the
-    worker momentum, resolved."""
-    devices_lib.canonical_names(parameter_devices, "parameter_devices")
-    runtime.check_cluster_resolver(cluster_resolver)
-    check_placement(placement)
-    worker_momentum = check_beta(worker_momentum)
-    partitioner = partitioners_lib.get(partitioner)
-    check_seconds(**seconds)
-    if num_byzantine is not None:
-        check_count("num_byzantine", num_byzantine, minimum=0)
-    return partitioner, aggregators_lib.get(aggregator), worker_momentum
-
-
-def check_placement(placement: Any) -> None:
-    """Raises `ValueError` unless `placement` names a policy (an id, a
-    config dict, a policy) or is callable."""
-    placement_lib.get(placement)
-
-
-def check_seconds(**durations: Any) -> None:
-    """Raises `ValueError` unless every value is a positive number of seconds."""
-    for name, value in durations.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not (value > 0)
-        ):
-            raise ValueError(
-                f"`{name}` must be a positive number of seconds. "
-                f"Received: {name}={value!r}"
-            )
-
-
-def warn_if_undefended(aggregator, strategy_name: str) -> None:
-    """Warns when a rule that needs `num_byzantine` runs with 0: it then
-    defends against nothing (see `Aggregator.needs_num_byzantine`)."""
-    if aggregator.needs_num_byzantine and aggregator.f == 0:
-        logging.warning(
-            "%s(aggregator=%r) runs with num_byzantine=0, so %s %s. Pass "
-            "num_byzantine=f, the number of replicas that may be faulty, beside "
-            "the same aggregator: %s(aggregator=<your rule>, num_byzantine=f).",
-            strategy_name,
-            aggregator,
-            aggregator.name,
-            aggregator.without_num_byzantine or "defends against no faulty replica",
-            strategy_name,
-        )
-
-
-def resolve_attack(attack, num_replicas, num_byzantine):
-    """The attack from its config, checked against the replica count (warns
-    when it controls more replicas than `num_byzantine`)."""
-    if attack is None:
-        return None
-    from keras_psdist import attacks as attacks_lib
-
-    attack = attacks_lib.get(attack)
-    attack.check(num_replicas)
-    if len(attack.replicas) > num_byzantine:
-        count = len(attack.replicas)
-        logging.warning(
-            "The attack controls %d replica%s %s but num_byzantine=%d: the rule "
-            "is not guaranteed to withstand it. This is intended only when "
-            "probing a rule beyond its tolerance (or showing the undefended "
-            "mean).",
-            count,
-            "" if count == 1 else "s",
-            list(attack.replicas),
-            num_byzantine,
-        )
-    return attack

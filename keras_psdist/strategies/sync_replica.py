@@ -1,26 +1,21 @@
-"""`SyncReplicaStrategy`: TF1's `SyncReplicasOptimizer` semantics for Keras 3."""
+"""`SyncReplicaStrategy`: TF1's `SyncReplicasOptimizer` semantics for Keras 3.
+
+It checks its arguments and hands over to the sync-replicas mode
+(`keras_psdist.modes.sync_replicas`), which describes the run for
+`PSExtended`.
+"""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 from keras_psdist import aggregators as aggregators_lib
+from keras_psdist import modes
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
-from keras_psdist.aggregators.base import check_count
-from keras_psdist.cluster import runtime, shared_variables, task_loss
 from keras_psdist.distribute.extended import PSExtended
-from keras_psdist.distribute.run import Run
 from keras_psdist.integration import keras_patches
-from keras_psdist.strategies.ps import (
-    check_shared_arguments,
-    resolve_attack,
-    warn_if_undefended,
-)
-from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
-from keras_psdist.sync.training import SyncTraining
 
 
 class SyncReplicaStrategy(distribute_lib.Strategy):
@@ -132,124 +127,43 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
     ):
-        for name, value in (
-            ("replicas_to_aggregate", replicas_to_aggregate),
-            ("total_num_replicas", total_num_replicas),
-        ):
-            if value is not None:
-                check_count(name, value, minimum=1)
-        partitioner, aggregator, worker_momentum = check_shared_arguments(
-            parameter_devices=parameter_devices,
-            cluster_resolver=cluster_resolver,
-            placement=placement,
-            partitioner=partitioner,
+        arguments = modes.Arguments(
+            replicas_to_aggregate=replicas_to_aggregate,
+            total_num_replicas=total_num_replicas,
             aggregator=aggregator,
             num_byzantine=num_byzantine,
+            attack=attack,
             worker_momentum=worker_momentum,
+            placement=placement,
+            parameter_devices=parameter_devices,
+            cluster_resolver=cluster_resolver,
             step_timeout=step_timeout,
             connect_timeout=connect_timeout,
             init_timeout=init_timeout,
-            heartbeat_timeout=heartbeat_timeout,
-        )
-        config = runtime.resolve_config(cluster_resolver)
-        if config is None:
-            raise ValueError(
-                "SyncReplicaStrategy trains between worker processes and needs "
-                "a cluster, but TF_CONFIG is not set and no cluster_resolver "
-                "was passed. Run the script with `keras-psdist launch --mode "
-                "between-graph --num-ps 1 --num-workers 3 -- "
-                f"{runtime.script_command()}` "
-                "(or pass cluster_resolver=). On one host, PSStrategy() trains "
-                "synchronously on this process's devices."
-            )
-        runtime.check_launch_mode(config, "between-graph", "SyncReplicaStrategy")
-        workers = runtime.num_training_tasks(config)
-        if total_num_replicas is None:
-            total_num_replicas = workers
-        elif total_num_replicas != workers:
-            raise ValueError(
-                f"total_num_replicas={total_num_replicas}, but the cluster has "
-                f"{workers} worker processes (chief and worker tasks) and each "
-                "is one replica. Pass total_num_replicas="
-                f"{workers} or leave it out."
-            )
-        if replicas_to_aggregate is None:
-            replicas_to_aggregate = total_num_replicas
-        aggregator = aggregator.bind(replicas_to_aggregate, num_byzantine)
-        warn_if_undefended(aggregator, "SyncReplicaStrategy")
-        self._num_byzantine = aggregator.num_byzantine
-        attack = _resolve_worker_attack(attack, total_num_replicas, self._num_byzantine)
-        topology = runtime.connect(
-            config, "between-graph", None, parameter_devices, connect_timeout
-        )
-        attacked = attack is not None and topology.worker_index in attack.replicas
-        namespace = shared_variables.run_namespace("sync")
-        from keras_psdist.attacks.base import GradientAttack
-
-        def training(extended):
-            sync = SyncReplicas(
-                SyncConfig(
-                    replicas_to_aggregate,
-                    total_num_replicas,
-                    float(step_timeout),
-                    worker_names=topology.training_task_names,
-                ),
-                worker=topology.worker_index,
-                is_chief=topology.is_chief,
-                device=topology.parameter_devices[0],
-                shared=extended.shared_variables,
-                local_device=topology.client_device,
-                unreachable_servers=functools.partial(
-                    task_loss.unreachable_tasks, topology.config, ("ps",)
-                ),
-                namespace=namespace,
-            )
-            return SyncTraining(
-                self,
-                sync,
-                aggregator,
-                attack if attacked and isinstance(attack, GradientAttack) else None,
-                topology.parameter_devices,
-                heartbeats=extended.heartbeats,
-                config=topology.config,
-                worker_momentum=worker_momentum,
-            )
-
-        # Keras's side of the run: installed once, before any model exists.
-        keras_patches.install()
-        run = Run(
-            topology,
-            placement,
-            # Each worker's own replicas: summed; the rule runs in the chief's
-            # update service (`SyncTraining`), over the workers' gradients.
-            aggregators_lib.Mean(),
-            None,
-            init_timeout,
             partitioner=partitioner,
             heartbeat_timeout=heartbeat_timeout,
-            worker_attack=attack if attacked else None,
-            training=training,
-            # The update service logs lost and returning workers.
-            report_lost_workers=False,
-        )
+        ).checked()
+        mode = modes.SyncReplicasMode(arguments, "SyncReplicaStrategy")
+        mode.validate()
+        run = mode.run(mode.topology())
+        # Keras's side of the run: installed once, before any model exists.
+        keras_patches.install()
         super().__init__(PSExtended(self, run))
-        self._attack = attack
-        self._aggregator = aggregator
 
     @property
     def num_byzantine(self) -> int:
         """The number of workers the run tolerates as faulty."""
-        return self._num_byzantine
+        return self.extended.aggregator.num_byzantine
 
     @property
     def replicas_to_aggregate(self) -> int:
         """Fresh gradients per update."""
-        return self.extended.sync_training.sync.config.replicas_to_aggregate
+        return self.extended.aggregator.replicas_to_aggregate
 
     @property
     def total_num_replicas(self) -> int:
         """Worker processes."""
-        return self.extended.sync_training.sync.config.total_num_replicas
+        return self.extended.aggregator.total_num_replicas
 
     def training(self, model=None):
         """A context for a custom training loop (`fit` enters it by itself).
@@ -261,34 +175,18 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         return self.extended.sync_training.session(model)
 
     def __repr__(self) -> str:
-        config = self.extended.sync_training.sync.config
+        aggregation = self.extended.aggregator
+        attack = self.extended.mode.attack
         return (
-            f"SyncReplicaStrategy(replicas_to_aggregate={config.replicas_to_aggregate}, "
-            f"total_num_replicas={config.total_num_replicas}, "
-            f"aggregator={self._aggregator!r}, num_byzantine={self._num_byzantine}"
-            + (f", attack={self._attack!r}" if self._attack is not None else "")
+            "SyncReplicaStrategy(replicas_to_aggregate="
+            f"{aggregation.replicas_to_aggregate}, "
+            f"total_num_replicas={aggregation.total_num_replicas}, "
+            f"aggregator={aggregation.rule!r}, num_byzantine={self.num_byzantine}"
+            + (f", attack={attack!r}" if attack is not None else "")
             + (
-                f", worker_momentum={worker_momentum}"
-                if (worker_momentum := self.extended.sync_training.worker_momentum)
+                f", worker_momentum={aggregation.worker_momentum}"
+                if aggregation.worker_momentum
                 else ""
             )
             + ")"
         )
-
-
-def _resolve_worker_attack(attack, num_workers, num_byzantine):
-    if attack is None:
-        return None
-    from keras_psdist import attacks as attacks_lib
-    from keras_psdist.attacks.base import AdaptiveAttack
-    from keras_psdist.attacks.crafted import ALIE, IPM, Mimic
-
-    attack = attacks_lib.get(attack)
-    if isinstance(attack, (ALIE, IPM, Mimic, AdaptiveAttack)):
-        raise ValueError(
-            f"{attack!r} forges its gradient from the honest workers' gradients, "
-            "which a worker process of SyncReplicaStrategy cannot see. Use "
-            "sign_flip, scale, gaussian_noise, non_finite or label_flip here, "
-            "or evaluate crafted attacks with PSStrategy on one host."
-        )
-    return resolve_attack(attack, num_workers, num_byzantine)

@@ -1,5 +1,8 @@
 """Bounded staleness for async training: `PSStrategy(mode="between-graph", max_staleness=s)`.
 
+`BoundedStaleness` is one worker's part (a `keras_psdist.modes.Training`,
+built by `keras_psdist.modes.bounded_staleness`).
+
 Stale synchronous parallel (Ho et al., "More Effective Distributed ML via a
 Stale Synchronous Parallel Parameter Server", NeurIPS 2013), on two int64
 variables on the first ps task that every worker opens by name:
@@ -31,7 +34,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.cluster.shared_variables import SharedVariables
-from keras_psdist.sync import keras_hooks
+from keras_psdist.sync import per_worker
 from keras_psdist.sync.protocol import local_variable
 from keras_psdist.variables.staged_merge import in_replica_control_flow
 
@@ -101,7 +104,7 @@ class BoundedStaleness:
                 "control flow; this optimizer applies them inside a `cond` "
                 f"({type(optimizer).__name__}). Use a plain optimizer."
             )
-        return keras_hooks.once_per_worker(
+        return per_worker.once_per_worker(
             lambda grads, variables: self._apply_if_fresh(apply, grads, variables),
             grads,
             variables,
@@ -231,6 +234,11 @@ class BoundedStaleness:
             updates=tf.constant([1], tf.int64),
         )
         return False
+
+    def checkpointed(self) -> dict[str, tf.Module]:
+        """Nothing beyond the weights: the clocks are shared, the counts
+        this process's own."""
+        return {}
 
     def counts(self) -> dict[str, Any]:
         """This worker's counts: applied, dropped as stale, waits, and the

@@ -1,9 +1,10 @@
 """One process's part in sync-replica training: its steps, its `fit`s, its watchdog.
 
-`SyncTraining` is what `SyncReplicaStrategy` adds to a between-graph run:
+`SyncTraining` is what the sync-replicas mode (`keras_psdist.modes.sync_replicas`)
+adds to a between-graph run, through the hooks of `keras_psdist.modes.Training`:
 
 - `worker_apply` replaces the optimizer's apply inside a worker's train step
-  (see `keras_hooks.py`): this worker's replicas' gradients are combined,
+  (see `keras_psdist.integration.training_hooks`): this worker's replicas' gradients are combined,
   pushed tagged with the worker's step, and the worker waits for its release
   (`protocol.SyncReplicas.worker_step`). It writes no variable: the chief
   applies the update.
@@ -65,7 +66,7 @@ from keras_psdist.aggregators.momentum import moving_averages
 from keras_psdist.cluster import task_loss
 from keras_psdist.distribute.reduction import GradientReduction, ReductionState
 from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
-from keras_psdist.sync import keras_hooks, protocol
+from keras_psdist.sync import per_worker, protocol
 from keras_psdist.sync.protocol import SyncReplicas
 from keras_psdist.sync.service import UpdateService, WorkerLostError, say
 from keras_psdist.variables.staged_merge import in_replica_control_flow
@@ -175,7 +176,7 @@ class SyncTraining:
         scale = optimizer.loss_scale_factor
         grads = [g if g is None or scale is None else g / scale for g in grads]
         grads = optimizer._clip_gradients(grads)
-        return keras_hooks.once_per_worker(self._push, grads, variables)
+        return per_worker.once_per_worker(self._push, grads, variables)
 
     def _push(self, grads, variables):
         if self.worker_momentum:
@@ -309,6 +310,14 @@ class SyncTraining:
             "after the chief's last, so this worker's remaining steps would only "
             f"be dropped.{ran}"
         )
+
+    def checkpointed(self) -> dict[str, tf.Module]:
+        """The state `BackupAndRestore` saves beside the weights: this
+        worker's momentum buffers, and on the chief its rule's state."""
+        state = {"worker_momentum": self.momentum}
+        if self.reduction is not None:
+            state["update_service"] = self.reduction.state
+        return state
 
     def counts(self) -> dict[str, Any]:
         """The run's counts so far, as published by the chief."""

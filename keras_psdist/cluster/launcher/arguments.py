@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from keras_psdist.cluster.mode_names import IN_GRAPH, LAUNCH_MODES, canonical
 from keras_psdist.cluster.ports import pick_free_ports
 
-MODES = ("in-graph", "between-graph")
+# The modes `launch` takes (`keras_psdist.cluster.mode_names`).
+MODES = LAUNCH_MODES
 
 
 def check_args(
@@ -35,9 +37,7 @@ def check_args(
     for name, value in (("num_ps", num_ps), ("num_workers", num_workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be an integer >= 1. Received: {value!r}")
-    normalised = str(mode).replace("_", "-")
-    if normalised not in MODES:
-        raise ValueError(f"Unknown mode {mode!r}. Expected one of: {', '.join(MODES)}.")
+    normalised = canonical(mode, LAUNCH_MODES, "launch", stacklevel=4)
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"`timeout_s` must be > 0. Received: timeout_s={timeout_s}")
     if not startup_timeout_s > 0:
@@ -85,7 +85,7 @@ def check_fault_tolerance(
             raise ValueError(
                 f"`{named(name)}` must be an integer >= 0. Received: {value!r}"
             )
-        if value and mode == "in-graph":
+        if value and mode == IN_GRAPH:
             raise ValueError(
                 f"`{named(name)}` applies to between-graph runs, where each worker "
                 "is its own training process. In-graph, the worker tasks are the "

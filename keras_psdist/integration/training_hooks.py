@@ -1,23 +1,24 @@
-"""Where sync-replica training meets Keras: the optimizer's apply and `fit`.
+"""Where a mode's training meets Keras: the optimizer's apply and `fit`.
 
-In a sync-replica run a worker must not apply its own gradient: it sends it
-to the chief and waits. Keras's optimizer applies gradients itself inside the
-train step, so `integration.keras_patches` wraps two Keras methods with this module's
-`sync_apply` and `sync_fit`, for models and optimizers
-of a `SyncReplicaStrategy` only (everything else is untouched):
+A mode that changes how a worker's gradients are applied (its
+`keras_psdist.modes.Mode.training` is not None) declares the hooks of
+`keras_psdist.modes.Training`. Keras's optimizer applies gradients itself
+inside the train step, so `integration.keras_patches` wraps two Keras methods
+with this module's `sync_apply` and `sync_fit`, for models and optimizers of
+such a run only (everything else is untouched):
 
-| method            | in a sync-replica run                                  |
+| method            | in such a run                                          |
 |-------------------|--------------------------------------------------------|
-| `Optimizer.apply` | `SyncTraining.worker_apply` (push, wait); it keeps     |
-|                   | Keras's own apply, which the chief's update service    |
-|                   | calls                                                  |
-| `Model.fit`       | runs inside `SyncTraining.session(model)`, with a      |
-|                   | callback that marks each finished step (and stops a    |
-|                   | straggler's fit once the chief's has ended)            |
+| `Optimizer.apply` | `Training.worker_apply`; it is handed Keras's own      |
+|                   | apply (a sync-replica worker pushes and waits; the     |
+|                   | chief's update service calls Keras's apply)            |
+| `Model.fit`       | runs inside `Training.session(model)`, with a callback |
+|                   | that calls `before_step` and `progress` around each    |
+|                   | step (and stops a straggler's fit when told to)        |
 
-Bounded-staleness async training (`PSStrategy(mode="between-graph",
-max_staleness=...)`, see `staleness.py`) plugs into the same two hooks: its
-`worker_apply` applies only fresh gradients, and its callback holds a worker
+Sync replicas (`sync.training.SyncTraining`) and bounded staleness
+(`sync.staleness.BoundedStaleness`) are the two such trainings: the one
+pushes and waits, the other applies only fresh gradients and holds a worker
 that is too far ahead before each step.
 """
 
@@ -27,46 +28,13 @@ import functools
 import inspect
 
 import keras
-import tensorflow as tf
 
 
 def sync_training_of(strategy):
-    """The strategy's `SyncTraining` or `BoundedStaleness`, else `None`."""
+    """The strategy's `keras_psdist.modes.Training` (its mode's part in the
+    training, `extended.sync_training`), else `None`."""
     extended = getattr(strategy, "extended", None)
     return getattr(extended, "sync_training", None)
-
-
-def once_per_worker(fn, grads, variables):
-    """Calls `fn(grads, variables)` once for this worker process.
-
-    From a replica (inside `strategy.run`), `fn` runs in cross-replica
-    context with `grads` the sum of this worker's replicas' (1/n-scaled)
-    gradients, combined by the strategy's own reduction; outside, with
-    `grads` as they are. `None` stays `None`.
-    """
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None:
-        return fn(list(grads), variables)
-    return ctx.merge_call(
-        lambda strategy, *per_replica: fn(
-            _sum_over_replicas(strategy, per_replica, variables), variables
-        ),
-        args=tuple(grads),
-    )
-
-
-def _sum_over_replicas(strategy, per_replica, variables):
-    present = [
-        (g, getattr(v, "value", v))
-        for g, v in zip(per_replica, variables, strict=True)
-        if g is not None
-    ]
-    reduced = iter(
-        strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, present)
-        if present
-        else []
-    )
-    return [None if g is None else next(reduced) for g in per_replica]
 
 
 def sync_apply(apply):

@@ -1,0 +1,225 @@
+"""`Mode`: the interface every execution mode implements, and `Training`.
+
+A strategy front checks its arguments (`Arguments.checked`), chooses a mode,
+and hands over; the mode does the rest, in this order:
+
+| hook                       | who calls it            | what it does                        |
+|----------------------------|-------------------------|-------------------------------------|
+| `modes.choose(name, ...)`  | the front               | the mode `name`, or one that       |
+|                            |                         | `refines` it for these arguments   |
+|                            |                         | (one host: `local`)                |
+| `validate()`               | the front               | checks before anything connects    |
+| `topology()`               | the front               | finds or connects to the devices   |
+| `run(topology)`            | the front               | the `Run` its extended builds from |
+| `training(strategy, ...)`  | the extended, once its  | this process's part in training    |
+|                            | shared variables and    | beyond Keras's own step, or None   |
+|                            | heartbeats exist        |                                    |
+
+`training` returns a `Training`, whose hooks Keras's wrapped `apply` and
+`fit` call (`keras_psdist.integration.training_hooks`); a mode that leaves
+Keras's step as it is returns None (the default), and Keras runs untouched.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import tensorflow as tf
+
+from keras_psdist import dense_choice
+from keras_psdist.cluster import runtime
+from keras_psdist.cluster.mode_names import spellings
+from keras_psdist.cluster.runtime import Topology
+from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.distribute.run import Run
+from keras_psdist.modes.arguments import (
+    Arguments,
+    resolve_attack,
+    warn_if_undefended,
+)
+
+
+@runtime_checkable
+class Training(Protocol):
+    """One process's part in a mode's training, beyond Keras's own step.
+
+    What `keras_psdist.integration.training_hooks` calls, from Keras's
+    `Optimizer.apply` and `Model.fit` (`strategy.extended.sync_training`).
+    """
+
+    def worker_apply(self, optimizer, apply, grads, variables) -> Any:
+        """Instead of Keras's `apply(grads, variables)` (handed over as
+        `apply`): e.g. push the gradient and wait, or apply it if fresh."""
+
+    def session(self, model=None) -> contextlib.AbstractContextManager:
+        """A context around one `fit` (or custom training loop)."""
+
+    def check_steps(self, steps: int) -> None:
+        """Refuses a `fit` of `steps` steps that cannot train."""
+
+    def before_step(self) -> None:
+        """Called before each step of a `fit`."""
+
+    def progress(
+        self, steps_run: int | None = None, steps_planned: int | None = None
+    ) -> bool:
+        """Called after each step of a `fit`; True stops the `fit`."""
+
+    def counts(self) -> dict[str, Any]:
+        """What happened to this run's gradients so far."""
+
+    def checkpointed(self) -> dict[str, tf.Module]:
+        """State `BackupAndRestore` saves beside the weights, by name."""
+
+
+class Mode(abc.ABC):
+    """How a run trains: who runs the replicas, where the variables live,
+    when updates apply. One instance per strategy, made by its front.
+
+    Args:
+        arguments: The front's checked arguments.
+        front: The front's name, for messages (`"PSStrategy"`).
+
+    Attributes:
+        name: The mode's name in the registry (`keras_psdist.modes.MODES`).
+        launch: The `keras-psdist launch --mode` a cluster of this mode is
+            started with, or None: one process, no cluster.
+        summary: What the mode does, in a few words, for messages.
+        selectable: Whether `PSStrategy(mode=name)` chooses it.
+        refines: The selectable mode this one replaces when `refines_for`
+            the arguments (`keras_psdist.modes.choose`), or None.
+        takes_max_staleness: Whether the mode bounds staleness.
+        replicates_variables: Whether variables may be replicated on the
+            replicas (`dense="all_reduce"`): needs one client that sees
+            every replica.
+        reports_lost_workers: Between-graph, whether the chief logs lost and
+            returning workers (a mode whose training logs them itself says
+            False).
+    """
+
+    name: ClassVar[str]
+    launch: ClassVar[str | None]
+    summary: ClassVar[str]
+    selectable: ClassVar[bool] = False
+    refines: ClassVar[str | None] = None
+    takes_max_staleness: ClassVar[bool] = False
+    replicates_variables: ClassVar[bool] = True
+    reports_lost_workers: ClassVar[bool] = True
+
+    def __init__(self, arguments: Arguments, front: str):
+        self.arguments = arguments
+        self.front = front
+
+    @classmethod
+    def spellings(cls) -> tuple[str, ...]:
+        """Every name `keras_psdist.modes.get` reads as this mode."""
+        return spellings(cls.name)
+
+    @classmethod
+    def refines_for(cls, arguments: Arguments) -> bool:
+        """Whether this mode replaces the mode `refines` for `arguments`
+        (e.g. `local` replaces `in-graph` without a cluster). Only read when
+        `refines` is set."""
+        return False
+
+    @property
+    def owner(self) -> str:
+        """Who trains in this mode, for messages: `PSStrategy(mode='in-graph')`."""
+        return f"{self.front}(mode={self.launch or self.name!r})"
+
+    @property
+    def config(self):
+        """The cluster, or None on one host."""
+        return self.arguments.config
+
+    def validate(self) -> None:
+        """Checks, before anything connects, that this process can train in
+        this mode with these arguments.
+
+        Raises:
+            ValueError: naming what is wrong and the fix.
+        """
+        dense = self.arguments.dense
+        if not self.replicates_variables and not isinstance(
+            dense_choice.get(dense), (dense_choice.AllOnPS, dense_choice.AutoChoice)
+        ):
+            raise ValueError(
+                f"dense={dense!r} replicates variables on the replicas, which "
+                "needs one client that sees every replica: one host or "
+                "mode='in-graph'. Between-graph workers keep every variable "
+                f"on the ps tasks. Received: mode={self.launch!r}; leave dense= "
+                "out, or train in-graph."
+            )
+        if self.launch is None:
+            return
+        if self.config is None:
+            raise self.without_cluster()
+        runtime.check_launch_mode(self.config, self.launch, self.owner)
+
+    def without_cluster(self) -> ValueError:
+        """The error for a cluster mode started without a cluster."""
+        return ValueError(
+            f"{self.owner} trains between processes and needs a cluster, but "
+            "TF_CONFIG is not set and no cluster_resolver was passed. Run the "
+            f"script with `keras-psdist launch --mode {self.launch} --num-ps 1 "
+            f"--num-workers 2 -- {runtime.script_command()}` (or pass "
+            "cluster_resolver=); on one host, leave mode out."
+        )
+
+    @abc.abstractmethod
+    def topology(self) -> Topology:
+        """The run's devices: this process's, or the cluster's once
+        connected.
+
+        Raises:
+            ConnectionError: if a task does not answer within
+                `connect_timeout`.
+        """
+
+    def run(self, topology: Topology) -> Run:
+        """The run the extended builds: here, the rule bound to one replica
+        per compute device, and the attack on them."""
+        arguments = self.arguments
+        n = len(topology.compute_devices)
+        aggregator = arguments.aggregator.bind(n, arguments.num_byzantine)
+        warn_if_undefended(aggregator, self.front)
+        return Run(
+            self,
+            topology,
+            arguments.placement,
+            aggregator,
+            resolve_attack(arguments.attack, n, aggregator.num_byzantine),
+            arguments.init_timeout,
+            partitioner=arguments.partitioner,
+            heartbeat_timeout=arguments.heartbeat_timeout,
+            worker_momentum=arguments.worker_momentum,
+            dense=arguments.dense,
+        )
+
+    def training(
+        self,
+        strategy: tf.distribute.Strategy,
+        topology: Topology,
+        shared: SharedVariables | None,
+        heartbeats: Any,
+    ) -> Training | None:
+        """This process's part in training beyond Keras's own step.
+
+        Called once by the extended, when it has made the run's shared
+        variables and heartbeats (between-graph; else None).
+
+        Args:
+            strategy: The strategy (for `scope()` once training runs).
+            topology: The run's devices.
+            shared: Opens (on the chief, creates) variables on the ps tasks.
+            heartbeats: This process's `cluster.liveness.Heartbeats`.
+
+        Returns:
+            None (the default): Keras's step runs as it is.
+        """
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(owner={self.owner!r})"
