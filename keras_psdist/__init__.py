@@ -24,12 +24,12 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
         attacks,
         callbacks,
         cluster,
+        dense_choice,
         errors,
         heterogeneity,
         partitioners,
         placement,
         routing,
-        synchronization,
     )
     from keras_psdist.strategies.ps import PSStrategy  # noqa: F401
     from keras_psdist.strategies.sync_replica import SyncReplicaStrategy  # noqa: F401
@@ -43,12 +43,12 @@ __all__ = [
     "aggregators",
     "attacks",
     "callbacks",
+    "dense_choice",
     "errors",
     "heterogeneity",
     "partitioners",
     "placement",
     "routing",
-    "synchronization",
 ]
 
 # Public name -> the module that defines it.
@@ -62,12 +62,13 @@ _SUBMODULES = (
     "attacks",
     "callbacks",
     "cluster",
+    "dense_choice",
     "errors",
     "heterogeneity",
     "partitioners",
     "placement",
     "routing",
-    "synchronization",
+    "synchronization",  # deprecated: renamed dense_choice in 0.2
 )
 
 

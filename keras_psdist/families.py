@@ -10,6 +10,14 @@ without importing TensorFlow.
 |---|---|
 | `AGGREGATORS` | `PSStrategy(aggregator=...)`, `keras-psdist demo --aggregator` (`RULES` and `PRE_AGGREGATIONS`, chained as `"nnm>median"`: `keras_psdist.spelling`) |
 | `ATTACKS` | `PSStrategy(attack=...)`, `keras-psdist demo --attack` |
+| `PLACEMENTS` | `PSStrategy(placement=...)`: which parameter device a variable goes to |
+| `PARTITIONERS` | `PSStrategy(partitioner=...)`: into how many row shards a variable is split |
+| `DENSE_CHOICES` | `PSStrategy(dense=...)`: which variables are replicated and all-reduced |
+
+Placement policies and dense choices are built from their config, then bound
+to the run's devices (`bind`), as an aggregator is bound to its replica
+count; a partitioner, like an attack, needs arguments, so a bare id of it is
+refused with an example config.
 
 Examples:
 
@@ -74,4 +82,39 @@ ATTACKS = Registry(
     example="{'class_name': 'sign_flip', 'config': {'replicas': [7]}}",
     needs_arguments="the replicas it controls",
     example_arguments="replicas=[7]",
+)
+
+PLACEMENTS = Registry(
+    "placement",
+    {
+        "greedy": "keras_psdist.placement:GreedyPlacement",
+        "round_robin": "keras_psdist.placement:RoundRobinPlacement",
+    },
+    base="keras_psdist.placement:PlacementPolicy",
+    example="{'class_name': 'greedy'}",
+)
+
+PARTITIONERS = Registry(
+    "partitioner",
+    {
+        "fixed": "keras_psdist.partitioners:Fixed",
+        "min_size": "keras_psdist.partitioners:MinSize",
+        "max_size": "keras_psdist.partitioners:MaxSize",
+    },
+    base="keras_psdist.partitioners:Partitioner",
+    example="{'class_name': 'fixed', 'config': {'num_shards': 2}}",
+    needs_arguments="its shard count or sizes",
+    example_arguments="...",
+)
+
+DENSE_CHOICES = Registry(
+    "dense choice",
+    {
+        "ps": "keras_psdist.dense_choice:AllOnPS",
+        "all_reduce": "keras_psdist.dense_choice:DenseAllReduce",
+        "auto": "keras_psdist.dense_choice:AutoChoice",
+    },
+    base="keras_psdist.dense_choice:DenseChoice",
+    example="{'class_name': 'auto'}",
+    argument="dense",
 )

@@ -13,6 +13,13 @@ numbers as TF's `FixedShardsPartitioner`, `MinSizePartitioner` and
 `MaxSizePartitioner`. On top of TF they never split a scalar, a variable whose
 shape is not fully defined, or one smaller than `min_variable_bytes`.
 
+They are looked up the Keras way: each id (`"fixed"`, `"min_size"`,
+`"max_size"`) is written once, in `keras_psdist.families.PARTITIONERS`;
+`get`, `serialize`, `deserialize`, `names` and `register` are that
+registry's. A partitioner needs its shard count or sizes, so it is named by a
+config dict (`{"class_name": "fixed", "config": {"num_shards": 2}}`) or an
+instance, never by a bare id.
+
 Examples:
 
 >>> import tensorflow as tf
@@ -27,16 +34,21 @@ Examples:
 1
 >>> shard_rows(10, 4)
 (3, 3, 2, 2)
+>>> get({"class_name": "fixed", "config": {"num_shards": 2}})
+Fixed(num_shards=2, min_variable_bytes=262144)
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
+
+from keras_psdist.families import PARTITIONERS as REGISTRY
+from keras_psdist.registry import check_arguments
 
 PartitionerFn = Callable[[tf.TensorShape, tf.DType], "Sequence[int] | int"]
 
@@ -90,6 +102,8 @@ class Partitioner:
     >>> Halves(min_variable_bytes=1024)(tf.TensorShape([10, 3]), tf.float32)
     [1, 1]
     """
+
+    name = REGISTRY.id_attribute(default="partitioner")
 
     def __init__(self, min_variable_bytes: int = 0, bytes_per_string: int = 16):
         self.min_variable_bytes = _check_int(
@@ -168,7 +182,13 @@ class Partitioner:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Partitioner:
-        """Rebuilds a partitioner from `get_config()`."""
+        """Rebuilds a partitioner from `get_config()`.
+
+        Raises:
+            ValueError: for a key the class does not take or an argument it
+                needs, listing the ones it accepts.
+        """
+        check_arguments(cls, config)
         return cls(**config)
 
     def __repr__(self) -> str:
@@ -407,12 +427,16 @@ def _check_partitions(
     return shards
 
 
-def get(partitioner: Partitioner | PartitionerFn | None) -> Partitioner | None:
+def get(
+    partitioner: str | dict[str, Any] | Partitioner | PartitionerFn | None,
+) -> Partitioner | None:
     """Returns the `Partitioner` for `partitioner`.
 
     Args:
-        partitioner: None (no partitioning), a `Partitioner`, or any other
-            callable `(shape, dtype) -> list[int] | int`, such as a TF
+        partitioner: None (no partitioning), a config dict as `serialize`
+            makes (`{"class_name": "fixed", "config": {"num_shards": 2}}`), a
+            `Partitioner`, or any other callable
+            `(shape, dtype) -> list[int] | int`, such as a TF
             `tf.distribute.experimental.partitioners.*` instance, which is
             wrapped in a `CallablePartitioner`.
 
@@ -420,7 +444,10 @@ def get(partitioner: Partitioner | PartitionerFn | None) -> Partitioner | None:
         None for None, else a `Partitioner`.
 
     Raises:
-        ValueError: for anything else.
+        ValueError: for a bare string id (a partitioner needs its sizes: the
+            message shows a config dict), an unknown id (naming the valid
+            ones), a config dict the class cannot be built from, or anything
+            else.
 
     Examples:
 
@@ -428,21 +455,78 @@ def get(partitioner: Partitioner | PartitionerFn | None) -> Partitioner | None:
     True
     >>> get(Fixed(2))
     Fixed(num_shards=2, min_variable_bytes=262144)
+    >>> get({"class_name": "max_size", "config": {"max_shard_bytes": 1024}})
+    MaxSize(max_shard_bytes=1024, max_shards=None, bytes_per_string=16, min_variable_bytes=0)
     >>> tfp = tf.distribute.experimental.partitioners
     >>> get(tfp.FixedShardsPartitioner(2))(tf.TensorShape([10, 3]), tf.float32)
     [2, 1]
     """
-    if partitioner is None or isinstance(partitioner, Partitioner):
-        return partitioner
+    if partitioner is None:
+        return None
+    if isinstance(partitioner, (str, Mapping, Partitioner)) or (
+        isinstance(partitioner, type) and issubclass(partitioner, Partitioner)
+    ):
+        return REGISTRY.get(partitioner)
     if callable(partitioner):
         return CallablePartitioner(partitioner)
     raise ValueError(
         f"Unknown partitioner {partitioner!r} of type "
-        f"{type(partitioner).__name__}. Expected one of: None, a "
-        "keras_psdist.partitioners.Partitioner (Fixed, MinSize, MaxSize), a TF "
+        f"{type(partitioner).__name__}. Expected one of: None, a config dict "
+        "such as {'class_name': 'fixed', 'config': {'num_shards': 2}} (ids: "
+        f"{', '.join(REGISTRY.names())}), a keras_psdist.partitioners."
+        "Partitioner (Fixed, MinSize, MaxSize), a TF "
         "tf.distribute.experimental.partitioners.* instance, or a callable "
         "(shape, dtype) -> list[int] | int."
     )
+
+
+def serialize(partitioner: Partitioner) -> dict[str, Any]:
+    """Returns `{"class_name": id, "config": {...}}` for `partitioner`.
+
+    Raises:
+        ValueError: if its class is not registered (a `CallablePartitioner`
+            is not: a function has no config).
+
+    Examples:
+
+    >>> serialize(Fixed(2))
+    {'class_name': 'fixed', 'config': {'num_shards': 2, 'min_variable_bytes': 262144}}
+    """
+    return REGISTRY.serialize(partitioner)
+
+
+def deserialize(config: dict[str, Any]) -> Partitioner:
+    """Inverse of `serialize`.
+
+    Raises:
+        ValueError: for a malformed config, an unknown `class_name` (naming
+            the valid ones) or an argument the class does not take (naming
+            the ones it does).
+    """
+    return REGISTRY.deserialize(config)
+
+
+def names() -> list[str]:
+    """The registered string ids."""
+    return REGISTRY.names()
+
+
+def register(name: str, cls: type[Partitioner]) -> type[Partitioner]:
+    """Registers a user `Partitioner` class under `name`, so a config dict
+    with `"class_name": name` finds it.
+
+    Args:
+        name: The string id, snake_case.
+        cls: A `Partitioner` subclass.
+
+    Returns:
+        `cls`, so this can be used as `register("x", MyPartitioner)` inline.
+
+    Raises:
+        ValueError: if `name` is taken or not snake_case.
+        TypeError: if `cls` is not a `Partitioner` subclass.
+    """
+    return REGISTRY.register(name, cls)
 
 
 def num_shards(

@@ -4,6 +4,12 @@ A policy maps a new variable `(name, shape, dtype)` to one of the parameter
 devices. Optimizer slots do not go through the policy: they follow their
 variable (`colocate_vars_with`), so a variable's update never crosses devices.
 
+The policies are looked up the Keras way: each id (`"greedy"`,
+`"round_robin"`) is written once, in `keras_psdist.families.PLACEMENTS`;
+`get`, `serialize`, `deserialize`, `names` and `register` are that
+registry's. A policy is built from its config, then bound to the strategy's
+parameter devices (`PlacementPolicy.bind`; `get_policy` does both).
+
 Examples:
 
 >>> import tensorflow as tf
@@ -14,19 +20,25 @@ Examples:
 '/cpu:1'
 >>> policy("c", tf.TensorShape([10]), tf.float32)  # cpu:1 holds fewer bytes
 '/cpu:1'
+>>> serialize(get("round_robin"))
+{'class_name': 'round_robin', 'config': {}}
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import tensorflow as tf
 
+from keras_psdist.families import PLACEMENTS as REGISTRY
+
 PlacementFn = Callable[[str, tf.TensorShape, tf.DType], str]
 
-POLICIES = ("greedy", "round_robin")
+# The built-in ids `placement=` takes (those of `families.PLACEMENTS`).
+POLICIES = tuple(REGISTRY.names())
 
 
 def variable_bytes(shape: tf.TensorShape, dtype: tf.DType) -> int:
@@ -37,54 +49,214 @@ def variable_bytes(shape: tf.TensorShape, dtype: tf.DType) -> int:
     return int(shape.num_elements()) * tf.as_dtype(dtype).size
 
 
-class GreedyPlacement:
+class PlacementPolicy:
+    """Base class: a placement function `(name, shape, dtype) -> device` over
+    the parameter devices.
+
+    A policy is built from its config without devices (`GreedyPlacement()`,
+    `get("greedy")`); the strategy binds it to its parameter devices
+    (`bind`), so one policy object can serve several strategies, each with
+    its own state. Built with `devices`, it is bound already.
+
+    A subclass takes `devices` as its first constructor argument, then its
+    config's (returned by `get_config`), and implements `__call__`. Register
+    it (`placement.register("my_policy", MyPolicy)`) to pass it as
+    `placement="my_policy"` or as a config dict.
+
+    Args:
+        devices: The parameter devices, canonical names. Defaults to `None`:
+            the strategy's, when it binds the policy.
+
+    Examples:
+
+    >>> class Last(PlacementPolicy):
+    ...     def __call__(self, name, shape, dtype):
+    ...         return self.require_devices()[-1]
+    >>> Last().bind(["/cpu:0", "/cpu:1"])("v", tf.TensorShape([2]), tf.float32)
+    '/cpu:1'
+    """
+
+    name = REGISTRY.id_attribute(default="placement")
+
+    def __init__(self, devices: Sequence[str] | None = None):
+        self.devices = None if devices is None else tuple(devices)
+
+    def bind(self, devices: Sequence[str]) -> PlacementPolicy:
+        """A new policy of this config over `devices`; this one if it was
+        built with its devices."""
+        if self.devices is not None:
+            return self
+        return type(self)(devices, **self.get_config())
+
+    def require_devices(self) -> tuple[str, ...]:
+        """The devices; raises `ValueError` if the policy is not bound."""
+        if self.devices is None:
+            raise ValueError(
+                f"{type(self).__name__} has no devices to place on. Pass it to a "
+                "strategy (placement=...), which binds it to the parameter "
+                f"devices, or bind it: {type(self).__name__}().bind(devices). "
+                "Received: devices=None."
+            )
+        return self.devices
+
+    def __call__(self, name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:
+        """The device for the new variable `name`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement "
+            "`__call__(name, shape, dtype) -> device`."
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        """The constructor arguments but `devices` (none for the built-ins)."""
+        return {}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+class GreedyPlacement(PlacementPolicy):
     """Puts each variable on the parameter device holding the fewest bytes.
 
     The load balancer of AutoDist's PS strategy and TF1's
     `GreedyLoadBalancingStrategy`: it keeps the bytes per device even without
     knowing the model in advance. Ties go to the first device in order.
+
+    Args:
+        devices: The parameter devices. Defaults to `None`: the strategy's.
     """
 
-    def __init__(self, devices: Sequence[str]):
-        self._load = dict.fromkeys(devices, 0)
+    def __init__(self, devices: Sequence[str] | None = None):
+        super().__init__(devices)
+        self._load = dict.fromkeys(self.devices or (), 0)
 
     def __call__(self, name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:
+        self.require_devices()
         device = min(self._load, key=self._load.__getitem__)
         self._load[device] += max(variable_bytes(shape, dtype), 1)
         return device
 
 
-class RoundRobinPlacement:
-    """Cycles through the parameter devices, as `replica_device_setter` did."""
+class RoundRobinPlacement(PlacementPolicy):
+    """Cycles through the parameter devices, as `replica_device_setter` did.
 
-    def __init__(self, devices: Sequence[str]):
-        self._cycle = itertools.cycle(devices)
+    Args:
+        devices: The parameter devices. Defaults to `None`: the strategy's.
+    """
+
+    def __init__(self, devices: Sequence[str] | None = None):
+        super().__init__(devices)
+        self._cycle = itertools.cycle(self.devices or ())
 
     def __call__(self, name: str, shape: tf.TensorShape, dtype: tf.DType) -> str:
+        self.require_devices()
         return next(self._cycle)
 
 
-def get_policy(placement: str | PlacementFn, devices: Sequence[str]) -> PlacementFn:
-    """Returns a placement function over `devices`.
+def get(
+    identifier: str | dict[str, Any] | PlacementPolicy | PlacementFn,
+) -> PlacementPolicy | PlacementFn:
+    """Returns a policy from a string id, a config dict, an instance or a
+    callable (returned as it is).
 
     Args:
-        placement: `"greedy"`, `"round_robin"`, or a callable
-            `(name, shape, dtype) -> device` returning one of `devices`.
+        identifier: `"greedy"`, `"round_robin"` (or a registered id), a
+            config dict as `serialize` makes, a `PlacementPolicy`, or a
+            callable `(name, shape, dtype) -> device`.
+
+    Raises:
+        ValueError: for an unknown id (naming the valid ones), a config dict
+            the class cannot be built from, a class instead of an instance,
+            or anything else.
+
+    Examples:
+
+    >>> get("greedy")
+    GreedyPlacement()
+    >>> get({"class_name": "round_robin"})
+    RoundRobinPlacement()
+    """
+    if isinstance(identifier, str) and identifier not in REGISTRY.names():
+        raise ValueError(
+            f"{REGISTRY.unknown_message(identifier)} Or pass a callable "
+            "(name, shape, dtype) -> device."
+        )
+    if isinstance(identifier, (str, Mapping, PlacementPolicy)) or (
+        isinstance(identifier, type) and issubclass(identifier, PlacementPolicy)
+    ):
+        return REGISTRY.get(identifier)
+    if callable(identifier):
+        return identifier
+    raise ValueError(
+        f"Could not interpret placement {identifier!r}. Expected one of: "
+        f"{', '.join(REGISTRY.names())} (a string id), a config dict such as "
+        "{'class_name': 'greedy'}, a PlacementPolicy, or a callable "
+        "(name, shape, dtype) -> device."
+    )
+
+
+def get_policy(
+    placement: str | dict[str, Any] | PlacementPolicy | PlacementFn,
+    devices: Sequence[str],
+) -> PlacementFn:
+    """Returns a placement function over `devices`: `get(placement)`, bound.
+
+    Args:
+        placement: `"greedy"`, `"round_robin"`, a config dict, a
+            `PlacementPolicy`, or a callable `(name, shape, dtype) -> device`
+            returning one of `devices` (used as it is).
         devices: The parameter devices, canonical names.
 
     Raises:
-        ValueError: for an unknown policy name.
+        ValueError: for an unknown policy name, naming the valid ones.
     """
-    if callable(placement):
-        return placement
-    if placement == "greedy":
-        return GreedyPlacement(devices)
-    if placement == "round_robin":
-        return RoundRobinPlacement(devices)
-    raise ValueError(
-        f"Unknown placement {placement!r}. Expected one of: "
-        f"{', '.join(POLICIES)}, or a callable (name, shape, dtype) -> device."
-    )
+    policy = get(placement)
+    if isinstance(policy, PlacementPolicy):
+        return policy.bind(devices)
+    return policy
+
+
+def serialize(policy: PlacementPolicy) -> dict[str, Any]:
+    """Returns `{"class_name": id, "config": {...}}` for `policy` (its
+    devices are the strategy's, not part of the config).
+
+    Raises:
+        ValueError: if its class is not registered.
+    """
+    return REGISTRY.serialize(policy)
+
+
+def deserialize(config: dict[str, Any]) -> PlacementPolicy:
+    """Inverse of `serialize`: an unbound policy.
+
+    Raises:
+        ValueError: for a malformed config, an unknown `class_name` (naming
+            the valid ones) or an argument the class does not take.
+    """
+    return REGISTRY.deserialize(config)
+
+
+def names() -> list[str]:
+    """The registered string ids."""
+    return REGISTRY.names()
+
+
+def register(name: str, cls: type[PlacementPolicy]) -> type[PlacementPolicy]:
+    """Registers a user `PlacementPolicy` class under `name`, so
+    `placement=name` finds it.
+
+    Args:
+        name: The string id, snake_case.
+        cls: A `PlacementPolicy` subclass.
+
+    Returns:
+        `cls`, so this can be used as `register("x", MyPolicy)` inline.
+
+    Raises:
+        ValueError: if `name` is taken or not snake_case.
+        TypeError: if `cls` is not a `PlacementPolicy` subclass.
+    """
+    return REGISTRY.register(name, cls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +352,7 @@ class Placement:
 
     def synchronizer_of(self, name: str) -> str:
         """`"ps"` or `"all_reduce"`: how the variable named `name` is kept in
-        sync (see `keras_psdist.synchronization`).
+        sync (see `keras_psdist.dense_choice`).
 
         Raises:
             KeyError: if no variable of that name was placed.

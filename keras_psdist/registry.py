@@ -59,6 +59,8 @@ class Registry:
             with its defaults.
         example_arguments: Constructor arguments, written out, for the
             message that asks for an instance (`"replicas=[7]"`).
+        argument: The strategy's keyword for the family, where it is not
+            the family's name (`"dense"` for dense choices), for messages.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class Registry:
         example: str,
         needs_arguments: str | None = None,
         example_arguments: str = "",
+        argument: str | None = None,
     ):
         self.family = family
         self._entries: dict[str, str | type] = dict(builtins)
@@ -77,6 +80,7 @@ class Registry:
         self._example = example
         self._needs_arguments = needs_arguments
         self._example_arguments = example_arguments
+        self._argument = argument or family
 
     # ------------------------------------------------------------ reading
 
@@ -160,12 +164,12 @@ class Registry:
             )
         if not (isinstance(name, str) and name.isidentifier() and name.islower()):
             raise ValueError(
-                f"A {self.family} id must be a snake_case identifier, e.g. "
+                f"{_a(self.family).capitalize()} id must be a snake_case identifier, e.g. "
                 f"'my_rule'. Received: {name!r}"
             )
         if name in self._entries and self.lookup(name) is not cls:
             raise ValueError(
-                f"A {self.family} named {name!r} is already registered "
+                f"{_a(self.family).capitalize()} named {name!r} is already registered "
                 f"({self.lookup(name).__name__}). Pick another name."
             )
         self._entries[name] = cls
@@ -223,7 +227,7 @@ class Registry:
             cls = self.lookup(identifier)
             if self._needs_arguments is not None:
                 raise ValueError(
-                    f"A {self.family} needs {self._needs_arguments}, so a bare id "
+                    f"{_a(self.family).capitalize()} needs {self._needs_arguments}, so a bare id "
                     f"is not enough. Pass a config dict, e.g. {{'class_name': "
                     f"{identifier!r}, 'config': {{...}}}} as in {self._example}, "
                     f"or an instance. Received: {identifier!r}"
@@ -236,12 +240,12 @@ class Registry:
             if self._needs_arguments is not None:
                 how = (
                     f"instantiate it with {self._needs_arguments}, e.g. "
-                    f"{self.family}={cls}({self._example_arguments})"
+                    f"{self._argument}={cls}({self._example_arguments})"
                 )
             else:
-                how = f"instantiate it, e.g. {self.family}={cls}()"
+                how = f"instantiate it, e.g. {self._argument}={cls}()"
                 if name:
-                    how += f", or pass its id, {self.family}={name!r}"
+                    how += f", or pass its id, {self._argument}={name!r}"
             raise ValueError(f"Received the class {cls}, not an instance of it: {how}.")
         raise ValueError(
             f"Could not interpret {self.family} identifier. Expected a string "
@@ -283,13 +287,13 @@ def split_config(config: Any, kind: str, example: str) -> tuple[Any, dict[str, A
     """
     if not isinstance(config, Mapping) or "class_name" not in config:
         raise ValueError(
-            f"An {kind} config must be a dict with 'class_name' and 'config', "
+            f"{_a(kind).capitalize()} config must be a dict with 'class_name' and 'config', "
             f"e.g. {example}. Received: {config!r}"
         )
     unknown = [key for key in config if key not in _KEYS]
     if unknown:
         raise ValueError(
-            f"An {kind} config has only the keys 'class_name' and 'config'. "
+            f"{_a(kind).capitalize()} config has only the keys 'class_name' and 'config'. "
             f"Received unknown keys {unknown!r} in {config!r}. "
             "Put constructor arguments inside 'config'."
         )
@@ -298,7 +302,7 @@ def split_config(config: Any, kind: str, example: str) -> tuple[Any, dict[str, A
         arguments = {}
     if not isinstance(arguments, Mapping):
         raise ValueError(
-            f"The 'config' of an {kind} config must be a dict of constructor "
+            f"The 'config' of {_a(kind)} config must be a dict of constructor "
             f"arguments, e.g. {example}. Received: config={arguments!r}"
         )
     return config["class_name"], dict(arguments)
@@ -364,6 +368,11 @@ def _parameters(cls: type) -> tuple[list[str], list[str], bool]:
             if p.default is p.empty:
                 required.append(p.name)
     return accepted, required, any_keyword
+
+
+def _a(noun: str) -> str:
+    """`noun` with its indefinite article: "an attack", "a partitioner"."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 def _load(path: str) -> Any:

@@ -1,5 +1,5 @@
 """`PSStrategy(dense=...)`: replicated, all-reduced dense variables beside
-parameter-server ones (the Parallax hybrid; `keras_psdist.synchronization`).
+parameter-server ones (the Parallax hybrid; `keras_psdist.dense_choice`).
 
 The Keras contract (`test_keras_contract.py`, kind `ps_all_reduce`) checks
 fit / evaluate / predict, exactness against one device, saving and loading
@@ -248,7 +248,7 @@ def test_a_callable_overrides_auto_per_variable(cpu_devices):
     ],
 )
 def test_auto_counts_bytes_by_topology(compute, parameter, expected):
-    from keras_psdist.synchronization import AutoChoice
+    from keras_psdist.dense_choice import AutoChoice
 
     choose = AutoChoice(compute, parameter, plain_mean=True)
     assert choose("dense/kernel", tf.TensorShape([512, 512]), tf.float32) == expected
@@ -273,6 +273,82 @@ def test_unknown_dense_choice_is_refused(dense, message):
         kpd.PSStrategy(dense=dense)
 
 
+@pytest.mark.parametrize(
+    "dense",
+    [
+        {"class_name": "all_reduce"},
+        {"class_name": "all_reduce", "config": {}},
+        "dense_all_reduce_instance",
+    ],
+)
+def test_dense_choice_by_config_or_instance(cpu_devices, dense):
+    from keras_psdist import dense_choice
+
+    if dense == "dense_all_reduce_instance":
+        dense = dense_choice.DenseAllReduce()
+    strategy = kpd.PSStrategy(devices=cpu_devices[:2], dense=dense)
+    with strategy.scope():
+        model = compile_model(wide_and_deep())
+    placement = strategy.extended.placement
+    assert placement.synchronizer_of(model.weights[0].path) == "ps"
+    assert placement.synchronizer_of(model.weights[1].path) == "all_reduce"
+    assert strategy.extended.all_reduce_ops is not None
+
+
+def test_an_unbound_auto_choice_is_bound_to_each_strategy(cpu_devices):
+    from keras_psdist import dense_choice
+
+    auto = dense_choice.AutoChoice()
+    first = kpd.PSStrategy(devices=cpu_devices[:2], dense=auto)
+    second = kpd.PSStrategy(devices=cpu_devices[:3], dense=auto)
+    with first.scope():
+        compile_model(wide_and_deep())
+    assert first.extended.dense_decisions
+    assert not second.extended.dense_decisions and not auto.decisions
+    # "ps" needs no all-reduce, whatever its spelling.
+    plain = kpd.PSStrategy(devices=cpu_devices[:2], dense={"class_name": "ps"})
+    assert plain.extended.all_reduce_ops is None
+
+
+def test_a_registered_dense_choice_is_found_by_its_id(cpu_devices):
+    from keras_psdist import dense_choice
+    from keras_psdist.families import DENSE_CHOICES
+
+    class HeadOnPS(dense_choice.DenseChoice):
+        def __call__(self, name, shape, dtype):
+            return "ps" if tuple(shape) == (16, 3) else "all_reduce"
+
+    dense_choice.register("head_on_ps", HeadOnPS)
+    try:
+        strategy = kpd.PSStrategy(devices=cpu_devices[:2], dense="head_on_ps")
+        with strategy.scope():
+            model = compile_model(wide_and_deep())
+        kernel, head = model.weights[1].path, model.weights[3].path
+        placement = strategy.extended.placement
+        assert placement.synchronizer_of(kernel) == "all_reduce"
+        assert placement.synchronizer_of(head) == "ps"
+        assert dense_choice.serialize(HeadOnPS()) == {
+            "class_name": "head_on_ps",
+            "config": {},
+        }
+    finally:
+        DENSE_CHOICES.unregister("head_on_ps")
+    with pytest.raises(ValueError, match="Unknown dense='head_on_ps'"):
+        kpd.PSStrategy(dense="head_on_ps")
+
+
+def test_the_old_module_name_still_works_with_a_warning():
+    from keras_psdist import dense_choice
+
+    with pytest.deprecated_call(match="keras_psdist.dense_choice"):
+        from keras_psdist.synchronization import AutoChoice
+    assert AutoChoice is dense_choice.AutoChoice
+    with pytest.deprecated_call(match="Import get_chooser from"):
+        assert kpd.synchronization.get_chooser is dense_choice.get_chooser
+    with pytest.raises(AttributeError):
+        kpd.synchronization.no_such_name  # noqa: B018
+
+
 def test_chooser_answer_is_checked(cpu_devices):
     strategy = kpd.PSStrategy(
         devices=cpu_devices[:2], dense=lambda name, shape, dtype: "mirror"
@@ -285,6 +361,13 @@ def test_chooser_answer_is_checked(cpu_devices):
 def test_between_graph_refuses_replicated_variables():
     with pytest.raises(ValueError, match="needs one client that sees every replica"):
         kpd.PSStrategy(mode="between-graph", dense="all_reduce")
+    with pytest.raises(ValueError, match="needs one client that sees every replica"):
+        kpd.PSStrategy(mode="between-graph", dense={"class_name": "all_reduce"})
+    # The choices that keep every variable on the ps tasks pass that check
+    # (and stop at the missing cluster), whatever their spelling.
+    for dense in ("ps", {"class_name": "auto"}):
+        with pytest.raises(ValueError, match="needs a cluster"):
+            kpd.PSStrategy(mode="between-graph", dense=dense)
 
 
 def test_mean_all_reduces_replicated_gradients_with_tf_cross_device_ops(

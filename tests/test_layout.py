@@ -106,6 +106,7 @@ def test_the_top_level_holds_only_the_public_api_and_the_tf_gate():
         "__main__",
         "_tf",
         "callbacks",
+        "dense_choice",
         "devices",
         "errors",
         "families",

@@ -462,5 +462,24 @@ def test_assigning_the_wrong_shape_says_both_shapes(cpu_devices):
 
 
 def test_partitioner_is_checked_when_the_strategy_is_built():
-    with pytest.raises(ValueError, match="Unknown partitioner 'fixed'"):
+    with pytest.raises(ValueError, match="Unknown partitioner 'fixd'.*'fixed'"):
+        kpd.PSStrategy(partitioner="fixd")
+    # A known id alone is refused too: a partitioner needs its sizes.
+    with pytest.raises(ValueError, match="needs its shard count.*Received: 'fixed'"):
         kpd.PSStrategy(partitioner="fixed")
+    with pytest.raises(ValueError, match="Fixed accepts: num_shards"):
+        kpd.PSStrategy(partitioner={"class_name": "fixed", "config": {"shards": 3}})
+
+
+def test_partitioner_from_its_config_dict(cpu_devices):
+    config = {
+        "class_name": "fixed",
+        "config": {"num_shards": 3, "min_variable_bytes": 2000},
+    }
+    model = compiled(strategy(cpu_devices, config), keras.optimizers.SGD)
+    assert model.distribute_strategy.extended.partitioner.get_config() == (
+        split_in_three().get_config()
+    )
+    table = model.layers[0].embeddings.path
+    shards = model.distribute_strategy.extended.placement.shards_of(table)
+    assert [s.shard.num_shards for s in shards] == [3, 3, 3]

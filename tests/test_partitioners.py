@@ -203,6 +203,58 @@ def test_get():
     assert partitioners.num_shards(lambda s, d: np.int64(2), [4], "float32") == 2
 
 
+@pytest.mark.parametrize(
+    "partitioner",
+    [
+        partitioners.Fixed(3, min_variable_bytes=0),
+        partitioners.MinSize(min_shard_bytes=8, max_shards=10),
+        partitioners.MaxSize(max_shard_bytes=4, max_shards=2),
+    ],
+    ids=repr,
+)
+def test_config_dicts_round_trip(partitioner):
+    config = partitioners.serialize(partitioner)
+    assert config["class_name"] == type(partitioner).name
+    rebuilt = partitioners.get(config)
+    assert type(rebuilt) is type(partitioner)
+    assert rebuilt.get_config() == partitioner.get_config()
+    shape = tf.TensorShape([6, 1])
+    assert rebuilt(shape, tf.float32) == partitioner(shape, tf.float32)
+    assert partitioners.deserialize(config).get_config() == partitioner.get_config()
+
+
+def test_ids_and_their_errors():
+    assert partitioners.names() == ["fixed", "min_size", "max_size"]
+    with pytest.raises(ValueError, match=r"needs its shard count.*'class_name'"):
+        partitioners.get("fixed")
+    with pytest.raises(ValueError, match="Unknown partitioner 'min_sise'.*'min_size'"):
+        partitioners.get({"class_name": "min_sise", "config": {}})
+    with pytest.raises(ValueError, match="num_shards.*Fixed accepts: num_shards"):
+        partitioners.get({"class_name": "fixed", "config": {"num_shard": 2}})
+    with pytest.raises(ValueError, match="it needs 'num_shards'"):
+        partitioners.get({"class_name": "fixed"})
+    with pytest.raises(ValueError, match="the class Fixed, not an instance"):
+        partitioners.get(partitioners.Fixed)
+    with pytest.raises(ValueError, match="CallablePartitioner is not one of"):
+        partitioners.serialize(partitioners.CallablePartitioner(lambda s, d: 1))
+
+
+def test_a_registered_partitioner_builds_from_its_config():
+    from keras_psdist.families import PARTITIONERS
+
+    class Halves(partitioners.Partitioner):
+        def _num_shards(self, shape, dtype, axis):
+            return 2
+
+    partitioners.register("halves", Halves)
+    try:
+        built = partitioners.get({"class_name": "halves", "config": {}})
+        assert built(tf.TensorShape([10, 3]), tf.float32) == [2, 1]
+        assert partitioners.serialize(built)["class_name"] == "halves"
+    finally:
+        PARTITIONERS.unregister("halves")
+
+
 def _np_rows(num_rows, num_shards):
     return tuple(len(a) for a in np.array_split(np.arange(num_rows), num_shards))
 

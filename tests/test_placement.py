@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from keras_psdist import placement
+from keras_psdist.families import PLACEMENTS
 
 DEVICES = ["/cpu:0", "/cpu:1", "/cpu:2"]
 
@@ -50,6 +51,82 @@ def test_unknown_policy():
         ValueError, match=r"Unknown placement 'nope'.*greedy, round_robin"
     ):
         placement.get_policy("nope", DEVICES)
+
+
+def test_policies_by_id_config_or_instance_bind_to_the_devices():
+    for identifier in ("round_robin", {"class_name": "round_robin"}):
+        policy = placement.get_policy(identifier, DEVICES)
+        assert isinstance(policy, placement.RoundRobinPlacement)
+        assert policy.devices == tuple(DEVICES)
+    unbound = placement.GreedyPlacement()
+    first = placement.get_policy(unbound, DEVICES)
+    second = placement.get_policy(unbound, DEVICES[:2])
+    # Each strategy gets its own policy, with its own load.
+    assert first is not second and unbound.devices is None
+    assert first("a", tf.TensorShape([100]), tf.float32) == "/cpu:0"
+    assert second("a", tf.TensorShape([100]), tf.float32) == "/cpu:0"
+    # Built with its devices, a policy is used as it is.
+    bound = placement.GreedyPlacement(DEVICES)
+    assert placement.get_policy(bound, ["/cpu:5"]) is bound
+
+
+def test_policies_serialize_without_their_devices():
+    policy = placement.get_policy("greedy", DEVICES)
+    config = placement.serialize(policy)
+    assert config == {"class_name": "greedy", "config": {}}
+    restored = placement.deserialize(config)
+    assert isinstance(restored, placement.GreedyPlacement)
+    assert restored.devices is None
+    assert placement.names() == ["greedy", "round_robin"]
+    assert placement.GreedyPlacement.name == "greedy"
+
+
+def test_an_unbound_policy_says_how_to_bind_it():
+    with pytest.raises(ValueError, match=r"no devices to place on.*bind\(devices\)"):
+        placement.GreedyPlacement()("a", tf.TensorShape([1]), tf.float32)
+
+
+def test_a_registered_policy_is_found_by_its_id():
+    class Last(placement.PlacementPolicy):
+        def __init__(self, devices=None, skip=0):
+            super().__init__(devices)
+            self.skip = skip
+
+        def __call__(self, name, shape, dtype):
+            return self.require_devices()[-1 - self.skip]
+
+        def get_config(self):
+            return {"skip": self.skip}
+
+    placement.register("last", Last)
+    try:
+        policy = placement.get_policy(
+            {"class_name": "last", "config": {"skip": 1}}, DEVICES
+        )
+        assert policy("v", tf.TensorShape([1]), tf.float32) == "/cpu:1"
+        assert placement.serialize(policy) == {
+            "class_name": "last",
+            "config": {"skip": 1},
+        }
+        with pytest.raises(ValueError, match="Unknown placement 'lats'.*'last'"):
+            placement.get_policy("lats", DEVICES)
+    finally:
+        PLACEMENTS.unregister("last")
+    assert "last" not in placement.names()
+
+
+@pytest.mark.parametrize(
+    "identifier, message",
+    [
+        (placement.GreedyPlacement, r"the class GreedyPlacement.*placement='greedy'"),
+        ({"class_name": "greedy", "config": {"load": 1}}, "unknown argument 'load'"),
+        ({"name": "greedy"}, "'class_name' and 'config'"),
+        (3, r"Could not interpret placement 3.*callable"),
+    ],
+)
+def test_bad_policy_identifiers_say_what_is_accepted(identifier, message):
+    with pytest.raises(ValueError, match=message):
+        placement.get_policy(identifier, DEVICES)
 
 
 def test_variable_bytes():

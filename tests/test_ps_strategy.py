@@ -157,6 +157,32 @@ def test_callable_placement_policy(cpu_devices, data):
     assert_slots_beside_their_variables(model)
 
 
+def test_registered_placement_policy_by_id_and_config(cpu_devices):
+    from keras_psdist import placement
+    from keras_psdist.families import PLACEMENTS
+
+    params = cpu_devices[6:8]
+
+    class LastDevice(placement.PlacementPolicy):
+        def __call__(self, name, shape, dtype):
+            return self.require_devices()[-1]
+
+    placement.register("last_device", LastDevice)
+    try:
+        for identifier in ("last_device", {"class_name": "last_device"}):
+            strategy = kpd.PSStrategy(
+                devices=cpu_devices[:NUM_REPLICAS],
+                parameter_devices=params,
+                placement=identifier,
+            )
+            with strategy.scope():
+                model = build_mlp()
+            for variable in model.variables:
+                assert canonical(variable.value.device) == canonical(params[1])
+    finally:
+        PLACEMENTS.unregister("last_device")
+
+
 def test_placement_callable_returning_non_parameter_device(cpu_devices):
     strategy = kpd.PSStrategy(
         devices=cpu_devices[:NUM_REPLICAS],

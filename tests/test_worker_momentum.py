@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_psdist as kpd
-from keras_psdist import aggregators, attacks, gradients, synchronization
+from keras_psdist import aggregators, attacks, dense_choice, gradients
 from keras_psdist.aggregators.momentum import WorkerMomentum
 from tests import reference
 
@@ -232,7 +232,7 @@ def test_each_replica_keeps_its_momentum_on_its_own_device(cpu_devices, monkeypa
     other tasks) keep their buffers on their own device and update them
     there in parallel; the rest of the rule's state is on the reduction
     device. Logical CPUs stand in for them here."""
-    monkeypatch.setattr(synchronization, "share_memory", lambda devices: False)
+    monkeypatch.setattr(dense_choice, "share_memory", lambda devices: False)
     momenta, centre, canonical, reduction = _momentum_devices(cpu_devices)
     assert momenta == [d.device_index for _ in range(2) for d in canonical]
     assert centre and all(d == reduction.device_index for d in centre)

@@ -38,7 +38,7 @@ from keras_psdist._tf import (
     cross_device_utils,
     values,
 )
-from keras_psdist.synchronization import num_tasks
+from keras_psdist.dense_choice import num_tasks
 
 ReduceOp = tf.distribute.ReduceOp
 # From this many worker tasks on, the ring of the collective all-reduce moves

@@ -16,7 +16,7 @@ Variables exist once (a `PSVariable` on a parameter device); replicas read it
 there. There is no mirrored copy to keep in sync, so an update is one op per
 variable instead of one per replica. With `dense="all_reduce"` the dense
 trainable variables are instead `ReplicatedVariable`s, one copy per replica
-(see `keras_psdist.synchronization`): the reduced gradient reaches every
+(see `keras_psdist.dense_choice`): the reduced gradient reaches every
 replica and each updates its own copy.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from keras_psdist import dense_choice
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
-from keras_psdist import synchronization
 from keras_psdist._tf import (
     cross_device_ops_lib,
     distribute_lib,
@@ -110,7 +110,7 @@ class PSExtended(
             # 1.33x -> 1.23x the mean).
             replica_devices=(
                 None
-                if synchronization.share_memory(
+                if dense_choice.share_memory(
                     [*self._compute_devices, self._reduction_device]
                 )
                 else self._compute_devices
@@ -122,7 +122,7 @@ class PSExtended(
             placement_lib.get_policy(run.placement, self._parameter_devices),
             partitioners_lib.get(run.partitioner),
             self._shared,
-            synchronization.get_chooser(
+            dense_choice.get_chooser(
                 run.dense,
                 self._compute_devices,
                 self._parameter_devices,
@@ -134,7 +134,8 @@ class PSExtended(
         # all-reduce (NCCL among GPUs), no central rule needed.
         self._all_reduce = (
             ReplicatedAllReduce(self._compute_devices)
-            if self._reduction.is_plain_mean and run.dense != synchronization.PS
+            if self._reduction.is_plain_mean
+            and not isinstance(self._creator.chooser, dense_choice.AllOnPS)
             else None
         )
         self._gather_ops = cross_device_ops_lib.ReductionToOneDevice(
@@ -200,7 +201,7 @@ class PSExtended(
         return None if self._all_reduce is None else self._all_reduce.cross_device_ops
 
     @property
-    def dense_decisions(self) -> list[synchronization.Decision]:
+    def dense_decisions(self) -> list[dense_choice.Decision]:
         """Under `dense="auto"`, each variable's choice and why; else []."""
         return list(getattr(self._creator.chooser, "decisions", []))
 

@@ -43,7 +43,7 @@ class Run:
             rule aggregates (see `aggregators.momentum`), or 0 for none.
         dense: Which trainable variables are replicated and all-reduced
             instead of kept on a parameter device (see
-            `keras_psdist.synchronization.get_chooser`).
+            `keras_psdist.dense_choice.get_chooser`).
     """
 
     # A `keras_psdist.modes.Mode` (not imported: modes/ builds on distribute/).

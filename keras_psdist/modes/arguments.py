@@ -16,8 +16,8 @@ from typing import Any
 from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
+from keras_psdist import dense_choice, gradients
 from keras_psdist import devices as devices_lib
-from keras_psdist import gradients, synchronization
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist.aggregators.base import check_count
@@ -35,7 +35,7 @@ class Arguments:
 
     devices: Sequence[str] | None = None
     parameter_devices: Sequence[str] | None = None
-    placement: str | placement_lib.PlacementFn = "greedy"
+    placement: str | dict[str, Any] | placement_lib.PlacementFn = "greedy"
     aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean"
     num_byzantine: int | None = None
     attack: Any = None
@@ -47,7 +47,7 @@ class Arguments:
     init_timeout: float = 120.0
     partitioner: Any = None
     heartbeat_timeout: float = 30.0
-    dense: str | synchronization.ChooserFn = synchronization.PS
+    dense: str | dict[str, Any] | dense_choice.ChooserFn = dense_choice.PS
     replicas_to_aggregate: int | None = None
     total_num_replicas: int | None = None
 
@@ -55,7 +55,7 @@ class Arguments:
         """These arguments checked (`ValueError` naming the fix), with the
         partitioner, the (unbound) aggregator and the worker momentum
         resolved."""
-        synchronization.get_chooser(self.dense)
+        dense_choice.get(self.dense)
         devices_lib.canonical_names(self.devices, "devices")
         for name in ("replicas_to_aggregate", "total_num_replicas"):
             if getattr(self, name) is not None:
@@ -93,13 +93,9 @@ class Arguments:
 
 
 def check_placement(placement: Any) -> None:
-    """Raises `ValueError` unless `placement` names a policy or is callable."""
-    if not callable(placement) and placement not in placement_lib.POLICIES:
-        raise ValueError(
-            f"Unknown placement {placement!r}. Expected one of: "
-            f"{', '.join(placement_lib.POLICIES)}, or a callable "
-            "(name, shape, dtype) -> device."
-        )
+    """Raises `ValueError` unless `placement` names a policy (an id, a
+    config dict, a policy) or is callable."""
+    placement_lib.get(placement)
 
 
 def check_seconds(**durations: Any) -> None:

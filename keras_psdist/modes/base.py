@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import tensorflow as tf
 
-from keras_psdist import synchronization
+from keras_psdist import dense_choice
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.mode_names import spellings
 from keras_psdist.cluster.runtime import Topology
@@ -142,9 +142,8 @@ class Mode(abc.ABC):
             ValueError: naming what is wrong and the fix.
         """
         dense = self.arguments.dense
-        if not self.replicates_variables and dense not in (
-            synchronization.PS,
-            synchronization.AUTO,
+        if not self.replicates_variables and not isinstance(
+            dense_choice.get(dense), (dense_choice.AllOnPS, dense_choice.AutoChoice)
         ):
             raise ValueError(
                 f"dense={dense!r} replicates variables on the replicas, which "

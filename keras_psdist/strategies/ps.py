@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_psdist import aggregators as aggregators_lib
-from keras_psdist import modes, synchronization
+from keras_psdist import dense_choice, modes
 from keras_psdist import placement as placement_lib
 from keras_psdist._tf import distribute_lib
 from keras_psdist.distribute.extended import PSExtended
@@ -39,7 +39,8 @@ class PSStrategy(distribute_lib.Strategy):
             CPU, or to the GPU when there is exactly one compute GPU.
         placement: `"greedy"` (the least-loaded parameter device by bytes, as
             AutoDist's load balancer), `"round_robin"` (as TF1's
-            `replica_device_setter`), or a callable
+            `replica_device_setter`), a config dict or a
+            `keras_psdist.placement.PlacementPolicy`, or a callable
             `(name, shape, dtype) -> device` returning one of
             `parameter_devices`. Defaults to `"greedy"`.
         aggregator: How per-replica gradients become one: a string id, a
@@ -108,7 +109,8 @@ class PSStrategy(distribute_lib.Strategy):
         partitioner: Splits large variables (embedding tables) into shards of
             consecutive rows, each placed on a parameter device by
             `placement`: a `keras_psdist.partitioners` object (`Fixed`,
-            `MinSize`, `MaxSize`), a TF
+            `MinSize`, `MaxSize`) or its config dict
+            (`{"class_name": "fixed", "config": {"num_shards": 2}}`), a TF
             `tf.distribute.experimental.partitioners.*`, or a callable
             `(shape, dtype) -> list[int]`. Lookups read only the touched rows
             from the shards that own them; updates run on each shard's
@@ -121,8 +123,9 @@ class PSStrategy(distribute_lib.Strategy):
             embedding tables (and variables the partitioner splits) stay on
             the parameter devices: the Parallax hybrid. `"auto"`: per
             variable, whichever moves fewer bytes per step, logged with the
-            reason (`keras_psdist.synchronization.AutoChoice`;
-            `strategy.extended.dense_decisions`). Or a callable
+            reason (`keras_psdist.dense_choice.AutoChoice`;
+            `strategy.extended.dense_decisions`). Or a config dict, a
+            `keras_psdist.dense_choice.DenseChoice`, or a callable
             `(name, shape, dtype) -> "ps" | "all_reduce" | "auto"` per
             variable (`"auto"`: leave that one to the automatic choice).
             Replication needs one host or `mode="in-graph"`. See
@@ -154,7 +157,7 @@ class PSStrategy(distribute_lib.Strategy):
         self,
         devices: Sequence[str] | None = None,
         parameter_devices: Sequence[str] | None = None,
-        placement: str | placement_lib.PlacementFn = "greedy",
+        placement: str | dict[str, Any] | placement_lib.PlacementFn = "greedy",
         aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean",
         num_byzantine: int | None = None,
         attack: Any = None,
@@ -167,7 +170,7 @@ class PSStrategy(distribute_lib.Strategy):
         init_timeout: float = 120.0,
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
-        dense: str | synchronization.ChooserFn = "ps",
+        dense: str | dict[str, Any] | dense_choice.ChooserFn = "ps",
     ):
         arguments = modes.Arguments(
             devices=devices,

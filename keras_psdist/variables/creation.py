@@ -30,9 +30,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from keras_psdist import dense_choice
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
-from keras_psdist import synchronization
 from keras_psdist._tf import (
     device_util,
     distribute_utils,
@@ -76,7 +76,7 @@ class VariableCreator:
             the ps tasks; else None.
         chooser: `(name, shape, dtype) -> "ps" | "all_reduce"` for each
             trainable variable no partitioner splits (see
-            `keras_psdist.synchronization`). Defaults to every one on a
+            `keras_psdist.dense_choice`). Defaults to every one on a
             parameter device.
     """
 
@@ -87,7 +87,7 @@ class VariableCreator:
         policy: placement_lib.PlacementFn,
         partitioner: partitioners_lib.Partitioner | None,
         shared: SharedVariables | None,
-        chooser: synchronization.ChooserFn = synchronization.all_on_ps,
+        chooser: dense_choice.ChooserFn = dense_choice.all_on_ps,
     ):
         self._strategy_fn = strategy_fn
         self._compute_devices = topology.compute_devices
@@ -156,7 +156,7 @@ class VariableCreator:
         """Whether the chooser keeps this variable on every replica."""
         scope = tf.get_current_name_scope()
         path = f"{scope}/{name}" if scope else name
-        return self.chooser(path, shape, dtype) == synchronization.ALL_REDUCE
+        return self.chooser(path, shape, dtype) == dense_choice.ALL_REDUCE
 
     def _num_shards(self, name, shape, dtype):
         try:
@@ -284,7 +284,7 @@ class VariableCreator:
                 dtype=dtype.name,
                 bytes=placement_lib.variable_bytes(shape, dtype),
                 slot_of=slot_of,
-                synchronizer=synchronization.ALL_REDUCE,
+                synchronizer=dense_choice.ALL_REDUCE,
                 replicas=tuple(
                     device_util.canonicalize(v.device) for v in variable.values
                 ),
