@@ -403,7 +403,12 @@ class Placement:
             shape = "x".join("?" if d is None else str(d) for d in r.shape) or "()"
             device = r.device
             if r.replicas:
-                device = f"all-reduced, one copy on each of {len(r.replicas)} replicas"
+                count = len(r.replicas)
+                device = (
+                    f"all-reduced, one copy on each of {count} replicas"
+                    if count != 1
+                    else "all-reduced, one copy on the one replica"
+                )
             if r.shard is not None:
                 device += (
                     f"  (shard {r.shard.index + 1}/{r.shard.num_shards}, rows "

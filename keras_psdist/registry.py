@@ -249,7 +249,9 @@ class Registry:
             raise ValueError(f"Received the class {cls}, not an instance of it: {how}.")
         raise ValueError(
             f"Could not interpret {self.family} identifier. Expected a string "
-            f"id, a config dict or a {self.base.__name__}. Received: {identifier!r}"
+            f"id ({', '.join(self.names())}), a config dict such as "
+            f"{self._example}, or {_a(self.base.__name__)} instance. "
+            f"Received: {identifier!r}"
         )
 
     # ------------------------------------------------------------ private
@@ -378,3 +380,8 @@ def _a(noun: str) -> str:
 def _load(path: str) -> Any:
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _a(word: str) -> str:
+    """`word` with its indefinite article: "an Aggregator", "a Partitioner"."""
+    return ("an " if word[:1].lower() in "aeiou" else "a ") + word

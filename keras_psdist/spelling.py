@@ -9,7 +9,8 @@ the benchmarks and the docs' tables write a configuration the same way:
 - Each `pre-aggregation` (`nnm`, `bucketing`, `clipping`, `arc`) transforms
   the replicas' values for what follows it, in the order written:
   `nnm>arc>median` mixes, then clips, then takes the median.
-- Any stage may take constructor arguments in parentheses, `;`-separated:
+- Any stage may take constructor arguments in parentheses, `;`-separated
+  (a comma before the next `key=` is read as `;` too):
   `bucketing(bucket_size=4;seed=0)>centered_clipping(radius=0.5)`. Values
   are read as Python literals where they are one (`2`, `0.5`, `True`,
   `None`), else kept as text.
@@ -215,7 +216,10 @@ def _stage(part: str, text: str) -> tuple[str, dict[str, Any]]:
             "optionally with arguments, e.g. 'bucketing(bucket_size=2;seed=0)'."
         )
     arguments: dict[str, Any] = {}
-    for item in filter(str.strip, (match.group(2) or "").split(";")):
+    # `;` separates arguments; a comma does too where a `key=` follows it
+    # (a comma inside a value, `(1, 2)`, stays).
+    items = re.split(r"[;,](?=\s*[A-Za-z_]\w*\s*=)", match.group(2) or "")
+    for item in filter(str.strip, items):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key.isidentifier():

@@ -314,6 +314,40 @@ def test_the_cli_and_the_benchmarks_read_the_same_spelling():
         assert harness.parse_config(text) == (c.rule, c.aggregator, c.worker_momentum)
 
 
+def test_a_pre_aggregations_inner_rule_reads_a_configuration_string():
+    # What a user writes anywhere else: ARC around "nnm>median" is "arc>nnm>median".
+    assert aggregators.serialize(aggregators.ARC("nnm>median")) == (
+        aggregators.serialize(aggregators.get("arc>nnm>median"))
+    )
+    with pytest.raises(
+        ValueError, match="pass it as the strategy's `worker_momentum=`"
+    ):
+        aggregators.ARC("nnm>median+wm")
+
+
+def test_commas_separate_arguments_as_semicolons_do():
+    assert spelling.parse("bucketing(bucket_size=2,seed=0)>median") == spelling.parse(
+        "bucketing(bucket_size=2;seed=0)>median"
+    )
+
+
+def test_spell_takes_what_get_takes():
+    assert aggregators.spell("krum") == "krum"
+    assert (
+        aggregators.spell("nnm>median(num_byzantine=1)")
+        == "nnm>median(num_byzantine=1)"
+    )
+
+
+def test_the_benchmarks_list_keeps_commas_inside_arguments():
+    from benchmarks import harness
+
+    assert harness.config_names("krum, bucketing(bucket_size=2,seed=0)>median") == [
+        "krum",
+        "bucketing(bucket_size=2,seed=0)>median",
+    ]
+
+
 # ---------------------------------------------------------------- strategies
 
 

@@ -10,6 +10,7 @@ spelling the strategies and the CLI take.
 from __future__ import annotations
 
 import argparse
+import re
 
 
 def parse_config(name: str) -> tuple[str, object, float]:
@@ -53,7 +54,8 @@ def config_names(text: str) -> list[str]:
     """argparse type: comma-separated `[pre>...>]rule[+wm[BETA]]` configurations."""
     import keras_psdist as kpd  # imports TensorFlow: only when a flag is parsed
 
-    names = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    parts = re.split(r",(?![^()]*\))", text)  # not the commas inside (...)
+    names = list(dict.fromkeys(s.strip() for s in parts if s.strip()))
     valid = kpd.aggregators.names()
     for name in names:
         try:

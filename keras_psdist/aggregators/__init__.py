@@ -14,7 +14,7 @@ Examples:
 Mean()
 >>> aggregators.deserialize(aggregators.serialize(aggregators.Mean()))
 Mean()
->>> Krum.name
+>>> aggregators.Krum.name
 'krum'
 >>> rule = aggregators.get("nnm>trimmed_mean(num_byzantine=1)")
 >>> type(rule).__name__, type(rule.aggregator).__name__
@@ -84,6 +84,8 @@ def spell(aggregator: Aggregator) -> str:
     Raises:
         ValueError: if its class (or an inner rule's) is not registered.
     """
+    if isinstance(aggregator, str | dict):
+        aggregator = get(aggregator)  # a string or config: written as `get` reads it
     return spelling.spell(_without_defaults(serialize(aggregator)))
 
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from keras_psdist import spelling
 from keras_psdist.aggregators.base import Aggregation, Aggregator
 from keras_psdist.families import AGGREGATORS
 
@@ -67,6 +68,15 @@ class PreAggregation(Aggregator):
         aggregator: str | dict[str, Any] | Aggregator = "trimmed_mean",
         num_byzantine: int | None = None,
     ):
+        if spelling.is_spelled(aggregator):
+            configuration = spelling.parse(aggregator)
+            if configuration.worker_momentum:
+                raise ValueError(
+                    f"{type(self).__name__}'s inner rule {aggregator!r} ends with "
+                    "worker momentum, which the strategy keeps for each replica: "
+                    "pass it as the strategy's `worker_momentum=`."
+                )
+            aggregator = configuration.aggregator
         inner = AGGREGATORS.get(aggregator)
         if num_byzantine is None:
             num_byzantine = inner.num_byzantine

@@ -165,7 +165,13 @@ def run_demo(
             ]
         )
         model.compile(
-            optimizer=keras.optimizers.Adam(learning_rate=3e-3),
+            # With worker momentum the replicas' gradients are momenta
+            # already: Adam's own first moment is then turned off (beta_1=0),
+            # as the strategy's warning about the two together advises.
+            optimizer=keras.optimizers.Adam(
+                learning_rate=3e-3,
+                beta_1=0.0 if strategy.extended.worker_momentum else 0.9,
+            ),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
