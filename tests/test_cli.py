@@ -126,6 +126,14 @@ def test_the_cli_knows_every_registered_id():
     assert f"keras-psdist: error: {expected}" in result.stderr
 
 
+def test_demo_unknown_compressor_exits_2_with_the_registry_error():
+    assert cli.COMPRESSOR_IDS == tuple(kpd.compression.names())
+    result = _run_cli("demo", "--epochs", "1", "--compression", "topk")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Unknown compressor 'topk'. Expected one of: none" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_demo_attack_needs_num_byzantine():
     result = _run_cli("demo", "--attack", "sign_flip")
     assert result.returncode == 2, result.stderr
