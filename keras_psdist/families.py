@@ -129,6 +129,7 @@ COMPRESSORS = Registry(
         "top_k": "keras_psdist.compression.top_k:TopK",
         "random_k": "keras_psdist.compression.random_k:RandomK",
         "sign": "keras_psdist.compression.sign:Sign",
+        "power_sgd": "keras_psdist.compression.power_sgd:PowerSGD",
     },
     base="keras_psdist.compression.base:Compressor",
     example="{'class_name': 'top_k', 'config': {'ratio': 0.01}}",

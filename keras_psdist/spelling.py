@@ -16,9 +16,9 @@ the benchmarks and the docs' tables write a configuration the same way:
 - `+wm` adds worker momentum 0.9 (`+wm0.99`: 0.99), which the strategy
   applies to each replica before the rest of the path (its
   `worker_momentum=`); it is not part of the aggregator.
-- A `compressor` (`top_k`, `random_k`, `sign`, `fp16`, `bf16`, `none`;
-  `keras_psdist.compression`) may stand first: what each replica sends,
-  compressed on its own device and decompressed before the rest
+- A `compressor` (`top_k`, `random_k`, `sign`, `power_sgd`, `fp16`,
+  `bf16`, `none`; `keras_psdist.compression`) may stand first: what each
+  replica sends, compressed on its own device and decompressed before the rest
   (`"top_k(ratio=0.01)>trimmed_mean"`). It is the strategy's
   `compression=`, not part of the aggregator. Written first because the
   chain reads in the order the stages run: the replica compresses, then the

@@ -71,3 +71,14 @@ def with_error_feedback(compress, gradients):
         s, residual = compress(g + residual)
         sent.append(s)
     return sent, residual
+
+
+def power_sgd(x, q):
+    """One power iteration from `q`: `p = orth(M q)`, `q' = M^T p`, sent
+    `p q'^T` (M: the first axis by the rest). Returns `(sent, residual, q')`;
+    `sent` does not depend on the signs QR gives `p`'s columns, `q'` does."""
+    m = x.reshape(x.shape[0], -1).astype(np.float64)
+    p, _ = np.linalg.qr(m @ q)
+    new_q = m.T @ p
+    sent = (p @ new_q.T).reshape(x.shape).astype(x.dtype)
+    return sent, x - sent, new_q

@@ -34,12 +34,15 @@ COMPRESSORS = {
     "top_k": compression.TopK(ratio=0.3),
     "random_k": compression.RandomK(ratio=0.3, seed=5),
     "sign": compression.Sign(),
+    "power_sgd": compression.PowerSGD(rank=2),
 }
-WITH_ERROR_FEEDBACK = ["top_k", "random_k", "sign"]
+WITH_ERROR_FEEDBACK = ["top_k", "random_k", "sign", "power_sgd"]
 SHAPES = [(1,), (7,), (4, 5), (2, 3, 4)]
 
 
-def _reference(name, compressor, x, payload):
+def _reference(name, compressor, x, payload, state=None):
+    if name == "power_sgd":
+        return ref.power_sgd(x, np.asarray(state.q, np.float64))[:2]
     if name == "top_k":
         return ref.top_k(x, compressor.ratio)
     if name == "random_k":
@@ -61,12 +64,21 @@ def test_decompress_gives_the_shape_and_dtype_and_the_numpy_reference(name, shap
     rng = np.random.default_rng(0)
     x = rng.normal(size=shape).astype(np.float32)
     spec = tf.TensorSpec(shape, tf.float32)
-    payload, residual = compressor.compress(tf.constant(x), compressor.init(spec))
+    state = compressor.init(spec)
+    if name == "power_sgd" and not compressor.compresses(spec):
+        assert state == ()  # sent as it is, by the stage
+        with pytest.raises(ValueError, match="as it is"):
+            compressor.compress(tf.constant(x), state)
+        return
+    payload, residual = compressor.compress(tf.constant(x), state)
     sent = compressor.decompress(payload)
     assert sent.shape == shape and sent.dtype == tf.float32
-    want_sent, want_residual = _reference(name, compressor, x, payload)
+    want_sent, want_residual = _reference(name, compressor, x, payload, state)
+    if name == "power_sgd":
+        residual = residual.residual
     rtol = 1e-2 if name == "bf16" else 1e-6
-    np.testing.assert_allclose(sent.numpy(), want_sent, rtol=rtol, atol=1e-7)
+    atol = 1e-5 if name == "power_sgd" else 1e-7
+    np.testing.assert_allclose(sent.numpy(), want_sent, rtol=rtol, atol=atol)
     if compressor.error_feedback:
         assert residual.shape == shape and residual.dtype == tf.float32
         np.testing.assert_allclose(residual.numpy(), want_residual, atol=1e-6)
@@ -77,8 +89,9 @@ def test_decompress_gives_the_shape_and_dtype_and_the_numpy_reference(name, shap
 @pytest.mark.parametrize("name", list(COMPRESSORS))
 def test_float64_values_come_back_as_float64(name):
     compressor = COMPRESSORS[name]
-    x = tf.constant(np.linspace(-1, 1, 9), tf.float64)
-    payload, _ = compressor.compress(x, compressor.init(tf.TensorSpec([9], tf.float64)))
+    x = tf.constant(np.linspace(-1, 1, 36).reshape(6, 6), tf.float64)
+    spec = tf.TensorSpec([6, 6], tf.float64)
+    payload, _ = compressor.compress(x, compressor.init(spec))
     assert compressor.decompress(payload).dtype == tf.float64
 
 
@@ -93,18 +106,55 @@ def test_error_feedback_loses_nothing(name):
     for step, g in enumerate(gradients_):
         payload, residual = compressor.compress(g, residual, step=step, key=2)
         sent.append(compressor.decompress(payload).numpy())
+    if name == "power_sgd":
+        residual = residual.residual
     np.testing.assert_allclose(
         np.sum(sent, axis=0) + residual.numpy(),
         np.sum(gradients_, axis=0),
         rtol=1e-5,
         atol=1e-5,
     )
-    if name != "random_k":  # its coordinates come from the implementation
+    # Random-k's coordinates come from the implementation; PowerSGD's
+    # reference keeps its own state (below).
+    if name not in ("random_k", "power_sgd"):
         want_sent, want_residual = ref.with_error_feedback(
             lambda x: _reference(name, compressor, x, None), gradients_
         )
         np.testing.assert_allclose(sent, want_sent, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(residual.numpy(), want_residual, atol=1e-5)
+
+
+def test_power_sgd_matches_numpy_over_steps_with_its_warm_start():
+    compressor = compression.PowerSGD(rank=2, seed=3)
+    rng = np.random.default_rng(4)
+    gradients_ = [rng.normal(size=(8, 3, 2)).astype(np.float32) for _ in range(5)]
+    state = compressor.init(tf.TensorSpec([8, 3, 2]))
+    q = state.q.numpy().astype(np.float64)
+    residual = np.zeros_like(gradients_[0])
+    for g in gradients_:
+        payload, state = compressor.compress(g, state)
+        want, residual, q = ref.power_sgd(g + residual, q)
+        np.testing.assert_allclose(
+            compressor.decompress(payload).numpy(), want, atol=1e-4
+        )
+        np.testing.assert_allclose(state.residual.numpy(), residual, atol=1e-4)
+        # The warm start, up to the signs QR gives the columns.
+        np.testing.assert_allclose(np.abs(state.q.numpy()), np.abs(q), atol=1e-4)
+    # Rank r exactly: a rank-2 gradient (no residual) is sent whole.
+    exact = compression.PowerSGD(rank=2)
+    g = rng.normal(size=(8, 2)) @ rng.normal(size=(2, 6))
+    payload, state = exact.compress(
+        tf.constant(g, tf.float32), exact.init(tf.TensorSpec([8, 6]))
+    )
+    np.testing.assert_allclose(exact.decompress(payload).numpy(), g, atol=1e-4)
+
+
+@pytest.mark.parametrize("rank", [0, -1, 1.5, True, "2"])
+def test_a_rank_below_1_is_refused(rank):
+    with pytest.raises(
+        ValueError, match=r"`rank` of power_sgd must be an int >= 1.*Received: rank="
+    ):
+        compression.get({"class_name": "power_sgd", "config": {"rank": rank}})
 
 
 def test_fp16_and_bf16_within_their_precision():
@@ -125,6 +175,9 @@ def test_what_a_replica_sends_is_smaller():
     assert sign.bits.dtype == tf.uint8 and sign.bits.shape == [500]
     fp16, _ = compression.FP16().compress(x)
     assert fp16.value.dtype == tf.float16
+    power_sgd = compression.PowerSGD(rank=2)
+    low_rank, _ = power_sgd.compress(x, power_sgd.init(tf.TensorSpec([100, 40])))
+    assert low_rank.p.shape == [100, 2] and low_rank.q.shape == [40, 2]
 
 
 def test_random_k_keeps_the_same_coordinates_on_every_replica():
@@ -187,7 +240,7 @@ def test_a_ratio_outside_0_1_is_refused(name, ratio):
 @pytest.mark.parametrize(
     "identifier, message",
     [
-        ("topk", "Unknown compressor 'topk'. Expected one of: none, fp16, bf16, top_k, random_k, sign. Did you mean 'top_k'?"),
+        ("topk", "Unknown compressor 'topk'. Expected one of: none, fp16, bf16, top_k, random_k, sign, power_sgd. Did you mean 'top_k'?"),
         ({"class_name": "random_k", "config": {"seed": -1}}, "`seed` of random_k must be an int >= 0"),
         ({"class_name": "top_k", "config": {"k": 3}}, "unknown argument 'k'"),
         ("top_k(0.1)", "Cannot read the argument '0.1' of 'top_k'"),
@@ -258,7 +311,7 @@ def _specs(columns):
     return [tf.TensorSpec(c[0].shape, c[0].dtype) for c in columns]
 
 
-@pytest.mark.parametrize("name", WITH_ERROR_FEEDBACK + ["fp16"])
+@pytest.mark.parametrize("name", ["top_k", "random_k", "sign", "fp16"])
 def test_the_stage_matches_numpy_over_steps_from_keras_sums(name):
     """Keras's 1/n-scaled SUM in, each replica's residual kept at true
     scale, the mean of what was sent out."""
@@ -290,6 +343,43 @@ def test_the_stage_matches_numpy_over_steps_from_keras_sums(name):
             for v, column in enumerate(state[0].residuals):
                 got = np.stack([t.numpy() for t in column])
                 np.testing.assert_allclose(got, residuals[v], atol=1e-5)
+
+
+def test_power_sgd_state_through_variables_on_the_replicas_devices(cpu_devices):
+    """Its state is a residual and a `Q` per replica and matrix (none for a
+    vector, sent as it is); in place, through variables, the values of
+    `apply`, every part on its replica's device."""
+    compressor = compression.PowerSGD(rank=1)
+    stage = gradients.Compression(compressor, N, cpu_devices[:N])
+    path = gradients.chain(stage, gradients.Rule(aggregators.Mean()))
+    arrays, columns = _columns(5, shapes=((8, 6), (6,)))
+    state = path.init(_specs(columns))
+    assert state[0].residuals[1] == ()
+    devices = path.state_devices(state)[0].residuals[0]
+    assert [d.q for d in devices] == cpu_devices[:N]
+    variables = tf.nest.map_structure(
+        lambda t, d: tf.Variable(t) if d is None else _on(d, t),
+        state,
+        path.state_devices(state),
+    )
+    for _ in range(2):
+        want, state = path.apply(Replicas(columns, MEAN), state)
+        got = path.apply_in_place(Replicas(columns, MEAN), variables)
+        for a, b in zip(got.values, want.values, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-5)
+    for var, value in zip(
+        tf.nest.flatten(variables), tf.nest.flatten(state), strict=True
+    ):
+        np.testing.assert_allclose(var.numpy(), value.numpy(), atol=1e-5)
+    # The vector went through as it is: its mean.
+    np.testing.assert_allclose(
+        want.values[1].numpy(), arrays[1].mean(axis=0), atol=1e-6
+    )
+
+
+def _on(device, tensor):
+    with tf.device(device):
+        return tf.Variable(tensor)
 
 
 def test_a_replica_without_data_keeps_its_residual():
@@ -469,7 +559,14 @@ def uncompressed_accuracy(cpu_devices):
 
 @pytest.mark.parametrize(
     "identifier",
-    ["fp16", "bf16", "top_k(ratio=0.1)", "random_k(ratio=0.25)", "sign"],
+    [
+        "fp16",
+        "bf16",
+        "top_k(ratio=0.1)",
+        "random_k(ratio=0.25)",
+        "sign",
+        "power_sgd(rank=2)",
+    ],
 )
 def test_each_compressor_trains_near_the_uncompressed_accuracy(
     cpu_devices, uncompressed_accuracy, identifier
@@ -549,7 +646,9 @@ def _one_step(strategy, model, x, y):
     return model.get_weights()
 
 
-@pytest.mark.parametrize("identifier", ["top_k(ratio=0.05)", "random_k(ratio=0.1)"])
+@pytest.mark.parametrize(
+    "identifier", ["top_k(ratio=0.05)", "random_k(ratio=0.1)", "power_sgd(rank=1)"]
+)
 def test_a_checkpoint_restores_the_residuals(cpu_devices, tmp_path, identifier):
     """Restored into a fresh strategy, the next step's update is the
     uninterrupted run's; without the residuals (and the step) it is not."""

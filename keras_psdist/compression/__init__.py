@@ -14,12 +14,14 @@ pre-aggregations and the rule). See docs/compression.md.
     random_k.py   `random_k`: the same random coordinates on every replica,
                   error feedback
     sign.py       `sign`: scaled sign, one bit a coordinate, error feedback
+    power_sgd.py  `power_sgd`: rank-r factors per replica, error feedback,
+                  warm start
 
 Examples:
 
 >>> from keras_psdist import compression
 >>> compression.names()
-['none', 'fp16', 'bf16', 'top_k', 'random_k', 'sign']
+['none', 'fp16', 'bf16', 'top_k', 'random_k', 'sign', 'power_sgd']
 >>> compression.get("top_k")
 TopK(ratio=0.01)
 >>> compression.serialize(compression.RandomK(ratio=0.1, seed=3))
@@ -37,6 +39,7 @@ from typing import Any
 from keras_psdist import spelling
 from keras_psdist.compression.base import Compressor
 from keras_psdist.compression.casts import BF16, FP16, NoCompression
+from keras_psdist.compression.power_sgd import PowerSGD
 from keras_psdist.compression.random_k import RandomK
 from keras_psdist.compression.sign import Sign
 from keras_psdist.compression.top_k import TopK
@@ -111,6 +114,7 @@ __all__ = [
     "FP16",
     "Compressor",
     "NoCompression",
+    "PowerSGD",
     "RandomK",
     "Sign",
     "TopK",

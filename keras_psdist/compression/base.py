@@ -64,7 +64,8 @@ class Compressor:
         return self.error_feedback or self.uses_step
 
     def init(self, spec: tf.TensorSpec) -> Any:
-        """One replica's state for one variable: a zero residual, or `()`.
+        """One replica's state for one variable: a zero residual, or `()`
+        (a nest of tensors for a compressor that keeps more, as PowerSGD).
 
         Args:
             spec: The spec of a replica's value for the variable (fully

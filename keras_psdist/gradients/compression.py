@@ -18,8 +18,9 @@ payload; the residuals live and are updated on the replicas' devices
 
 What passes uncompressed: sparse gradients (`IndexedSlices`, from embedding
 lookups: their rows are already what a replica touched), values that are not
-floating-point, empty ones, and, for a compressor with error feedback,
-values whose shape is known only at run time (a residual needs a shape).
+floating-point, empty ones, for a compressor with error feedback values
+whose shape is known only at run time (a residual needs a shape), and those
+a compressor keeps no state for (PowerSGD's vectors).
 A replica without data in a step (a partial last batch) keeps its residual;
 what it sends is masked by the rule, as without compression.
 """
@@ -45,8 +46,9 @@ class CompressionState(NamedTuple):
     Attributes:
         step: The step counter (int64 scalar) of a compressor whose choice
             changes every step (random-k), else `()`.
-        residuals: `residuals[v][r]`, replica r's residual for variable v;
-            `()` for a variable without one.
+        residuals: `residuals[v][r]`, replica r's state for variable v
+            (its residual; with PowerSGD, a `PowerState`); `()` for a
+            variable without one.
     """
 
     step: Any
@@ -83,20 +85,27 @@ class Compression(Stage):
 
     def init(self, specs: Sequence[tf.TensorSpec]) -> CompressionState:
         step = tf.zeros([], tf.int64) if self.compressor.uses_step else ()
-        residuals = tuple(
-            tuple(self.compressor.init(spec) for _ in range(self.num_replicas))
-            if self.compressor.error_feedback and _compressible(spec, residual=True)
-            else ()
-            for spec in specs
-        )
-        return CompressionState(step, residuals)
+        residuals = []
+        for spec in specs:
+            column = ()
+            if self.compressor.error_feedback and _compressible(spec, residual=True):
+                column = tuple(
+                    self.compressor.init(spec) for _ in range(self.num_replicas)
+                )
+            # A compressor may keep no state for a variable it sends as it
+            # is (PowerSGD's vectors).
+            residuals.append(column if tf.nest.flatten(column) else ())
+        return CompressionState(step, tuple(residuals))
 
     def state_devices(self, state: Any) -> CompressionState:
         state = CompressionState(*state)
         return CompressionState(
             tf.nest.map_structure(lambda _: None, state.step),
             tuple(
-                tuple(self._device(r) for r in range(len(column)))
+                tuple(
+                    tf.nest.map_structure(lambda _, r=r: self._device(r), kept)
+                    for r, kept in enumerate(column)
+                )
                 for column in state.residuals
             ),
         )
@@ -126,15 +135,20 @@ class Compression(Stage):
         residuals = []
         for column in variables.residuals:
             values = []
-            for r, var in enumerate(column):
+            for r, kept in enumerate(column):
                 with self._on(r):
-                    values.append(var.read_value())
+                    values.append(tf.nest.map_structure(lambda v: v.read_value(), kept))
             residuals.append(tuple(values))
         out, new = self._compress(replicas, step, tuple(residuals))
         for column_vars, column_new in zip(variables.residuals, new, strict=True):
-            for r, (var, value) in enumerate(zip(column_vars, column_new, strict=True)):
+            for r, (kept, value) in enumerate(
+                zip(column_vars, column_new, strict=True)
+            ):
                 with self._on(r):
-                    var.assign(value)
+                    for var, part in zip(
+                        tf.nest.flatten(kept), tf.nest.flatten(value), strict=True
+                    ):
+                        var.assign(part)
         if self.compressor.uses_step:
             variables.step.assign_add(1)
         return out
@@ -158,8 +172,15 @@ class Compression(Stage):
                         x, kept[r] if kept else (), step, key=v
                     )
                     if kept and replicas.shares is not None:
-                        # A replica without data keeps its residual.
-                        residual = tf.where(replicas.shares[r] > 0, residual, kept[r])
+                        # A replica without data keeps its state.
+                        has_data = replicas.shares[r] > 0
+                        residual = tf.nest.map_structure(
+                            lambda new, old, has_data=has_data: tf.where(
+                                has_data, new, old
+                            ),
+                            residual,
+                            kept[r],
+                        )
                 # Where the path runs: the payload crossed over.
                 sent.append(self.compressor.decompress(payload))
                 column_new.append(residual)
@@ -179,7 +200,7 @@ class Compression(Stage):
         if not value.dtype.is_floating:
             return False
         if self.compressor.error_feedback and not has_residual:
-            if value.shape.num_elements() != 0:
+            if not value.shape.is_fully_defined():
                 _say_once(
                     "unknown_shape",
                     "compression: a gradient of shape %s, known only at run "

@@ -133,10 +133,11 @@ class PSStrategy(distribute_lib.Strategy):
         compression: What each replica sends instead of its gradient,
             compressed on the replica's own device and decompressed on the
             reduction device, before the attack and the rule: an id
-            (`"fp16"`, `"bf16"`, `"top_k"`, `"random_k"`, `"sign"`, `"none"`),
-            an id with arguments (`"top_k(ratio=0.01)"`), a config dict or a
-            `keras_psdist.compression.Compressor`. Top-k, random-k and sign
-            keep an error-feedback residual per replica, in
+            (`"fp16"`, `"bf16"`, `"top_k"`, `"random_k"`, `"sign"`,
+            `"power_sgd"`, `"none"`), an id with arguments
+            (`"top_k(ratio=0.01)"`), a config dict or a
+            `keras_psdist.compression.Compressor`. Top-k, random-k, sign and
+            PowerSGD keep an error-feedback residual per replica, in
             `extended.training_state` (checkpointed). A configuration string
             may start with it instead: `aggregator="top_k>trimmed_mean"`.
             On one host and in-graph only for now (between-graph refuses it).
