@@ -13,6 +13,7 @@ without importing TensorFlow.
 | `PLACEMENTS` | `PSStrategy(placement=...)`: which parameter device a variable goes to |
 | `PARTITIONERS` | `PSStrategy(partitioner=...)`: into how many row shards a variable is split |
 | `DENSE_CHOICES` | `PSStrategy(dense=...)`: which variables are replicated and all-reduced |
+| `COMPRESSORS` | `PSStrategy(compression=...)`, `keras-psdist demo --compression`: what a replica sends instead of its gradient |
 
 Placement policies and dense choices are built from their config, then bound
 to the run's devices (`bind`), as an aggregator is bound to its replica
@@ -117,4 +118,20 @@ DENSE_CHOICES = Registry(
     base="keras_psdist.dense_choice:DenseChoice",
     example="{'class_name': 'auto'}",
     argument="dense",
+)
+
+COMPRESSORS = Registry(
+    "compressor",
+    {
+        "none": "keras_psdist.compression.casts:NoCompression",
+        "fp16": "keras_psdist.compression.casts:FP16",
+        "bf16": "keras_psdist.compression.casts:BF16",
+        "top_k": "keras_psdist.compression.top_k:TopK",
+        "random_k": "keras_psdist.compression.random_k:RandomK",
+        "sign": "keras_psdist.compression.sign:Sign",
+        "power_sgd": "keras_psdist.compression.power_sgd:PowerSGD",
+    },
+    base="keras_psdist.compression.base:Compressor",
+    example="{'class_name': 'top_k', 'config': {'ratio': 0.01}}",
+    argument="compression",
 )

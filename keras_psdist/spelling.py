@@ -3,7 +3,7 @@
 The strategies (`aggregator=`), `aggregators.get`, the CLI's `--aggregator`,
 the benchmarks and the docs' tables write a configuration the same way:
 
-    [pre-aggregation>...>]rule[+wm[BETA]]
+    [compressor>][pre-aggregation>...>]rule[+wm[BETA]]
 
 - `rule` is an aggregation rule's id (`median`, `trimmed_mean`, ...), last.
 - Each `pre-aggregation` (`nnm`, `bucketing`, `clipping`, `arc`) transforms
@@ -17,6 +17,15 @@ the benchmarks and the docs' tables write a configuration the same way:
 - `+wm` adds worker momentum 0.9 (`+wm0.99`: 0.99), which the strategy
   applies to each replica before the rest of the path (its
   `worker_momentum=`); it is not part of the aggregator.
+- A `compressor` (`top_k`, `random_k`, `sign`, `power_sgd`, `fp16`,
+  `bf16`, `none`; `keras_psdist.compression`) may stand first: what each
+  replica sends, compressed on its own device and decompressed before the rest
+  (`"top_k(ratio=0.01)>trimmed_mean"`). It is the strategy's
+  `compression=`, not part of the aggregator. Written first because the
+  chain reads in the order the stages run: the replica compresses, then the
+  reduction device mixes and aggregates (worker momentum, the one stage
+  before compression, keeps its suffix). Compressor and aggregator ids
+  never collide, so the first stage says which it is.
 
 `parse` turns a string into the config dict `aggregators.get` builds (the
 rule innermost, as `serialize` writes it), `spell` writes a config dict
@@ -29,6 +38,8 @@ Examples:
 {'class_name': 'nnm', 'config': {'aggregator': 'trimmed_mean'}}
 >>> parse("arc>median+wm").worker_momentum
 0.9
+>>> parse("top_k(ratio=0.01)>trimmed_mean").compression
+{'class_name': 'top_k', 'config': {'ratio': 0.01}}
 >>> spell(parse("bucketing(bucket_size=4)>centered_clipping(radius=0.5)").aggregator)
 'bucketing(bucket_size=4)>centered_clipping(radius=0.5)'
 >>> parse("median>nnm")
@@ -45,7 +56,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from keras_psdist.families import AGGREGATORS, PRE_AGGREGATIONS, RULES
+from keras_psdist.families import AGGREGATORS, COMPRESSORS, PRE_AGGREGATIONS, RULES
 
 # The worker momentum `+wm` means, without a number.
 WORKER_MOMENTUM = 0.9
@@ -67,13 +78,17 @@ class Configuration(NamedTuple):
             its `aggregator` argument).
         worker_momentum: The `+wm` suffix's beta, 0.0 without one.
         rule: The rule's id (the last stage).
-        stages: Every stage's id, in the order written.
+        stages: The aggregator's stages' ids, in the order written (the
+            compressor, if any, is `compression`).
+        compression: The compressor written first, as `parse_compression`
+            gives it, or `None`.
     """
 
     aggregator: str | dict[str, Any]
     worker_momentum: float
     rule: str
     stages: tuple[str, ...]
+    compression: str | dict[str, Any] | None = None
 
 
 def is_spelled(identifier: Any) -> bool:
@@ -83,7 +98,7 @@ def is_spelled(identifier: Any) -> bool:
 
 
 def parse(text: str) -> Configuration:
-    """Reads `[pre>...>]rule[+wm[BETA]]` (see the module docstring).
+    """Reads `[compressor>][pre>...>]rule[+wm[BETA]]` (see the module docstring).
 
     Args:
         text: The configuration, e.g. `"nnm>trimmed_mean"`.
@@ -96,7 +111,8 @@ def parse(text: str) -> Configuration:
             pre-aggregations before the last `>`, rules at the end), a rule
             before the last `>` or a pre-aggregation at the end of a chain
             (the rule goes last), a malformed stage or argument, or an
-            unknown suffix; each names the part and the whole string.
+            unknown suffix, or a compressor anywhere but first or without
+            a rule after it; each names the part and the whole string.
     """
     if not isinstance(text, str):
         raise ValueError(
@@ -105,7 +121,25 @@ def parse(text: str) -> Configuration:
     body, plus, suffix = text.partition("+")
     beta = _worker_momentum(suffix, text) if plus else 0.0
     parts = [_stage(part, text) for part in body.split(">")]
+    compression = None
+    if parts[0][0] in COMPRESSORS.names():
+        (name, arguments), parts = parts[0], parts[1:]
+        compression = {"class_name": name, "config": arguments} if arguments else name
+        if not parts:
+            raise ValueError(
+                f"{name!r} in {text!r} is a compressor (what each replica sends), "
+                "and a configuration ends with a rule: write e.g. "
+                f"'{body}>mean', or pass compression={body!r} beside the "
+                "aggregator."
+            )
     names = [name for name, _ in parts]
+    for name in names:
+        if name in COMPRESSORS.names():
+            raise ValueError(
+                f"The compressor {name!r} goes first in {text!r}: a replica "
+                "compresses what it sends before the reduction device mixes or "
+                f"aggregates it. Write e.g. '{name}>{names[-1]}'."
+            )
     if len(parts) > 1:
         _check_order(names, text)
     for position, name in enumerate(names):
@@ -123,10 +157,38 @@ def parse(text: str) -> Configuration:
                 f"rule after '>' instead of {INNER}={arguments[INNER]!r}."
             )
         aggregator = {"class_name": name, "config": {INNER: aggregator, **arguments}}
-    return Configuration(aggregator, beta, rule, tuple(names))
+    return Configuration(aggregator, beta, rule, tuple(names), compression)
 
 
-def spell(config: str | Mapping[str, Any], worker_momentum: float = 0.0) -> str:
+def parse_compression(text: str) -> str | dict[str, Any]:
+    """Reads a compressor written alone: `top_k` or `top_k(ratio=0.05)`.
+
+    Args:
+        text: The compressor, as `compression=` or `--compression` take it.
+
+    Returns:
+        Its id, or a config dict when it has arguments (what
+        `keras_psdist.compression.get` builds).
+
+    Raises:
+        ValueError: for an unknown id (naming the valid ones) or a malformed
+            stage or argument.
+    """
+    if not isinstance(text, str):
+        raise ValueError(
+            f"A compressor is written like 'top_k(ratio=0.01)'. Received: {text!r}"
+        )
+    name, arguments = _stage(text, text)
+    if name not in COMPRESSORS.names():
+        raise ValueError(COMPRESSORS.unknown_message(name))
+    return {"class_name": name, "config": arguments} if arguments else name
+
+
+def spell(
+    config: str | Mapping[str, Any],
+    worker_momentum: float = 0.0,
+    compression: str | Mapping[str, Any] | None = None,
+) -> str:
     """Writes a config dict (as `parse` or `aggregators.serialize` give) as a string.
 
     Arguments that are `None` are left out (every built-in takes `None` as
@@ -137,6 +199,7 @@ def spell(config: str | Mapping[str, Any], worker_momentum: float = 0.0) -> str:
         config: A rule's id or config dict, pre-aggregations holding what
             follows them in `aggregator`.
         worker_momentum: Adds `+wm[BETA]` when not 0.
+        compression: A compressor's id or config dict, written first.
 
     Returns:
         The string `parse` reads back to the same configuration.
@@ -160,10 +223,22 @@ def spell(config: str | Mapping[str, Any], worker_momentum: float = 0.0) -> str:
         if inner is None:
             break
         config = inner
+    if compression is not None:
+        stages.insert(0, _spell_stage(compression))
     text = ">".join(stages)
     if worker_momentum:
         text += "+wm" if worker_momentum == WORKER_MOMENTUM else f"+wm{worker_momentum}"
     return text
+
+
+def _spell_stage(config: str | Mapping[str, Any]) -> str:
+    """One stage without an inner one: `id` or `id(key=value;...)`."""
+    if isinstance(config, str):
+        return config
+    arguments = dict(config.get("config") or {})
+    shown = [f"{k}={v!r}" for k, v in arguments.items() if v is not None]
+    name = config["class_name"]
+    return f"{name}({';'.join(shown)})" if shown else name
 
 
 def is_pre_aggregation(name: str) -> bool:

@@ -126,6 +126,24 @@ def test_the_cli_knows_every_registered_id():
     assert f"keras-psdist: error: {expected}" in result.stderr
 
 
+def test_demo_unknown_compressor_exits_2_with_the_registry_error():
+    assert cli.COMPRESSOR_IDS == tuple(kpd.compression.names())
+    result = _run_cli("demo", "--epochs", "1", "--compression", "topk")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Unknown compressor 'topk'. Expected one of: none" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_demo_trains_with_compression():
+    result = _run_cli(
+        "demo", "--epochs", "3", "--compression", "top_k(ratio=0.1)", timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "compression: TopK(ratio=0.1)" in result.stdout
+    match = re.search(r"test accuracy: ([0-9.]+)", result.stdout)
+    assert match and float(match.group(1)) >= 0.7, result.stdout
+
+
 def test_demo_attack_needs_num_byzantine():
     result = _run_cli("demo", "--attack", "sign_flip")
     assert result.returncode == 2, result.stderr

@@ -90,6 +90,7 @@ _NAMED = {
 _PACKAGES = {
     "api/aggregators": "keras_psdist.aggregators",
     "api/attacks": "keras_psdist.attacks",
+    "api/compression": "keras_psdist.compression",
     "api/cluster": "keras_psdist.cluster",
 }
 # The strategies (`kpd.PSStrategy` is defined in `keras_psdist.strategies.ps`,

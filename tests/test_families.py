@@ -28,6 +28,7 @@ MODULES = {
     "PLACEMENTS": "keras_psdist.placement",
     "PARTITIONERS": "keras_psdist.partitioners",
     "DENSE_CHOICES": "keras_psdist.dense_choice",
+    "COMPRESSORS": "keras_psdist.compression",
 }
 
 # Members that cannot be built from a bare id (their family needs

@@ -38,6 +38,12 @@ def _stage_cases():
     bound = lambda text: aggregators.get(text).bind(N, F)  # noqa: E731
     return {
         "momentum": gradients.Momentum(0.5, N),
+        "compression_top_k": gradients.Compression(kpd.compression.TopK(0.5), N),
+        "compression_random_k": gradients.Compression(
+            kpd.compression.RandomK(0.5, seed=1), N
+        ),
+        "compression_sign": gradients.Compression(kpd.compression.Sign(), N),
+        "compression_fp16": gradients.Compression(kpd.compression.FP16(), N),
         "attack": gradients.Attacked(attacks.SignFlip(replicas=[N - 1])),
         "nnm": gradients.Transform(bound("nnm>krum")),
         "bucketing": gradients.Transform(bound("bucketing(seed=1)>median")),

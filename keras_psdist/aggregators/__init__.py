@@ -59,7 +59,8 @@ def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
         ValueError: for an unknown id, naming the valid ones where it
             stands; a rule before a pre-aggregation (the rule goes last); a
             config dict the rule cannot be built from, naming what it
-            accepts; or a `+wm` suffix (worker momentum is the strategy's).
+            accepts; or a `+wm` suffix or a compressor first (worker
+            momentum and compression are the strategy's).
     """
     if spelling.is_spelled(identifier):
         configuration = spelling.parse(identifier)
@@ -70,6 +71,14 @@ def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
                 "string as a strategy's `aggregator=`, or "
                 f"aggregator={spelling.spell(configuration.aggregator)!r}, "
                 f"worker_momentum={configuration.worker_momentum}."
+            )
+        if configuration.compression is not None:
+            raise ValueError(
+                f"{identifier!r} starts with compression, which each replica "
+                "applies to what it sends, not the aggregator: pass the whole "
+                "string as a strategy's `aggregator=`, or "
+                f"aggregator={spelling.spell(configuration.aggregator)!r}, "
+                f"compression={spelling.spell(configuration.compression)!r}."
             )
         return AGGREGATORS.get(configuration.aggregator)
     return AGGREGATORS.get(identifier)

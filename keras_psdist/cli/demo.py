@@ -63,6 +63,7 @@ def run_demo(
     seed: int,
     num_byzantine: int = 0,
     attack: str | None = None,
+    compression: str | None = None,
 ) -> float:
     """Trains and evaluates a digits classifier under `PSStrategy`.
 
@@ -86,6 +87,9 @@ def run_demo(
             last `num_byzantine` replicas with the settings in
             `ATTACK_SETTINGS`, or `None`. `label_flip` flips the 10 digit
             classes.
+        compression: What each replica sends instead of its gradient
+            (`keras_psdist.compression`, e.g. `"top_k(ratio=0.01)"`), or
+            `None`.
 
     Returns:
         The test-set accuracy, a float in [0, 1].
@@ -123,6 +127,7 @@ def run_demo(
             aggregator=aggregator,
             num_byzantine=0 if undefended else num_byzantine,
             attack=attack_config,
+            compression=compression,
         )
     finally:
         absl_logging.set_verbosity(verbosity)
@@ -144,6 +149,8 @@ def run_demo(
             + f" ({strategy.extended.aggregator!r})"
         )
     )
+    if strategy.extended.compression is not None:
+        print(f"compression: {strategy.extended.compression!r}")
     if strategy.extended.attack is not None:
         print(f"attack:     {strategy.extended.attack!r}")
     if undefended:

@@ -25,7 +25,7 @@ from keras_psdist.cluster.mode_names import (  # noqa: E402
     LAUNCH_MODES,
     canonical,
 )
-from keras_psdist.families import AGGREGATORS, ATTACKS  # noqa: E402
+from keras_psdist.families import AGGREGATORS, ATTACKS, COMPRESSORS  # noqa: E402
 
 PROG = "keras-psdist"
 
@@ -35,6 +35,7 @@ FLAGS = flags.FLAGS
 # registries (listing them imports no TensorFlow).
 AGGREGATOR_IDS = tuple(AGGREGATORS.names())
 ATTACK_IDS = tuple(ATTACKS.names())
+COMPRESSOR_IDS = tuple(COMPRESSORS.names())
 
 flags.DEFINE_integer(
     "replicas", 4, "Number of logical CPU replicas (ignored when a GPU is present)."
@@ -62,6 +63,14 @@ flags.DEFINE_string(
     "Simulated attack on the last --num-byzantine replicas, one of: "
     f"{', '.join(ATTACK_IDS)} (see keras_psdist.attacks; the demo prints the "
     "attack it runs, with its strength).",
+)
+flags.DEFINE_string(
+    "compression",
+    "",
+    "What each replica sends instead of its gradient, one of: "
+    f"{', '.join(COMPRESSOR_IDS)}, optionally with arguments, e.g. "
+    "top_k(ratio=0.01) (see keras_psdist.compression). Or write it first in "
+    "--aggregator: top_k>trimmed_mean.",
 )
 flags.DEFINE_integer("seed", 0, "Random seed for Keras, NumPy and Python.")
 flags.DEFINE_bool(
@@ -139,6 +148,7 @@ _COMMAND_FLAGS = {
         "aggregator",
         "num_byzantine",
         "attack",
+        "compression",
         "seed",
         "verbose",
     ),
@@ -268,6 +278,8 @@ def demo_command(args: Sequence[str] = ()) -> int:
         _check_minimum(name)
     try:
         spelling.parse(FLAGS.aggregator)
+        if FLAGS.compression:
+            spelling.parse_compression(FLAGS.compression)
     except ValueError as e:
         raise _CliError(str(e)) from e
     if FLAGS.attack and FLAGS.attack not in ATTACKS.names():
@@ -300,6 +312,7 @@ def demo_command(args: Sequence[str] = ()) -> int:
             seed=FLAGS.seed,
             num_byzantine=FLAGS.num_byzantine,
             attack=FLAGS.attack or None,
+            compression=FLAGS.compression or None,
         )
     except ValueError as e:
         raise _CliError(str(e)) from e

@@ -115,6 +115,10 @@ class PSExtended(
                 )
                 else self._compute_devices
             ),
+            # Compression always on each replica's own device: what crosses
+            # to the reduction device is the compressed payload.
+            compression=run.compression,
+            compute_devices=self._compute_devices,
         )
         self._creator = VariableCreator(
             self._container_strategy,
@@ -243,7 +247,8 @@ class PSExtended(
         """The training state beside the model's and optimizer's variables.
 
         The aggregator's state between steps (centered clipping's centre,
-        each replica's momentum under `worker_momentum`), also that of a
+        each replica's momentum under `worker_momentum`, each replica's
+        error-feedback residuals under `compression`), also that of a
         sync-replica chief's update service. `BackupAndRestore` saves and
         restores it beside the weights; a custom loop checkpoints it with
         `tf.train.Checkpoint(model=model, optimizer=optimizer,
@@ -257,6 +262,12 @@ class PSExtended(
     def worker_momentum(self) -> float:
         """Each replica's momentum of its gradients (0: the rule sees gradients)."""
         return self._reduction.worker_momentum
+
+    @property
+    def compression(self) -> Any:
+        """What each replica sends instead of its gradient (a
+        `keras_psdist.compression.Compressor`), or `None`."""
+        return self._reduction.compression
 
     def report(self) -> dict[str, np.ndarray]:
         """What the aggregator did in the last step, per replica.

@@ -2,10 +2,12 @@
 
 `PSExtended` hands every all-reduce of gradients to a `GradientReduction`,
 which runs the gradient path (`keras_psdist.gradients.gradient_path`: worker
-momentum, attack, pre-aggregations, rule, as configured) on the reduction
-device and keeps, between steps,
+momentum, compression, attack, pre-aggregations, rule, as configured) on the
+reduction device (a compressor's compress half on each replica's own
+device) and keeps, between steps,
 
-- the path's state (each replica's momentum, centered clipping's center) in
+- the path's state (each replica's momentum and compression residuals,
+  centered clipping's center) in
   variables created from the chain's `init` the first time a step is traced,
   one set per input signature, and
 - the rule's per-replica report (Krum's `selected`, the trimmed fraction, ...)
@@ -65,6 +67,10 @@ class GradientReduction:
         replica_devices: The compute devices, one per replica: each
             replica's momentum lives and is updated on its own. Defaults to
             none: on `device`.
+        compression: A `keras_psdist.compression.Compressor`, or `None`.
+        compute_devices: The compute devices, one per replica, where each
+            replica compresses what it sends and keeps its residuals.
+            Defaults to none: on `device`.
     """
 
     def __init__(
@@ -76,10 +82,13 @@ class GradientReduction:
         spread_devices: Sequence[str] = (),
         worker_momentum: float = 0.0,
         replica_devices: Sequence[str] | None = None,
+        compression: Any = None,
+        compute_devices: Sequence[str] | None = None,
     ):
         self.aggregator = aggregator
         self.attack = attack
         self.worker_momentum = worker_momentum
+        self.compression = compression
         # What runs each step, as one chain of stages.
         self.path = gradient_path(
             aggregator,
@@ -87,6 +96,8 @@ class GradientReduction:
             attack=attack,
             worker_momentum=worker_momentum,
             replica_devices=replica_devices,
+            compression=compression,
+            compute_devices=compute_devices,
         )
         self._device = device
         self._num_replicas = num_replicas

@@ -41,6 +41,8 @@ class Run:
             every replica, when it is an attacked worker.
         worker_momentum: Each replica's momentum of its gradients, which the
             rule aggregates (see `aggregators.momentum`), or 0 for none.
+        compression: What each replica sends instead of its gradient (a
+            `keras_psdist.compression.Compressor`), or `None`.
         dense: Which trainable variables are replicated and all-reduced
             instead of kept on a parameter device (see
             `keras_psdist.dense_choice.get_chooser`).
@@ -58,3 +60,4 @@ class Run:
     worker_attack: Any = None
     worker_momentum: float = 0.0
     dense: Any = "ps"
+    compression: Any = None

@@ -8,6 +8,9 @@ Each stage is a small transform with its own state, as Optax's
 one stage (`stage.py`). The modules, in the path's order:
 
 - `momentum.py`: worker momentum (`Momentum`), state per replica.
+- `compression.py`: what each replica sends, compressed on its device
+  (`Compression`, over a `keras_psdist.compression.Compressor`), residuals
+  per replica.
 - `attack.py`: a simulated attack (`Attacked`).
 - `pre_aggregation.py`: nearest-neighbour mixing, bucketing, clipping, ARC
   (`Transform`), and `stages_of`, which takes a configuration
@@ -22,8 +25,14 @@ written is `keras_psdist.spelling`.
 """
 
 from keras_psdist.gradients.attack import Attacked
+from keras_psdist.gradients.compression import Compression
 from keras_psdist.gradients.momentum import Momentum
-from keras_psdist.gradients.path import configure, gradient_path, is_plain_mean
+from keras_psdist.gradients.path import (
+    configure,
+    configure_compression,
+    gradient_path,
+    is_plain_mean,
+)
 from keras_psdist.gradients.pre_aggregation import Transform, stages_of
 from keras_psdist.gradients.rule import Rule
 from keras_psdist.gradients.stage import Chain, Replicas, Stage, chain
@@ -31,6 +40,7 @@ from keras_psdist.gradients.stage import Chain, Replicas, Stage, chain
 __all__ = [
     "Attacked",
     "Chain",
+    "Compression",
     "Momentum",
     "Replicas",
     "Rule",
@@ -38,6 +48,7 @@ __all__ = [
     "Transform",
     "chain",
     "configure",
+    "configure_compression",
     "gradient_path",
     "is_plain_mean",
     "stages_of",

@@ -4,8 +4,10 @@
 
 - `Momentum` (`momentum.py`): each replica's momentum of its gradients
   (`worker_momentum=`), kept per replica.
-- compression, next: what a replica sends, e.g. top-k with error feedback
-  (a per-replica residual, kept as the momenta are).
+- `Compression` (`compression.py`): what a replica sends, compressed on
+  its own device (`compression=`), e.g. top-k with error feedback (a
+  residual per replica, kept as the momenta are), decompressed where the
+  rest runs.
 - `Attacked` (`attack.py`): a simulated attack replaces what the attacked
   replicas send (their momenta, with worker momentum).
 - `Transform`s (`pre_aggregation.py`): the configuration's pre-aggregations,
@@ -13,8 +15,10 @@
 - `Rule` (`rule.py`): the aggregate.
 
 `configure` reads the strategy's `aggregator=` (a configuration string may
-end with worker momentum, `"nnm>median+wm"`), `gradient_path` builds the
-chain from the strategy's arguments;
+end with worker momentum, `"nnm>median+wm"`), `configure_compression` its
+`compression=` (or a compressor the string starts with,
+`"top_k>median"`), `gradient_path` builds the chain from the strategy's
+arguments;
 `GradientReduction` (`keras_psdist.distribute.reduction`) runs it each step.
 """
 
@@ -24,9 +28,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_psdist import aggregators, spelling
+from keras_psdist import compression as compression_lib
 from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.aggregators.mean import Mean
+from keras_psdist.compression.base import Compressor
+from keras_psdist.compression.casts import NoCompression
 from keras_psdist.gradients.attack import Attacked
+from keras_psdist.gradients.compression import Compression
 from keras_psdist.gradients.momentum import Momentum
 from keras_psdist.gradients.pre_aggregation import stages_of
 from keras_psdist.gradients.rule import Rule
@@ -61,7 +69,53 @@ def configure(
                     f"worker_momentum={worker_momentum}. Set it in one place."
                 )
             return aggregators.get(configuration.aggregator), beta
+        if configuration.compression is not None:
+            # The compressor is `configure_compression`'s.
+            return aggregators.get(configuration.aggregator), worker_momentum
     return aggregators.get(aggregator), worker_momentum
+
+
+def configure_compression(aggregator: Any, compression: Any = None) -> Any:
+    """A strategy's `compression=`, resolved.
+
+    Args:
+        aggregator: The strategy's `aggregator=`; a configuration string may
+            start with a compressor (`"top_k(ratio=0.01)>median"`).
+        compression: The strategy's `compression=`: what
+            `keras_psdist.compression.get` takes, or `None`.
+
+    Returns:
+        The `Compressor`, or `None` for no compression (`"none"` included:
+        the gradients travel as they are).
+
+    Raises:
+        ValueError: as `keras_psdist.compression.get`, or when the string's compressor
+            and `compression=` disagree.
+    """
+    if isinstance(aggregator, str) and aggregator in compression_lib.names():
+        raise ValueError(
+            f"aggregator={aggregator!r} is a compressor, not an aggregation "
+            f"rule: pass compression={aggregator!r} beside the aggregator, or "
+            f"write it first in the configuration, e.g. '{aggregator}>mean'."
+        )
+    compressor = compression_lib.get(compression)
+    if spelling.is_spelled(aggregator):
+        written = spelling.parse(aggregator).compression
+        if written is not None:
+            from_string = compression_lib.get(written)
+            if compressor is not None and (
+                compression_lib.serialize(compressor)
+                != compression_lib.serialize(from_string)
+            ):
+                raise ValueError(
+                    f"aggregator={aggregator!r} starts with the compressor "
+                    f"{spelling.spell(written)!r}, but compression={compression!r}. "
+                    "Set it in one place."
+                )
+            compressor = from_string
+    if type(compressor) is NoCompression:
+        return None
+    return compressor
 
 
 def gradient_path(
@@ -71,6 +125,8 @@ def gradient_path(
     attack: Any = None,
     worker_momentum: float = 0.0,
     replica_devices: Sequence[str] | None = None,
+    compression: Compressor | None = None,
+    compute_devices: Sequence[str] | None = None,
 ) -> Chain:
     """The chain a strategy runs on each step's gradients.
 
@@ -82,14 +138,21 @@ def gradient_path(
         worker_momentum: Each replica's momentum, or 0 for none.
         replica_devices: The compute devices, one per replica, where each
             replica's momentum lives; `None`: where the rule runs.
+        compression: A `keras_psdist.compression.Compressor`, or `None`.
+        compute_devices: The compute devices, one per replica, where each
+            replica compresses and keeps its residuals (always its own
+            device: that is what keeps the bytes down); `None`: where the
+            rule runs.
 
     Returns:
-        `chain(Momentum, Attacked, *Transforms, Rule)`, the stages left out
-        that are not configured.
+        `chain(Momentum, Compression, Attacked, *Transforms, Rule)`, the
+        stages left out that are not configured.
     """
     stages: list[Stage] = []
     if worker_momentum:
         stages.append(Momentum(worker_momentum, num_replicas, replica_devices))
+    if compression is not None:
+        stages.append(Compression(compression, num_replicas, compute_devices))
     if attack is not None:
         stages.append(Attacked(attack))
     stages.extend(stages_of(aggregator))
@@ -98,7 +161,7 @@ def gradient_path(
 
 def is_plain_mean(path: Chain) -> bool:
     """Whether `path` is the `mean` of the gradients as they are (no
-    momentum, attack or pre-aggregation): an all-reduce computes it
-    anywhere."""
+    momentum, compression, attack or pre-aggregation): an all-reduce
+    computes it anywhere."""
     [*before, last] = path.stages
     return not before and isinstance(last, Rule) and type(last.aggregator) is Mean

@@ -50,11 +50,12 @@ class Arguments:
     dense: str | dict[str, Any] | dense_choice.ChooserFn = dense_choice.PS
     replicas_to_aggregate: int | None = None
     total_num_replicas: int | None = None
+    compression: Any = None
 
     def checked(self) -> Arguments:
         """These arguments checked (`ValueError` naming the fix), with the
-        partitioner, the (unbound) aggregator and the worker momentum
-        resolved."""
+        partitioner, the (unbound) aggregator, the worker momentum and the
+        compressor (`None` for none) resolved."""
         dense_choice.get(self.dense)
         devices_lib.canonical_names(self.devices, "devices")
         for name in ("replicas_to_aggregate", "total_num_replicas"):
@@ -73,6 +74,7 @@ class Arguments:
         )
         if self.num_byzantine is not None:
             check_count("num_byzantine", self.num_byzantine, minimum=0)
+        compression = gradients.configure_compression(self.aggregator, self.compression)
         aggregator, worker_momentum = gradients.configure(
             self.aggregator, worker_momentum
         )
@@ -83,6 +85,7 @@ class Arguments:
             partitioner=partitioner,
             aggregator=aggregator,
             worker_momentum=worker_momentum,
+            compression=compression,
         )
 
     @functools.cached_property

@@ -97,6 +97,9 @@ class Mode(abc.ABC):
         reports_lost_workers: Between-graph, whether the chief logs lost and
             returning workers (a mode whose training logs them itself says
             False).
+        compresses: Whether `compression=` works in the mode: a step's
+            gradients travel from the replicas to the reduction device
+            through the gradient path, which compresses them.
     """
 
     name: ClassVar[str]
@@ -107,6 +110,7 @@ class Mode(abc.ABC):
     takes_max_staleness: ClassVar[bool] = False
     replicates_variables: ClassVar[bool] = True
     reports_lost_workers: ClassVar[bool] = True
+    compresses: ClassVar[bool] = True
 
     def __init__(self, arguments: Arguments, front: str):
         self.arguments = arguments
@@ -141,6 +145,16 @@ class Mode(abc.ABC):
         Raises:
             ValueError: naming what is wrong and the fix.
         """
+        compression = self.arguments.compression
+        if compression is not None and not self.compresses:
+            raise ValueError(
+                f"compression={compression!r} is not supported by {self.owner} "
+                "yet: between-graph workers send their gradients to the ps "
+                "tasks outside the gradient path that compresses them, so "
+                "nothing would be saved. Compression works on one host and "
+                "with PSStrategy(mode='in-graph') for now: leave compression "
+                "out here, or train in-graph."
+            )
         dense = self.arguments.dense
         if not self.replicates_variables and not isinstance(
             dense_choice.get(dense), (dense_choice.AllOnPS, dense_choice.AutoChoice)
@@ -196,6 +210,7 @@ class Mode(abc.ABC):
             heartbeat_timeout=arguments.heartbeat_timeout,
             worker_momentum=arguments.worker_momentum,
             dense=arguments.dense,
+            compression=arguments.compression,
         )
 
     def training(

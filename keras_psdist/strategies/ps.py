@@ -130,6 +130,18 @@ class PSStrategy(distribute_lib.Strategy):
             variable (`"auto"`: leave that one to the automatic choice).
             Replication needs one host or `mode="in-graph"`. See
             docs/hybrid.md. Defaults to `"ps"`.
+        compression: What each replica sends instead of its gradient,
+            compressed on the replica's own device and decompressed on the
+            reduction device, before the attack and the rule: an id
+            (`"fp16"`, `"bf16"`, `"top_k"`, `"random_k"`, `"sign"`,
+            `"power_sgd"`, `"none"`), an id with arguments
+            (`"top_k(ratio=0.01)"`), a config dict or a
+            `keras_psdist.compression.Compressor`. Top-k, random-k, sign and
+            PowerSGD keep an error-feedback residual per replica, in
+            `extended.training_state` (checkpointed). A configuration string
+            may start with it instead: `aggregator="top_k>trimmed_mean"`.
+            On one host and in-graph only for now (between-graph refuses it).
+            See docs/compression.md. Defaults to `None` (no compression).
 
     Raises:
         ValueError: for unknown or malformed devices, placement or
@@ -137,7 +149,9 @@ class PSStrategy(distribute_lib.Strategy):
             argument its class does not take, a `cluster_resolver` that is
             not one, an aggregator that cannot tolerate `num_byzantine` faulty replicas,
             an attack on replicas that do not exist, an invalid cluster (or
-            TF_CONFIG), or a task that cannot play the mode's role.
+            TF_CONFIG), a task that cannot play the mode's role, an unknown
+            or malformed compressor, or `compression=` in a between-graph
+            mode.
         ConnectionError: if a task of the cluster does not answer within
             `connect_timeout`.
         OSError: if this task's port is held by another process.
@@ -171,6 +185,7 @@ class PSStrategy(distribute_lib.Strategy):
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
         dense: str | dict[str, Any] | dense_choice.ChooserFn = "ps",
+        compression: Any = None,
     ):
         arguments = modes.Arguments(
             devices=devices,
@@ -188,6 +203,7 @@ class PSStrategy(distribute_lib.Strategy):
             partitioner=partitioner,
             heartbeat_timeout=heartbeat_timeout,
             dense=dense,
+            compression=compression,
         ).checked()
         mode = modes.choose(mode, arguments, "PSStrategy")
         mode.validate()
@@ -212,6 +228,11 @@ class PSStrategy(distribute_lib.Strategy):
             + (
                 f", worker_momentum={ext.worker_momentum}"
                 if ext.worker_momentum
+                else ""
+            )
+            + (
+                f", compression={ext.compression!r}"
+                if ext.compression is not None
                 else ""
             )
             + (

@@ -91,13 +91,18 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             worker. Also how long a process whose ps task is lost may take
             to stop by itself before it is ended with the error
             (`keras_psdist.cluster.task_loss`). Defaults to 30.
+        compression: What each worker would send instead of its gradient
+            (see `PSStrategy`). Not supported between worker processes yet:
+            any value but `None` raises `ValueError`, naming the modes that
+            compress (one host, in-graph). Defaults to `None`.
 
     Raises:
         ValueError: without a cluster, for a `cluster_resolver` that is not
             one, malformed `parameter_devices`, counts that do not fit the
             cluster, an aggregator or attack config with an argument its
             class does not take, or an aggregator that cannot tolerate
-            `num_byzantine` faulty workers out of `replicas_to_aggregate`.
+            `num_byzantine` faulty workers out of `replicas_to_aggregate`,
+            or any `compression=` (not supported between workers yet).
 
     Examples:
 
@@ -127,6 +132,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         init_timeout: float = 120.0,
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
+        compression: Any = None,
     ):
         arguments = modes.Arguments(
             replicas_to_aggregate=replicas_to_aggregate,
@@ -143,6 +149,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             init_timeout=init_timeout,
             partitioner=partitioner,
             heartbeat_timeout=heartbeat_timeout,
+            compression=compression,
         ).checked()
         mode = modes.SyncReplicasMode(arguments, "SyncReplicaStrategy")
         mode.validate()

@@ -1,0 +1,45 @@
+"""The digits MLP with top-k compression, run in-graph as a cluster's chief.
+
+Run by `tests/test_compression_cluster.py` under `keras-psdist launch` (1 ps
+task, 2 worker tasks):
+
+    python compression_job.py OUT_DIR
+
+writes `OUT_DIR/report.json` (the accuracy and where each replica's
+residuals live) and `OUT_DIR/weights.npz`, which the test compares with the
+same replicas in one process.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import digits_job  # noqa: E402  (this directory: sys.path[0] or conftest.py)
+import numpy as np  # noqa: E402
+
+COMPRESSION = "top_k(ratio=0.1)"
+
+
+def main(out_dir):
+    import keras_psdist as kpd
+
+    strategy = kpd.PSStrategy(compression=COMPRESSION)
+    model = digits_job.build(strategy)
+    _, accuracy = digits_job.train(model)
+    report = {
+        "mode": strategy.extended.topology.mode,
+        "accuracy": accuracy,
+        "compression": repr(strategy.extended.compression),
+        "state_devices": [v.device for v in strategy.extended.training_state.variables],
+    }
+    np.savez(os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights])
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f)
+    print(f"compression: accuracy {accuracy:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,49 @@
+"""Compression across processes: an in-graph cluster (1 ps task, 2 worker
+tasks) trains with top-k, each worker task compressing its replica's
+gradient and keeping its residuals, and ends at the weights of the same
+replicas in one process."""
+
+import json
+from pathlib import Path
+
+import launching  # tests/cluster_jobs, see conftest.py
+import numpy as np
+import pytest
+
+import keras_psdist as kpd
+
+pytestmark = pytest.mark.multiprocess
+
+JOB = Path(__file__).parent / "cluster_jobs" / "compression_job.py"
+
+
+def test_in_graph_compression_keeps_residuals_on_the_workers(tmp_path, cpu_devices):
+    code, log = launching.launch_job(
+        JOB, [tmp_path], num_ps=1, num_workers=2, mode="in-graph", timeout_s=300
+    )
+    assert code == 0, (
+        f"launch exited {code}:\n{launching.without_progress(log)[-6000:]}"
+    )
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["mode"] == "in-graph"
+    assert report["compression"] == "TopK(ratio=0.1)"
+    assert report["accuracy"] >= 0.85
+    # Three layers' kernels and biases (six), a residual each per worker task.
+    tasks = sorted({d.split("/device:")[0] for d in report["state_devices"]})
+    assert tasks == ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
+    assert len(report["state_devices"]) == 12
+
+    import digits_job
+
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:2],
+        parameter_devices=cpu_devices[2:3],
+        compression="top_k(ratio=0.1)",
+    )
+    model = digits_job.build(strategy)
+    digits_job.train(model)
+    cluster_weights = np.load(tmp_path / "weights.npz")
+    for i, w in enumerate(model.weights):
+        np.testing.assert_allclose(
+            cluster_weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5
+        )
