@@ -35,6 +35,11 @@ def parse_config(name: str) -> tuple[str, object, float]:
     from keras_psdist import spelling
 
     configuration = spelling.parse(name)
+    if configuration.compression is not None:
+        raise ValueError(
+            f"{name!r} starts with a compressor; the robustness benchmarks do not "
+            "compress yet: leave it out."
+        )
     return configuration.rule, configuration.aggregator, configuration.worker_momentum
 
 
