@@ -184,6 +184,35 @@ def parse_compression(text: str) -> str | dict[str, Any]:
     return {"class_name": name, "config": arguments} if arguments else name
 
 
+def aggregator_only(text: str) -> str | dict[str, Any]:
+    """The aggregator of a configuration that must be an aggregator alone
+    (`aggregators.get`, a pre-aggregation's inner rule): what `parse` reads,
+    refusing worker momentum and compression, which are the strategy's.
+
+    Raises:
+        ValueError: as `parse`, or for a `+wm` suffix or a compressor first,
+            saying where they go instead.
+    """
+    configuration = parse(text)
+    if configuration.worker_momentum:
+        raise ValueError(
+            f"{text!r} ends with worker momentum, which the strategy "
+            "keeps for each replica, not the aggregator: pass the whole "
+            "string as a strategy's `aggregator=`, or "
+            f"aggregator={spell(configuration.aggregator)!r}, "
+            f"worker_momentum={configuration.worker_momentum}."
+        )
+    if configuration.compression is not None:
+        raise ValueError(
+            f"{text!r} starts with compression, which each replica "
+            "applies to what it sends, not the aggregator: pass the whole "
+            "string as a strategy's `aggregator=`, or "
+            f"aggregator={spell(configuration.aggregator)!r}, "
+            f"compression={spell(configuration.compression)!r}."
+        )
+    return configuration.aggregator
+
+
 def spell(
     config: str | Mapping[str, Any],
     worker_momentum: float = 0.0,

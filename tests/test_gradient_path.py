@@ -326,7 +326,7 @@ def test_a_pre_aggregations_inner_rule_reads_a_configuration_string():
         aggregators.serialize(aggregators.get("arc>nnm>median"))
     )
     with pytest.raises(
-        ValueError, match="pass it as the strategy's `worker_momentum=`"
+        ValueError, match="ends with worker momentum, which the strategy keeps"
     ):
         aggregators.ARC("nnm>median+wm")
 

@@ -397,10 +397,12 @@ def sync_chief_cut_run(tmp_path_factory):
     without it (each machine on its own) would not do; so that the test sees
     what each process does by itself, the workers are let go
     (`max_worker_failures=2`) and the chief is given the longer grace
-    (`heartbeat_timeout` 12 s against the workers' 4 s): its own exit comes
-    after theirs."""
+    (`heartbeat_timeout` 24 s against the workers' 4 s): its own exit comes
+    after theirs. (With 12 s, a worker whose fit had already raised its
+    `StalledError` was once still tearing down when the chief exited, in a
+    full suite on 2 busy cores.)"""
     out = tmp_path_factory.mktemp("sync_chief_cut")
-    config = {"strategy": "sync", "heartbeat_timeout": 4, "chief_heartbeat_timeout": 12}
+    config = {"strategy": "sync", "heartbeat_timeout": 4, "chief_heartbeat_timeout": 24}
     with _hosts(1, 3) as (hosts, task_hosts):
         run = net_fault_job.Launch(
             JOB,

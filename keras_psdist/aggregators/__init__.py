@@ -63,24 +63,7 @@ def get(identifier: str | dict[str, Any] | Aggregator) -> Aggregator:
             momentum and compression are the strategy's).
     """
     if spelling.is_spelled(identifier):
-        configuration = spelling.parse(identifier)
-        if configuration.worker_momentum:
-            raise ValueError(
-                f"{identifier!r} ends with worker momentum, which the strategy "
-                "keeps for each replica, not the aggregator: pass the whole "
-                "string as a strategy's `aggregator=`, or "
-                f"aggregator={spelling.spell(configuration.aggregator)!r}, "
-                f"worker_momentum={configuration.worker_momentum}."
-            )
-        if configuration.compression is not None:
-            raise ValueError(
-                f"{identifier!r} starts with compression, which each replica "
-                "applies to what it sends, not the aggregator: pass the whole "
-                "string as a strategy's `aggregator=`, or "
-                f"aggregator={spelling.spell(configuration.aggregator)!r}, "
-                f"compression={spelling.spell(configuration.compression)!r}."
-            )
-        return AGGREGATORS.get(configuration.aggregator)
+        identifier = spelling.aggregator_only(identifier)
     return AGGREGATORS.get(identifier)
 
 

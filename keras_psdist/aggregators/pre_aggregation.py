@@ -69,14 +69,7 @@ class PreAggregation(Aggregator):
         num_byzantine: int | None = None,
     ):
         if spelling.is_spelled(aggregator):
-            configuration = spelling.parse(aggregator)
-            if configuration.worker_momentum:
-                raise ValueError(
-                    f"{type(self).__name__}'s inner rule {aggregator!r} ends with "
-                    "worker momentum, which the strategy keeps for each replica: "
-                    "pass it as the strategy's `worker_momentum=`."
-                )
-            aggregator = configuration.aggregator
+            aggregator = spelling.aggregator_only(aggregator)
         inner = AGGREGATORS.get(aggregator)
         if num_byzantine is None:
             num_byzantine = inner.num_byzantine
