@@ -69,6 +69,14 @@ def test_underscores_read_as_hyphens_everywhere(monkeypatch):
     assert strategy.extended.mode.name == "local"
 
 
+def test_the_one_host_mode_names_no_mode_a_user_cannot_write(monkeypatch):
+    # `mode="local"` is refused, so the one-host mode's messages and repr
+    # must not suggest it.
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    strategy = kpd.PSStrategy(devices=["/cpu:0"])
+    assert repr(strategy.extended.mode) == "LocalMode(owner='PSStrategy on one host')"
+
+
 @pytest.mark.parametrize(
     ("old", "new"), [("sync", "in-graph"), ("async", "between-graph")]
 )

@@ -130,8 +130,11 @@ class Mode(abc.ABC):
 
     @property
     def owner(self) -> str:
-        """Who trains in this mode, for messages: `PSStrategy(mode='in-graph')`."""
-        return f"{self.front}(mode={self.launch or self.name!r})"
+        """Who trains in this mode, for messages: `PSStrategy(mode='in-graph')`,
+        or `PSStrategy on one host` (a mode no `mode=` names)."""
+        if self.launch is None:
+            return f"{self.front} on one host"
+        return f"{self.front}(mode={self.launch!r})"
 
     @property
     def config(self):
