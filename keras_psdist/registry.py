@@ -372,16 +372,11 @@ def _parameters(cls: type) -> tuple[list[str], list[str], bool]:
     return accepted, required, any_keyword
 
 
-def _a(noun: str) -> str:
-    """`noun` with its indefinite article: "an attack", "a partitioner"."""
-    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
-
-
 def _load(path: str) -> Any:
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
 def _a(word: str) -> str:
-    """`word` with its indefinite article: "an Aggregator", "a Partitioner"."""
+    """`word` with its indefinite article: "an attack", "a Partitioner"."""
     return ("an " if word[:1].lower() in "aeiou" else "a ") + word
