@@ -148,7 +148,6 @@ def test_in_graph_partial_batches_equal_the_one_process_run(in_graph_run, cpu_de
 
 
 @pytest.mark.xdist_group("in_graph_cluster")
-@pytest.mark.xdist_group("in_graph_cluster")
 def test_in_graph_xla_trains_as_without_it(in_graph_run):
     """`compile(jit_compile=True)` on the cluster: each replica's pass is
     compiled on its worker task; 2 epochs end at `jit_compile=False`'s
@@ -161,7 +160,7 @@ def test_in_graph_xla_trains_as_without_it(in_graph_run):
 @pytest.mark.parametrize("pattern", sorted(tutorial_patterns.PATTERNS))
 def test_in_graph_runs_every_tutorial_pattern(in_graph_run, pattern):
     """`tests/cluster_jobs/tutorial_patterns.py` on the in-graph cluster
-    (ps and worker tasks on loopback), in the same launch."""
+    (each task on a host of its own), in the same launch."""
     if pattern in tutorial_patterns.IN_GRAPH_CRASHES:
         pytest.skip(
             "TensorFlow 2.21 crashes (SIGSEGV) returning an iterator made "
@@ -173,6 +172,7 @@ def test_in_graph_runs_every_tutorial_pattern(in_graph_run, pattern):
     ]
 
 
+@pytest.mark.xdist_group("in_graph_cluster")
 def test_in_graph_streams_every_task_output(in_graph_run):
     _, _, log = in_graph_run
     for prefix in ("[chief:0]", "[ps:0]", "[ps:1]", "[worker:0]", "[worker:1]"):
