@@ -235,11 +235,16 @@ def test_async_ran_every_task_on_a_host_of_its_own(async_run):
 
 @pytest.mark.xdist_group("between_graph_cluster")
 def test_async_workers_learn(async_run):
+    """Worker 1 compiles its replica's forward and backward pass with XLA
+    (`compile(jit_compile=True)`), worker 0 does not; both learn."""
     reports, _, _ = async_run
     for report in reports.values():
         # Async updates interleave differently every run (and more under
         # load), so the bound is loose; chance is 0.1.
         assert report["accuracy"] >= 0.8, report
+    assert reports["worker:1"]["jit_compile"] is True
+    assert reports["worker:1"]["xla_traced_replicas"] >= 1
+    assert reports["worker:0"]["xla_traced_replicas"] == 0
 
 
 @pytest.mark.xdist_group("between_graph_cluster")

@@ -2,7 +2,7 @@
 compiled with XLA on its device (`keras_psdist/integration/xla.py`), and the
 run trains to the weights of `jit_compile=False`."""
 
-import types
+import re
 
 import keras
 import numpy as np
@@ -63,16 +63,17 @@ def _train(make_strategy, jit_compile, data, batch_norm=True, optimizer=None):
     return [w.numpy() for w in model.weights], history.history, evaluation, model
 
 
-def _compiled_calls(graphs):
+def _compiled_calls(graphs, function="forward_backward"):
     """`(device, must compile, resource inputs)` of every call of the
-    compiled forward and backward pass in the step graphs that made them."""
+    compiled `function` (the forward and backward pass) in the step graphs
+    that made them."""
     calls = []
     for graph in graphs:
         for op in graph.get_operations():
             if op.type not in ("PartitionedCall", "StatefulPartitionedCall"):
                 continue
             name = op.get_attr("f").name
-            if "forward_backward" not in name:
+            if not re.search(rf"_{function}_\d+$", name):
                 continue
             definition = graph._get_function(name).cached_definition
             calls.append(
@@ -181,15 +182,60 @@ def test_a_custom_train_step_is_refused_with_the_fix(cpu_devices):
     assert "stateless_call" in str(e.value)
 
 
-def test_between_graph_runs_are_refused():
-    # A stand-in for a between-graph strategy (it needs a cluster to build).
-    class PSStrategy:
-        extended = types.SimpleNamespace(
-            sync_training=None, experimental_between_graph=True
-        )
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        lambda d: kpd.PSStrategy(devices=d[:3]),
+        lambda d: kpd.PSStrategy(
+            devices=d[:3],
+            parameter_devices=d[3:5],
+            partitioner=kpd.partitioners.Fixed(2, min_variable_bytes=0),
+        ),
+    ],
+    ids=["ps", "partitioned"],
+)
+def test_predict_compiles_the_forward_pass_per_replica(
+    cpu_devices, data, make_strategy, monkeypatch
+):
+    """`predict` under `jit_compile=True`: the forward pass compiled on each
+    replica's device, the predictions those of `jit_compile=False` (the
+    same weights; 130 examples leave a replica without data at the end)."""
+    graphs = []
+    predict_step = xla._predict_step
 
-    with pytest.raises(ValueError, match="not supported under PSStrategy with worker"):
-        xla.check_supported(keras.Sequential(), PSStrategy())
+    def spy(model):
+        graphs.append(tf.compat.v1.get_default_graph())
+        return predict_step(model)
+
+    monkeypatch.setattr(xla, "_predict_step", spy)
+    x, _ = data
+    predictions = {}
+    for jit_compile in (False, True):
+        strategy = make_strategy(cpu_devices)
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = _build(jit_compile, True, lambda: keras.optimizers.SGD(0.3))
+        predictions[jit_compile] = model.predict(x, batch_size=BATCH_SIZE, verbose=0)
+        assert bool(graphs) is jit_compile
+    np.testing.assert_allclose(predictions[True], predictions[False], atol=1e-5)
+
+    calls = _compiled_calls(graphs, "forward")
+    devices = {
+        tf.DeviceSpec.from_string(d).to_string()
+        for d in model.distribute_strategy.extended.worker_devices
+    }
+    assert {tf.DeviceSpec.from_string(d).to_string() for d, _, _ in calls} == devices
+    assert all(must for _, must, _ in calls)
+    assert not any(resources for _, _, resources in calls)
+
+
+def test_predict_step_eagerly_and_without_xla_is_keras_own(cpu_devices):
+    """The patched `predict_step` compiles only while Keras traces a model
+    that asked for XLA: called eagerly it is Keras's own."""
+    with kpd.PSStrategy(devices=cpu_devices[:2]).scope():
+        model = _build(True, False, lambda: keras.optimizers.SGD(0.3))
+    x = np.ones((4, 64), np.float32)
+    np.testing.assert_allclose(model.predict_step(x), model(x), atol=1e-6)
 
 
 @pytest.mark.slow

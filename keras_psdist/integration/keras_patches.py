@@ -204,10 +204,20 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_predict_function",
         "keras_psdist.integration.xla:predict_without_xla",
-        "As `_make_function`: `predict` is built without XLA (Keras calls "
-        "`predict_step` only when the function is first traced, too late to "
-        "swap in a compiled one). Retired with it.",
+        "As `_make_function`: `predict` is built without XLA; its forward "
+        "pass is compiled per replica by the `predict_step` patch below. "
+        "Retired with it.",
         "As `_make_function`.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.predict_step",
+        "keras_psdist.integration.xla:compiled_predict_step",
+        "Under `jit_compile=True`, compiles the forward pass of Keras's own "
+        "`predict_step` on each replica's device, the variables read outside "
+        "XLA (`integration/xla.py`). Retired with `_make_function` above.",
+        "`make_predict_function` takes no step function (unlike "
+        "`_make_function`); Keras calls `self.predict_step` only when the "
+        "predict function is first traced, after it is built.",
     ),
     Patch(
         "keras.src.trainers.trainer:Trainer.compile",

@@ -27,12 +27,20 @@ which takes the variables' values as tensors, is compiled.
 
 The gradient reduction (`_batch_reduce_to`, any aggregator) and the update
 (`_update`, shard by shard for a partitioned variable) run where they run
-without XLA. `predict` is built without XLA: Keras calls `predict_step`
-only when the function is first traced, after the build, so it cannot be
-swapped for a compiled one without replacing the model's method.
+without XLA. In between-graph and sync-replica runs each worker process
+compiles its own replicas' passes the same way; what its optimizer step then
+does (apply to the ps, or send to the chief) is unchanged.
+
+`predict` compiles Keras's own `predict_step` the same way: the forward pass
+(`Model.stateless_call`, `training=False`) on each replica's device, the
+variables read outside XLA. Keras builds its predict function without XLA
+and calls `predict_step` when that function is first traced, so the
+compiled forward pass is swapped in there (`compiled_predict_step`).
 
 A model that overrides `train_step` or `test_step` is refused at `compile`
-(`check_supported`): its step cannot be cut automatically.
+(`check_supported`): its step cannot be cut automatically. A model that
+overrides `predict_step` predicts without XLA (a `super().predict_step` call
+in it is compiled).
 """
 
 from __future__ import annotations
@@ -46,20 +54,8 @@ import tensorflow as tf
 
 def check_supported(model, strategy) -> None:
     """Raises a `ValueError` (with the fix) for a set-up that cannot compile
-    per replica: a custom `train_step` or `test_step`, or a run whose
-    replicas apply their gradients through another process."""
+    per replica: a custom `train_step` or `test_step`."""
     kind = type(strategy).__name__
-    extended = strategy.extended
-    if getattr(extended, "sync_training", None) is not None or getattr(
-        extended, "experimental_between_graph", False
-    ):
-        raise ValueError(
-            f"compile(jit_compile=True) is not supported under {kind} with "
-            "worker processes that train on their own (between-graph mode, "
-            "sync replicas): it was only built and tested for one host and "
-            "in-graph clusters. Leave jit_compile out (Keras's default 'auto' "
-            "turns XLA off under tf.distribute strategies)."
-        )
     for step in ("train_step", "test_step"):
         if getattr(type(model), step) is not getattr(keras.Model, step):
             raise ValueError(
@@ -118,7 +114,8 @@ def compiled_per_replica(make_function):
 
 
 def predict_without_xla(make_predict_function):
-    """Wraps `TensorFlowTrainer.make_predict_function`: built without XLA."""
+    """Wraps `TensorFlowTrainer.make_predict_function`: built without XLA
+    (the forward pass is compiled per replica by `compiled_predict_step`)."""
 
     @functools.wraps(make_predict_function)
     def make_predict(self, *args, **kwargs):
@@ -266,3 +263,41 @@ def _test_step(model):
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     return test_step
+
+
+def compiled_predict_step(predict_step):
+    """Wraps `TensorFlowTrainer.predict_step`: while Keras traces its predict
+    function for a model under a keras_psdist strategy with
+    `jit_compile=True`, the forward pass is compiled on the replica's
+    device; otherwise (eagerly, other strategies, no XLA) Keras's own."""
+
+    @functools.wraps(predict_step)
+    def step(self, data):
+        if not (_wants_xla(self) and tf.inside_function()):
+            return predict_step(self, data)
+        return _predict_step(self)(data)
+
+    return step
+
+
+def _predict_step(model):
+    """Keras's `predict_step`, its forward pass compiled."""
+
+    def forward(trainable, non_trainable, x):
+        kwargs = {"training": False} if model._call_has_training_arg else {}
+        y_pred, new_non_trainable = model.stateless_call(
+            trainable, non_trainable, x, **kwargs
+        )
+        return y_pred, _changed(new_non_trainable, non_trainable)
+
+    compiled = tf.function(forward, jit_compile=True, reduce_retracing=True)
+
+    def predict_step(data):
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        state = _State(model)
+        trainable, non_trainable, _ = state.values()
+        y_pred, changed = compiled(trainable, non_trainable, x)
+        state.assign(changed, {})
+        return y_pred
+
+    return predict_step

@@ -141,7 +141,11 @@ def main(out_dir, mode, seed=0):
         # A different seed per worker: equal initial weights then show that
         # the workers share the chief's variables.
         seed += topology.worker_index
-    model = build(strategy, seed)
+    # Between-graph, worker 1 compiles its replica's pass with XLA; worker 0
+    # does not (both train the shared variables).
+    jit_compile = topology.mode == "between-graph" and topology.worker_index == 1
+    xla_traces = count_xla_traces()
+    model = build(strategy, seed, jit_compile=jit_compile or "auto")
     initial = [w.numpy() for w in model.weights]
     if topology.mode == "between-graph":
         _wait_until_every_worker_has_read(out_dir, topology)
@@ -170,6 +174,8 @@ def main(out_dir, mode, seed=0):
         "accuracy": accuracy,
         "initial_checksum": float(sum(np.abs(w).sum() for w in initial)),
         "is_chief": strategy.extended.should_checkpoint,
+        "jit_compile": model.jit_compile,
+        "xla_traced_replicas": len(xla_traces),
     }
     if topology.mode == "in-graph":
         np.savez(
@@ -202,6 +208,22 @@ def main(out_dir, mode, seed=0):
     with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
         json.dump(report, f)
     print(f"{task}: accuracy {accuracy:.3f} after {report['steps']} steps")
+
+
+def count_xla_traces() -> list:
+    """A list that grows by one each time a replica's forward and backward
+    pass is traced for XLA (`keras_psdist.integration.xla`) from now on."""
+    from keras_psdist.integration import xla
+
+    traces = []
+    forward = xla._forward
+
+    def counted(*args, **kwargs):
+        traces.append(1)
+        return forward(*args, **kwargs)
+
+    xla._forward = counted
+    return traces
 
 
 def xla_against_no_xla(strategy):

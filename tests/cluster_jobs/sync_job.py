@@ -10,7 +10,8 @@ CONFIG_JSON holds the strategy's arguments (`replicas_to_aggregate`,
 with `PSStrategy(mode="between-graph", max_staleness=...)` instead) and the job's:
 `epochs`, `model` (`"embedding"`: a model with sparse gradients),
 `partitioned` (split its table over the ps tasks, as `digits_job` does),
-`sgd_learning_rate` (a momentum-free SGD in place of Adam),
+`sgd_learning_rate` (a momentum-free SGD in place of Adam), `jit_compile`
+(`compile`'s; the report's `xla_traced_replicas` counts the replica passes traced for XLA),
 `slow_worker` / `sleep_s` (that worker sleeps after every step: the test's
 straggler), and `fits` (how many `fit`s, each followed by `evaluate`, the
 model trains in a row; 1 by default). `then`: a second config, run after
@@ -133,8 +134,11 @@ def _train(out_dir, config):
         model = digits_job.build_embedding(strategy)
     else:
         model = digits_job.build(
-            strategy, sgd_learning_rate=config.get("sgd_learning_rate")
+            strategy,
+            sgd_learning_rate=config.get("sgd_learning_rate"),
+            jit_compile=config.get("jit_compile", "auto"),
         )
+    xla_traces = digits_job.count_xla_traces()
     digits_job.EPOCHS = config.get("epochs", digits_job.EPOCHS)
     last_step = CountsAtLastStep(strategy)
     callbacks = [
@@ -190,6 +194,7 @@ def _train(out_dir, config):
         "history_keys": sorted(history.history),
         "history": {k: v for k, v in history.history.items() if k.startswith("sync/")},
         "iterations": int(model.optimizer.iterations.numpy()),
+        "xla_traced_replicas": len(xla_traces),
     }
     if not bounded:
         sync_training = strategy.extended.sync_training
