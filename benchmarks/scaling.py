@@ -21,10 +21,13 @@ started by ``keras_psdist.cluster.launch(hosts=...)``. Three sweeps:
    ps updates/s and each ps task's peak RSS.
 3. **Bandwidth** (``--mbit``, default unlimited 1000 100 10): every host's
    link limited to that rate each way (``tc`` token bucket), async on 2
-   workers and 1 ps: examples/s, and the bytes through the ps host's link
-   per update (its interface counters over the timed window) against what
-   an async step must move: the variables read (1.19 MB) plus the gradient
-   sent (1.19 MB).
+   workers and 1 ps (``--mbit-kinds``: also in-graph): examples/s, and the
+   bytes through the ps host's link per update (its interface counters over
+   the timed window) against what an async step must move: the variables
+   read (1.19 MB) plus the gradient sent (1.19 MB). With ``--compression``
+   (default ``none``; e.g. ``none "top_k(ratio=0.01)" fp16``) each rate runs
+   each compressor (``PSStrategy(compression=...)``), and the table gives
+   each one's examples/s as a ratio to ``none``'s on the same link.
 4. **A straggler on a slow link** (``--only straggler``): ``SyncReplicaStrategy``
    on 3 workers with one backup (``replicas_to_aggregate=2``) and a
    digits-sized MLP (64-64-64-2, 34 KB), with every link unlimited and with
@@ -110,18 +113,21 @@ def _child_main(args: argparse.Namespace) -> int:
 
     import keras_psdist as kpd
 
+    compression = None if args.compression[0] == "none" else args.compression[0]
     if args.kind == "async" or args.kind == "embedding":
         partitioner = (
             kpd.partitioners.Fixed(args.num_ps) if args.kind == "embedding" else None
         )
-        strategy = kpd.PSStrategy(mode="between-graph", partitioner=partitioner)
+        strategy = kpd.PSStrategy(
+            mode="between-graph", partitioner=partitioner, compression=compression
+        )
     elif args.kind == "sync":
         strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers)
     elif args.kind == "sync-backup":
         # One backup worker: an update takes the first workers - 1 gradients.
         strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers - 1)
     else:
-        strategy = kpd.PSStrategy()
+        strategy = kpd.PSStrategy(compression=compression)
     topology = strategy.extended.topology
     index = topology.worker_index if args.kind != "in-graph" else 0
     per_step = args.batch * (args.workers if args.kind == "in-graph" else 1)
@@ -348,13 +354,14 @@ def run_once(kind: str, workers: int, num_ps: int, args, work: Path, **extra) ->
     rows = extra.get("rows", 0)
     slow_mbit = extra.get("slow_mbit")  # The last worker's link alone.
     hidden = extra.get("hidden", 512)
+    compression = extra.get("compression", "none")
     command = [
         sys.executable, str(Path(__file__).resolve()), "--role", kind,
         "--out-dir", str(out), "--workers", str(workers), "--num-ps", str(num_ps),
         "--steps", str(extra.get("steps", args.steps)), "--epochs", str(args.epochs),
         "--batch", str(args.batch), "--seed", str(args.seed), "--rows", str(rows or 1),
         "--steps-per-execution", str(args.steps_per_execution),
-        "--hidden", str(hidden),
+        "--hidden", str(hidden), "--compression", compression,
     ]  # fmt: skip
     entry = {
         "kind": kind,
@@ -363,10 +370,11 @@ def run_once(kind: str, workers: int, num_ps: int, args, work: Path, **extra) ->
         "mbit": mbit,
         "rows": rows,
         "slow_mbit": slow_mbit,
+        "compression": compression,
     }
     harness.log(
         f"{kind}: {workers} workers, {num_ps} ps, mbit {mbit}, rows {rows}, "
-        f"last worker's link {slow_mbit or 'unlimited'}"
+        f"last worker's link {slow_mbit or 'unlimited'}, compression {compression}"
     )
     with NamespaceHosts(list(dict.fromkeys(placement.values()))) as hosts:
         if mbit:
@@ -503,20 +511,24 @@ def sweep_mbit(args, work: Path) -> list[dict]:
     runs = []
     for r in range(args.rounds):
         for mbit in _rotated(list(args.mbit), r):
-            runs.append(
-                {
-                    "round": r,
-                    **run_once(
-                        "async",
-                        2,
-                        1,
-                        args,
-                        work,
-                        mbit=mbit or None,
-                        steps=args.mbit_steps,
-                    ),
-                }  # fmt: skip
-            )
+            # Beside each other on the same link, the order rotated per round.
+            for kind in args.mbit_kinds:
+                for compression in _rotated(list(args.compression), r):
+                    runs.append(
+                        {
+                            "round": r,
+                            **run_once(
+                                kind,
+                                2,
+                                1,
+                                args,
+                                work,
+                                mbit=mbit or None,
+                                steps=args.mbit_steps,
+                                compression=compression,
+                            ),
+                        }
+                    )
     return runs
 
 
@@ -617,12 +629,34 @@ def tables(results: dict) -> None:
         )  # fmt: skip
     if results.get("mbit"):
         rows = []
-        for (mbit,), runs in _group(results["mbit"], "mbit").items():
+        for group, runs in _group(
+            [
+                {"kind": "async", "compression": "none", **run}
+                for run in results["mbit"]
+            ],
+            "mbit",
+            "kind",
+            "compression",
+        ).items():
+            mbit, kind, compression = group
             per_update = _median(runs, "ps_link_bytes_per_update")
+            speed = _median(runs, "examples_per_s")
+            plain = [
+                run
+                for run in results["mbit"]
+                if run["mbit"] == mbit
+                and run.get("kind", "async") == kind
+                and run.get("compression", "none") == "none"
+            ]
             rows.append(
                 [
                     "unlimited" if not mbit else f"{mbit:g} Mbit/s",
-                    fmt(_median(runs, "examples_per_s"), ".0f"),
+                    kind,
+                    compression,
+                    fmt(speed, ".0f"),
+                    harness.times(
+                        harness.ratio(speed, _median(plain, "examples_per_s"))
+                    ),
                     fmt(_median(runs, "updates_per_s"), ".1f"),
                     fmt(None if per_update is None else per_update / 2**20, ".2f"),
                     harness.times(harness.ratio(per_update, MLP_STEP_BYTES)),
@@ -631,8 +665,8 @@ def tables(results: dict) -> None:
         print(
             harness.markdown_table(
                 rows,
-                ["link", "examples/s", "updates/s", "ps link MB per update",
-             "vs variables + gradient"],
+                ["link", "kind", "compression", "examples/s", "vs none",
+             "updates/s", "ps link MB per update", "vs variables + gradient"],
             )
         )  # fmt: skip
 
@@ -709,6 +743,13 @@ def plot(results: dict, path: Path) -> None:
                 ax.set_xlabel("ps tasks (2 async workers)")
                 ax.set_ylabel("ps updates/s")
             else:
+                # The uncompressed async runs.
+                runs = [
+                    r
+                    for r in runs
+                    if r.get("kind", "async") == "async"
+                    and r.get("compression", "none") == "none"
+                ]
                 xs = sorted({run["mbit"] or 0 for run in runs})
                 ys = [
                     _median(
@@ -749,6 +790,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--mbit", nargs="+", type=float, default=[0, 1000, 100, 10],
         help="link rates in Mbit/s; 0 is unlimited (default 0 1000 100 10)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compression", nargs="+", default=["none"],
+        help="the bandwidth sweep's compressors, each beside the others on "
+        "every link (default none; e.g. none 'top_k(ratio=0.01)' fp16)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--mbit-kinds", nargs="+", choices=("async", "in-graph"), default=["async"],
+        help="the bandwidth sweep's modes (default async)",
     )  # fmt: skip
     parser.add_argument("--steps", type=harness.positive, default=30)
     parser.add_argument("--epochs", type=harness.positive, default=2)
@@ -803,7 +853,8 @@ def main(argv=None) -> int:
     tables(results)
     if args.plot and not args.quick:
         plot(results, Path(args.plot))
-    settings = ("only", "kinds", "workers", "ps", "rows", "mbit", "mbit_steps", "slow_mbit", "steps",
+    settings = ("only", "kinds", "workers", "ps", "rows", "mbit", "mbit_steps", "mbit_kinds",
+                "compression", "slow_mbit", "steps",
                 "epochs", "batch", "steps_per_execution", "rounds", "seed", "quick")  # fmt: skip
     return harness.finish(
         args, settings, load_start, time.monotonic() - start, {}, results

@@ -13,7 +13,14 @@ Cases:
   left without data (`keras_psdist/distribute/replica_batches.py`);
 * ``mirrored_built``: as ``static``, with a `MirroredStrategy` made in the
   process and a model built under it;
-* ``mirrored_fit``: as ``static``, after that model ran `fit` (20 steps).
+* ``mirrored_fit``: as ``static``, after that model ran `fit` (20 steps);
+* ``mirrored_fit_released``: as ``mirrored_fit``, then that model and its
+  strategy deleted and collected before the timing;
+* ``static_threads``, ``mirrored_fit_threads``: as ``static`` and
+  ``mirrored_fit``, with TensorFlow's inter-op thread pool 4x its default
+  size (whether what `fit` leaves behind holds threads of that pool).
+
+Each case also records the process's native thread count before timing.
 
     python benchmarks/step_ablations.py [--runs 2] [--fits 9] [--steps 100]
 
@@ -23,7 +30,9 @@ Writes `benchmarks/results/step_ablations.json`.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +41,15 @@ import time
 import harness
 from harness import Column, text_table
 
-CASES = ("static", "dynamic", "mirrored_built", "mirrored_fit")
+CASES = (
+    "static",
+    "dynamic",
+    "mirrored_built",
+    "mirrored_fit",
+    "mirrored_fit_released",
+    "static_threads",
+    "mirrored_fit_threads",
+)
 
 
 def child(case: str, fits: int, steps: int) -> dict:
@@ -41,6 +58,10 @@ def child(case: str, fits: int, steps: int) -> dict:
     harness.ensure_importable()
     import tensorflow as tf
     from harness import mlp
+
+    if case.endswith("_threads"):
+        default = os.cpu_count() or 2
+        tf.config.threading.set_inter_op_parallelism_threads(4 * default)
 
     from keras_psdist.devices import split_host_cpu
 
@@ -57,8 +78,12 @@ def child(case: str, fits: int, steps: int) -> dict:
     dataset = dataset.with_options(options)
     if case.startswith("mirrored"):
         mirrored = mlp.build_model(mlp.make_strategy("mirrored", devices), seed=0)
-        if case == "mirrored_fit":
+        if case != "mirrored_built":
             mirrored.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0)
+        if case == "mirrored_fit_released":
+            strategy = mirrored.distribute_strategy
+            del mirrored, strategy
+            gc.collect()
     models = {
         name: mlp.build_model(mlp.make_strategy(name, devices), seed=0)
         for name in ("default", "ps")
@@ -66,6 +91,7 @@ def child(case: str, fits: int, steps: int) -> dict:
     for model in models.values():
         model.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0)
     times = {name: [] for name in models}
+    times["native_threads"] = len(os.listdir("/proc/self/task"))
     for i in range(fits):
         order = list(models) if i % 2 else list(models)[::-1]
         for name in order:
@@ -113,14 +139,22 @@ def main() -> int:
             )
             times = json.loads(out)
             ratio = statistics.median(times["ps"]) / statistics.median(times["default"])
-            results[case].append({"times_ms": times, "ps_over_default": ratio})
+            threads = times.pop("native_threads")
+            results[case].append(
+                {"times_ms": times, "ps_over_default": ratio, "native_threads": threads}
+            )
     rows = [
-        [case, ", ".join(f"{r['ps_over_default']:.2f}x" for r in results[case])]
+        [
+            case,
+            ", ".join(f"{r['ps_over_default']:.2f}x" for r in results[case]),
+            ", ".join(str(r["native_threads"]) for r in results[case]),
+        ]
         for case in CASES
     ]
     columns = [
-        Column("case", 16, "<"),
+        Column("case", 22, "<"),
         Column("PS / 1 device (median), per run", 34, "<"),
+        Column("threads", 12, "<"),
     ]
     print("\n".join(text_table(columns, rows)))
     out = harness.write_results(args.json, {"settings": vars(args), "results": results})

@@ -628,17 +628,105 @@ def test_the_string_and_the_argument_must_agree(cpu_devices):
         kpd.PSStrategy(devices=cpu_devices[:2], compression="topk")
 
 
-def test_between_graph_modes_refuse_compression():
+def test_sync_replicas_refuse_compression_naming_what_works():
     with pytest.raises(ValueError) as error:
-        kpd.PSStrategy(mode="between-graph", compression="fp16")
-    message = str(error.value)
-    assert (
-        "compression=FP16() is not supported by PSStrategy(mode='between-graph')"
-        in message
-    )
-    assert "one host and with PSStrategy(mode='in-graph')" in message
-    with pytest.raises(ValueError, match="not supported by SyncReplicaStrategy"):
         kpd.SyncReplicaStrategy(compression="top_k")
+    message = str(error.value)
+    assert "not supported by SyncReplicaStrategy" in message
+    assert "PSStrategy(mode='between-graph')" in message
+
+
+def test_between_graph_takes_compression():
+    """Accepted (it then needs a cluster, as without compression)."""
+    with pytest.raises(ValueError, match="needs a cluster") as error:
+        kpd.PSStrategy(mode="between-graph", compression="fp16")
+    assert "not supported" not in str(error.value)
+
+
+# ------------------------------------------- between graphs: on the wire
+
+
+def _device(name):
+    spec = tf.DeviceSpec.from_string(name)
+    return spec.device_type, spec.device_index
+
+
+def _wire(identifier, device, destination):
+    from keras_psdist.gradients.wire import WireCompression
+
+    return WireCompression(compression.get(identifier), device, lambda _: destination)
+
+
+def test_wire_sends_with_error_feedback_as_the_reference(cpu_devices):
+    """Over steps, what reaches the variable is top-k with error feedback of
+    the worker's gradients (numpy reference); the residual stays on the
+    worker's device."""
+    rng = np.random.default_rng(0)
+    gradients = [rng.normal(size=(6, 5)).astype(np.float32) for _ in range(4)]
+    wire = _wire("top_k(ratio=0.2)", cpu_devices[0], cpu_devices[1])
+    variable = tf.Variable(tf.zeros([6, 5]))
+    sent = [wire([(tf.constant(g), variable)])[0][0].numpy() for g in gradients]
+    expected, residual = ref.with_error_feedback(lambda x: ref.top_k(x, 0.2), gradients)
+    for a, e in zip(sent, expected, strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-6)
+    [kept] = wire.state.kept
+    np.testing.assert_allclose(kept.numpy(), residual, rtol=1e-5, atol=1e-6)
+    assert _device(kept.device) == _device(cpu_devices[0])
+
+
+def test_wire_compresses_on_the_worker_and_decompresses_on_the_variables_device(
+    cpu_devices,
+):
+    """In a step graph: the top-k runs on the worker's device, the scatter
+    that rebuilds the dense gradient on the variable's; sparse and integer
+    values pass as they are."""
+    worker, ps = cpu_devices[0], cpu_devices[1]
+    wire = _wire("top_k(ratio=0.1)", worker, ps)
+    dense = tf.Variable(tf.zeros([40, 8]))
+    table = tf.Variable(tf.zeros([10, 4]))
+
+    @tf.function
+    def step(g, rows):
+        sparse = tf.IndexedSlices(rows, tf.constant([1, 3]), tf.constant([10, 4]))
+        out = wire([(g, dense), (sparse, table)])
+        return out[0][0], out[1][0].values
+
+    graph = step.get_concrete_function(
+        tf.TensorSpec([40, 8]), tf.TensorSpec([2, 4])
+    ).graph
+    devices = {op.type: _device(op.device) for op in graph.get_operations()}
+    assert devices["TopKV2"] == _device(worker)
+    assert devices["ScatterNd"] == _device(ps)
+    g = np.random.default_rng(1).normal(size=(40, 8)).astype(np.float32)
+    dense_out, rows_out = step(tf.constant(g), tf.ones([2, 4]))
+    assert np.count_nonzero(dense_out.numpy()) == 32  # 10% of 320
+    np.testing.assert_array_equal(rows_out.numpy(), np.ones([2, 4]))
+    assert len(wire.state.kept) == 1  # the dense variable's residual only
+
+
+@pytest.mark.parametrize("identifier", ["random_k(ratio=0.25)", "power_sgd(rank=1)"])
+def test_wire_state_restores_from_a_checkpoint(cpu_devices, tmp_path, identifier):
+    """The residuals (random-k's step, PowerSGD's factors) restored into a
+    fresh wire give the uninterrupted run's next payload."""
+    rng = np.random.default_rng(2)
+    gradients = [
+        tf.constant(rng.normal(size=(8, 6)).astype(np.float32)) for _ in range(3)
+    ]
+    variable = tf.Variable(tf.zeros([8, 6]))
+
+    def run(wire, gs):
+        return [wire([(g, variable)])[0][0].numpy() for g in gs]
+
+    straight = _wire(identifier, cpu_devices[0], cpu_devices[1])
+    expected = run(straight, gradients)[-1]
+    first = _wire(identifier, cpu_devices[0], cpu_devices[1])
+    run(first, gradients[:2])
+    path = tf.train.Checkpoint(state=first.state).save(str(tmp_path / "wire"))
+    resumed = _wire(identifier, cpu_devices[0], cpu_devices[1])
+    tf.train.Checkpoint(state=resumed.state).restore(path)
+    np.testing.assert_allclose(run(resumed, gradients[2:])[0], expected, atol=1e-5)
+    fresh = _wire(identifier, cpu_devices[0], cpu_devices[1])
+    assert not np.allclose(run(fresh, gradients[2:])[0], expected, atol=1e-5)
 
 
 def _one_step(strategy, model, x, y):

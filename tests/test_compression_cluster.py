@@ -1,7 +1,8 @@
 """Compression across processes: an in-graph cluster (1 ps task, 2 worker
 tasks) trains with top-k, each worker task compressing its replica's
 gradient and keeping its residuals, and ends at the weights of the same
-replicas in one process."""
+replicas in one process; a between-graph worker sends its gradients to the
+ps task compressed, and ends at the weights of one replica in one process."""
 
 import json
 from pathlib import Path
@@ -38,6 +39,49 @@ def test_in_graph_compression_keeps_residuals_on_the_workers(tmp_path, cpu_devic
     strategy = kpd.PSStrategy(
         devices=cpu_devices[:2],
         parameter_devices=cpu_devices[2:3],
+        compression="top_k(ratio=0.1)",
+    )
+    model = digits_job.build(strategy)
+    digits_job.train(model)
+    cluster_weights = np.load(tmp_path / "weights.npz")
+    for i, w in enumerate(model.weights):
+        np.testing.assert_allclose(
+            cluster_weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5
+        )
+
+
+def test_between_graph_worker_sends_compressed_and_keeps_its_residuals(
+    tmp_path, cpu_devices
+):
+    """One worker task, one ps task: the worker compresses what it sends to
+    the ps (residuals on the worker), the ps decompresses before the update;
+    the same top-k with error feedback as one replica in one process."""
+    code, log = launching.launch_job(
+        JOB,
+        [tmp_path, "between-graph"],
+        num_ps=1,
+        num_workers=1,
+        mode="between-graph",
+        timeout_s=300,
+    )
+    assert code == 0, (
+        f"launch exited {code}:\n{launching.without_progress(log)[-6000:]}"
+    )
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["mode"] == "between-graph"
+    assert report["compression"] == "TopK(ratio=0.1)"
+    assert report["accuracy"] >= 0.85
+    # Three layers' kernels and biases: a residual each, on the worker.
+    assert len(report["state_devices"]) == 6
+    assert {d.split("/device:")[0] for d in report["state_devices"]} == {
+        "/job:worker/replica:0/task:0"
+    }
+
+    import digits_job
+
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:1],
+        parameter_devices=cpu_devices[1:2],
         compression="top_k(ratio=0.1)",
     )
     model = digits_job.build(strategy)

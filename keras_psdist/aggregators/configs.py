@@ -1,21 +1,10 @@
-"""Config dicts and constructor arguments, checked with errors that name the fix.
+"""Constructor arguments the aggregators share, checked with errors that name
+the fix.
 
-Every family that `get()` builds from a config dict, `{"class_name": id,
-"config": {...}}` (aggregators, attacks), reads it with `split_config` and
-builds through its base class's `from_config`, which calls
-`check_arguments`: a malformed dict, an unknown key or a missing argument
-is a `ValueError` naming the class, what it accepts and what was received,
-never Python's `TypeError` from deep inside a constructor (which names the
-class that defines `__init__`: `OrderStatisticsMean` for `Median`).
-
-Examples:
-
->>> from keras_psdist import aggregators
->>> check_arguments(aggregators.Median, {"num_byzantine": 1})
->>> check_arguments(aggregators.Median, {"num_byzantin": 1})  # doctest: +ELLIPSIS
-Traceback (most recent call last):
-...
-ValueError: Could not build Median from its config: unknown argument 'num_byzantin' (did you mean 'num_byzantine'?). Median accepts: num_byzantine, jit_compile. Received: config={'num_byzantin': 1}. ...
+Config dicts (`{"class_name": id, "config": {...}}`) are read by
+`keras_psdist.registry` (`split_config`, and `check_arguments` in
+`Aggregator.from_config`), as for every family; what is left here is the
+check of a flag argument, `check_bool`.
 """
 
 from __future__ import annotations
@@ -24,9 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from keras_psdist.registry import check_arguments, split_config
-
-__all__ = ["check_arguments", "check_bool", "split_config"]
+__all__ = ["check_bool"]
 
 
 def check_bool(owner: str, name: str, value: Any) -> bool:

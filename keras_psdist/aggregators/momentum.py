@@ -201,10 +201,10 @@ class WorkerMomentum(Aggregator):
         momenta: Sequence[Sequence[tf.Variable]],
         inner_state: Any,
     ) -> Aggregation:
-        """`step`, with the momenta kept in variables and updated in place.
-
-        What the strategy runs (`momentum_step_in_place`). Same values as
-        `step`.
+        """`step`, with the momenta kept in variables and updated in place
+        (`momentum_step_in_place`, what the strategy's momentum stage,
+        `keras_psdist.gradients.momentum.Momentum.apply_in_place`, runs).
+        Same values as `step`.
 
         Args:
             reduce_op: As in `step`.

@@ -149,6 +149,15 @@ class PreAggregation(Aggregator):
             "aggregator": AGGREGATORS.serialize(self.aggregator),
         }
 
+    def __repr__(self) -> str:
+        # The inner rule as its own repr, not as its config dict.
+        args = ", ".join(
+            f"{k}={self.aggregator!r}" if k == "aggregator" else f"{k}={v!r}"
+            for k, v in self.get_config().items()
+            if v is not None
+        )
+        return f"{type(self).__name__}({args})"
+
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> PreAggregation:
         config = dict(config)

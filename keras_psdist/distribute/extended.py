@@ -56,6 +56,7 @@ from keras_psdist.distribute.replica_writes import (
     ReplicaWrites,
 )
 from keras_psdist.distribute.run import Run
+from keras_psdist.gradients.wire import WireCompression
 from keras_psdist.variables import row_separable
 from keras_psdist.variables.creation import VariableCreator
 from keras_psdist.variables.partitioned import PartitionedVariable
@@ -116,9 +117,16 @@ class PSExtended(
                 else self._compute_devices
             ),
             # Compression always on each replica's own device: what crosses
-            # to the reduction device is the compressed payload.
-            compression=run.compression,
+            # to the reduction device is the compressed payload. Between
+            # graphs, what crosses the network is the worker's combined
+            # gradient, on its way to the ps tasks: compressed there.
+            compression=None if topology.between_graph else run.compression,
             compute_devices=self._compute_devices,
+        )
+        self._wire = (
+            WireCompression(run.compression, self._reduction_device, _parameter_device)
+            if topology.between_graph and run.compression is not None
+            else None
         )
         self._creator = VariableCreator(
             self._container_strategy,
@@ -184,6 +192,8 @@ class PSExtended(
         # The rule's state, for checkpoints (see `training_state`).
         self._training_state = tf.Module(name="training_state")
         self._training_state.reduction = self._reduction.state
+        if self._wire is not None:
+            self._training_state.wire = self._wire.state
         if self.sync_training is not None:
             for name, state in self.sync_training.checkpointed().items():
                 setattr(self._training_state, name, state)
@@ -266,7 +276,10 @@ class PSExtended(
     @property
     def compression(self) -> Any:
         """What each replica sends instead of its gradient (a
-        `keras_psdist.compression.Compressor`), or `None`."""
+        `keras_psdist.compression.Compressor`; between graphs, what each
+        worker sends to the ps tasks), or `None`."""
+        if self._wire is not None:
+            return self._wire.compressor
         return self._reduction.compression
 
     def report(self) -> dict[str, np.ndarray]:
@@ -419,7 +432,13 @@ class PSExtended(
         """Keras's update step of `optimizer` (its `_distributed_tf_update_step`,
         which hands it here): one `update` per variable, with the optimizer
         passed along, so a partitioned variable can tell whether its update
-        may run shard by shard (`variables.row_separable`)."""
+        may run shard by shard (`variables.row_separable`). Between graphs
+        with compression, each gradient travels compressed to its variable's
+        ps task (`keras_psdist.gradients.wire`)."""
+        if self._wire is not None:
+            grads_and_vars = self._wire(
+                [(self._select_single_value(g), v) for g, v in grads_and_vars]
+            )
         for grad, var in grads_and_vars:
             self.update(
                 var,
@@ -569,6 +588,15 @@ def _grouped(result, group):
         return result
     ops = [r for r in tf.nest.flatten(result) if r is not None]
     return tf.group(*ops) if ops else None
+
+
+def _parameter_device(var) -> str:
+    """Where `var`'s update runs: its ps task's device (a partitioned
+    variable's first shard's)."""
+    inner = _unwrap(var)
+    if isinstance(inner, PartitionedVariable):
+        return inner.shards[0].device
+    return inner.device
 
 
 def _unwrap(var):

@@ -122,7 +122,8 @@ def warn_if_undefended(aggregator, strategy_name: str) -> None:
         logging.warning(
             "%s(aggregator=%r) runs with num_byzantine=0, so %s %s. Pass "
             "num_byzantine=f, the number of replicas that may be faulty, beside "
-            "the same aggregator: %s(aggregator=<your rule>, num_byzantine=f).",
+            "the same aggregator: %s(aggregator=<your rule>, num_byzantine=f) "
+            "(in `keras-psdist demo`: --num-byzantine F).",
             strategy_name,
             aggregator,
             aggregator.name,

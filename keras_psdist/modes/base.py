@@ -99,7 +99,8 @@ class Mode(abc.ABC):
             False).
         compresses: Whether `compression=` works in the mode: a step's
             gradients travel from the replicas to the reduction device
-            through the gradient path, which compresses them.
+            through the gradient path, which compresses them (between
+            graphs, from each worker to the ps tasks).
     """
 
     name: ClassVar[str]
@@ -152,11 +153,11 @@ class Mode(abc.ABC):
         if compression is not None and not self.compresses:
             raise ValueError(
                 f"compression={compression!r} is not supported by {self.owner} "
-                "yet: between-graph workers send their gradients to the ps "
-                "tasks outside the gradient path that compresses them, so "
-                "nothing would be saved. Compression works on one host and "
-                "with PSStrategy(mode='in-graph') for now: leave compression "
-                "out here, or train in-graph."
+                "yet: its workers send their gradients to the chief's queues, "
+                "which take them uncompressed. Compression works on one host "
+                "and with PSStrategy(mode='in-graph') or "
+                "PSStrategy(mode='between-graph'): leave compression out here, "
+                "or train with one of those."
             )
         dense = self.arguments.dense
         if not self.replicates_variables and not isinstance(

@@ -80,6 +80,9 @@ class SyncReplicasMode(BetweenGraphMode):
     selectable = False
     # The update service logs lost and returning workers.
     reports_lost_workers = False
+    # A worker's gradient goes to the chief's queues, not through a
+    # compressing path (not built yet).
+    compresses = False
 
     @property
     def owner(self) -> str:

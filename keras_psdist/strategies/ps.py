@@ -140,7 +140,9 @@ class PSStrategy(distribute_lib.Strategy):
             PowerSGD keep an error-feedback residual per replica, in
             `extended.training_state` (checkpointed). A configuration string
             may start with it instead: `aggregator="top_k>trimmed_mean"`.
-            On one host and in-graph only for now (between-graph refuses it).
+            Between graphs, each worker compresses what it sends to the
+            ps tasks (its replicas' combined gradient), keeping one residual
+            per variable, and each ps task decompresses before the update.
             See docs/compression.md. Defaults to `None` (no compression).
 
     Raises:
@@ -150,8 +152,7 @@ class PSStrategy(distribute_lib.Strategy):
             not one, an aggregator that cannot tolerate `num_byzantine` faulty replicas,
             an attack on replicas that do not exist, an invalid cluster (or
             TF_CONFIG), a task that cannot play the mode's role, an unknown
-            or malformed compressor, or `compression=` in a between-graph
-            mode.
+            or malformed compressor.
         ConnectionError: if a task of the cluster does not answer within
             `connect_timeout`.
         OSError: if this task's port is held by another process.

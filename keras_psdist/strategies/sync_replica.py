@@ -94,7 +94,8 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         compression: What each worker would send instead of its gradient
             (see `PSStrategy`). Not supported between worker processes yet:
             any value but `None` raises `ValueError`, naming the modes that
-            compress (one host, in-graph). Defaults to `None`.
+            compress (one host, in-graph, `PSStrategy(mode="between-graph")`).
+            Defaults to `None`.
 
     Raises:
         ValueError: without a cluster, for a `cluster_resolver` that is not

@@ -1,9 +1,10 @@
-"""The digits MLP with top-k compression, run in-graph as a cluster's chief.
+"""The digits MLP with top-k compression, on a cluster.
 
-Run by `tests/test_compression_cluster.py` under `keras-psdist launch` (1 ps
-task, 2 worker tasks):
+Run by `tests/test_compression_cluster.py` under `keras-psdist launch`: in-graph
+as the chief (1 ps task, 2 worker tasks), or between-graph as each worker
+(MODE `between-graph`; the test runs 1 worker task):
 
-    python compression_job.py OUT_DIR
+    python compression_job.py OUT_DIR [MODE]
 
 writes `OUT_DIR/report.json` (the accuracy and where each replica's
 residuals live) and `OUT_DIR/weights.npz`, which the test compares with the
@@ -23,10 +24,10 @@ import numpy as np  # noqa: E402
 COMPRESSION = "top_k(ratio=0.1)"
 
 
-def main(out_dir):
+def main(out_dir, mode="in-graph"):
     import keras_psdist as kpd
 
-    strategy = kpd.PSStrategy(compression=COMPRESSION)
+    strategy = kpd.PSStrategy(mode=mode, compression=COMPRESSION)
     model = digits_job.build(strategy)
     _, accuracy = digits_job.train(model)
     report = {
@@ -42,4 +43,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
