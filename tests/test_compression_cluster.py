@@ -18,27 +18,34 @@ pytestmark = pytest.mark.multiprocess
 JOB = Path(__file__).parent / "cluster_jobs" / "compression_job.py"
 
 
-def test_in_graph_compression_keeps_residuals_on_the_workers(tmp_path, cpu_devices):
+def _launch(tmp_path, mode, num_workers):
+    """The job on a cluster of 1 ps task and `num_workers` worker tasks:
+    its report, after the checks every mode shares."""
     code, log = launching.launch_job(
-        JOB, [tmp_path], num_ps=1, num_workers=2, mode="in-graph", timeout_s=300
+        JOB,
+        [tmp_path, mode],
+        num_ps=1,
+        num_workers=num_workers,
+        mode=mode,
+        timeout_s=300,
     )
     assert code == 0, (
         f"launch exited {code}:\n{launching.without_progress(log)[-6000:]}"
     )
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["mode"] == "in-graph"
+    assert report["mode"] == mode
     assert report["compression"] == "TopK(ratio=0.1)"
     assert report["accuracy"] >= 0.85
-    # Three layers' kernels and biases (six), a residual each per worker task.
-    tasks = sorted({d.split("/device:")[0] for d in report["state_devices"]})
-    assert tasks == ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
-    assert len(report["state_devices"]) == 12
+    return report
 
+
+def _assert_equals_one_process(tmp_path, devices, parameter_devices):
+    """The cluster's weights are those of the same replicas in one process."""
     import digits_job
 
     strategy = kpd.PSStrategy(
-        devices=cpu_devices[:2],
-        parameter_devices=cpu_devices[2:3],
+        devices=devices,
+        parameter_devices=parameter_devices,
         compression="top_k(ratio=0.1)",
     )
     model = digits_job.build(strategy)
@@ -48,6 +55,15 @@ def test_in_graph_compression_keeps_residuals_on_the_workers(tmp_path, cpu_devic
         np.testing.assert_allclose(
             cluster_weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5
         )
+
+
+def test_in_graph_compression_keeps_residuals_on_the_workers(tmp_path, cpu_devices):
+    report = _launch(tmp_path, "in-graph", num_workers=2)
+    # Three layers' kernels and biases (six), a residual each per worker task.
+    tasks = sorted({d.split("/device:")[0] for d in report["state_devices"]})
+    assert tasks == ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
+    assert len(report["state_devices"]) == 12
+    _assert_equals_one_process(tmp_path, cpu_devices[:2], cpu_devices[2:3])
 
 
 def test_between_graph_worker_sends_compressed_and_keeps_its_residuals(
@@ -56,38 +72,10 @@ def test_between_graph_worker_sends_compressed_and_keeps_its_residuals(
     """One worker task, one ps task: the worker compresses what it sends to
     the ps (residuals on the worker), the ps decompresses before the update;
     the same top-k with error feedback as one replica in one process."""
-    code, log = launching.launch_job(
-        JOB,
-        [tmp_path, "between-graph"],
-        num_ps=1,
-        num_workers=1,
-        mode="between-graph",
-        timeout_s=300,
-    )
-    assert code == 0, (
-        f"launch exited {code}:\n{launching.without_progress(log)[-6000:]}"
-    )
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["mode"] == "between-graph"
-    assert report["compression"] == "TopK(ratio=0.1)"
-    assert report["accuracy"] >= 0.85
+    report = _launch(tmp_path, "between-graph", num_workers=1)
     # Three layers' kernels and biases: a residual each, on the worker.
     assert len(report["state_devices"]) == 6
     assert {d.split("/device:")[0] for d in report["state_devices"]} == {
         "/job:worker/replica:0/task:0"
     }
-
-    import digits_job
-
-    strategy = kpd.PSStrategy(
-        devices=cpu_devices[:1],
-        parameter_devices=cpu_devices[1:2],
-        compression="top_k(ratio=0.1)",
-    )
-    model = digits_job.build(strategy)
-    digits_job.train(model)
-    cluster_weights = np.load(tmp_path / "weights.npz")
-    for i, w in enumerate(model.weights):
-        np.testing.assert_allclose(
-            cluster_weights[f"arr_{i}"], w.numpy(), rtol=0, atol=1e-5
-        )
+    _assert_equals_one_process(tmp_path, cpu_devices[:1], cpu_devices[1:2])

@@ -86,15 +86,21 @@ def _compiled_calls(graphs, function="forward_backward"):
     return calls
 
 
+# The plain and the partitioned PSStrategy on 3 replicas, from the devices.
+PLAIN_AND_PARTITIONED = [
+    lambda d: kpd.PSStrategy(devices=d[:3]),
+    lambda d: kpd.PSStrategy(
+        devices=d[:3],
+        parameter_devices=d[3:5],
+        partitioner=kpd.partitioners.Fixed(2, min_variable_bytes=0),
+    ),
+]
+
+
 @pytest.mark.parametrize(
     "make_strategy",
     [
-        lambda d: kpd.PSStrategy(devices=d[:3]),
-        lambda d: kpd.PSStrategy(
-            devices=d[:3],
-            parameter_devices=d[3:5],
-            partitioner=kpd.partitioners.Fixed(2, min_variable_bytes=0),
-        ),
+        *PLAIN_AND_PARTITIONED,
         lambda d: kpd.PSStrategy(devices=d[:3], aggregator="median", num_byzantine=1),
         # A whole-vector rule: distances over every gradient of the step.
         lambda d: kpd.PSStrategy(devices=d[:3], aggregator="geometric_median"),
@@ -183,16 +189,7 @@ def test_a_custom_train_step_is_refused_with_the_fix(cpu_devices):
 
 
 @pytest.mark.parametrize(
-    "make_strategy",
-    [
-        lambda d: kpd.PSStrategy(devices=d[:3]),
-        lambda d: kpd.PSStrategy(
-            devices=d[:3],
-            parameter_devices=d[3:5],
-            partitioner=kpd.partitioners.Fixed(2, min_variable_bytes=0),
-        ),
-    ],
-    ids=["ps", "partitioned"],
+    "make_strategy", PLAIN_AND_PARTITIONED, ids=["ps", "partitioned"]
 )
 def test_predict_compiles_the_forward_pass_per_replica(
     cpu_devices, data, make_strategy, monkeypatch

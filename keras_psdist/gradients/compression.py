@@ -189,13 +189,7 @@ class Compression(Stage):
         return replicas._replace(values=out, reduce_op=ReduceOp.MEAN), tuple(new)
 
     def _compresses(self, value, has_residual):
-        if isinstance(value, tf.IndexedSlices):
-            _say_once(
-                "sparse",
-                "compression: sparse gradients (rows of shape %s, from an "
-                "embedding lookup) are sent as they are, uncompressed.",
-                value.values.shape[1:],
-            )
+        if is_sparse(value):
             return False
         if not value.dtype.is_floating:
             return False
@@ -219,6 +213,20 @@ class Compression(Stage):
 
     def __repr__(self) -> str:
         return f"Compression({self.compressor!r})"
+
+
+def is_sparse(value) -> bool:
+    """Whether `value` is a sparse gradient (`IndexedSlices`), which is sent
+    as it is (said once in the log)."""
+    if not isinstance(value, tf.IndexedSlices):
+        return False
+    _say_once(
+        "sparse",
+        "compression: sparse gradients (rows of shape %s, from an "
+        "embedding lookup) are sent as they are, uncompressed.",
+        value.values.shape[1:],
+    )
+    return True
 
 
 def _compressible(spec: tf.TensorSpec, *, residual: bool) -> bool:

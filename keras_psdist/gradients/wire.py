@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.compression.base import Compressor
-from keras_psdist.gradients.compression import _compressible, _say_once
+from keras_psdist.gradients.compression import _compressible, is_sparse
 
 
 class WireState(tf.Module):
@@ -116,17 +116,9 @@ class WireCompression:
         return out
 
     def _compresses(self, grad) -> bool:
-        if isinstance(grad, tf.IndexedSlices):
-            _say_once(
-                "sparse",
-                "compression: sparse gradients (rows of shape %s, from an "
-                "embedding lookup) are sent as they are, uncompressed.",
-                grad.values.shape[1:],
-            )
+        if grad is None or is_sparse(grad):
             return False
-        return grad is not None and _compressible(
-            tf.TensorSpec(grad.shape, grad.dtype), residual=True
-        )
+        return _compressible(tf.TensorSpec(grad.shape, grad.dtype), residual=True)
 
     def _residual(self, var, grad):
         """The variables of this worker's state for `var` (`()` for a
