@@ -629,25 +629,15 @@ def tables(results: dict) -> None:
         )  # fmt: skip
     if results.get("mbit"):
         rows = []
-        for group, runs in _group(
-            [
-                {"kind": "async", "compression": "none", **run}
-                for run in results["mbit"]
-            ],
-            "mbit",
-            "kind",
-            "compression",
-        ).items():
-            mbit, kind, compression = group
+        # Runs of before --compression and --mbit-kinds: async, uncompressed.
+        mbit_runs = [
+            {"kind": "async", "compression": "none", **run} for run in results["mbit"]
+        ]
+        groups = _group(mbit_runs, "mbit", "kind", "compression")
+        for (mbit, kind, compression), runs in groups.items():
             per_update = _median(runs, "ps_link_bytes_per_update")
             speed = _median(runs, "examples_per_s")
-            plain = [
-                run
-                for run in results["mbit"]
-                if run["mbit"] == mbit
-                and run.get("kind", "async") == kind
-                and run.get("compression", "none") == "none"
-            ]
+            plain = groups.get((mbit, kind, "none"), [])
             rows.append(
                 [
                     "unlimited" if not mbit else f"{mbit:g} Mbit/s",

@@ -86,6 +86,18 @@ def _compiled_calls(graphs, function="forward_backward"):
     return calls
 
 
+def _assert_one_compiled_call_per_replica(calls, model):
+    """The compiled calls (`_compiled_calls`) run on the replicas' devices,
+    every one of them, XLA forced, with no variable inside."""
+    devices = {
+        tf.DeviceSpec.from_string(d).to_string()
+        for d in model.distribute_strategy.extended.worker_devices
+    }
+    assert {tf.DeviceSpec.from_string(d).to_string() for d, _, _ in calls} == devices
+    assert all(must for _, must, _ in calls)
+    assert not any(resources for _, _, resources in calls)
+
+
 # The plain and the partitioned PSStrategy on 3 replicas, from the devices.
 PLAIN_AND_PARTITIONED = [
     lambda d: kpd.PSStrategy(devices=d[:3]),
@@ -131,14 +143,7 @@ def test_weights_equal_those_without_xla(cpu_devices, data, make_strategy, monke
 
     # One compiled call per replica, on the replica's device, with no
     # variable inside (values come in as tensors).
-    calls = _compiled_calls(graphs)
-    devices = {
-        tf.DeviceSpec.from_string(d).to_string()
-        for d in model.distribute_strategy.extended.worker_devices
-    }
-    assert {tf.DeviceSpec.from_string(d).to_string() for d, _, _ in calls} == devices
-    assert all(must for _, must, _ in calls)
-    assert not any(resources for _, _, resources in calls)
+    _assert_one_compiled_call_per_replica(_compiled_calls(graphs), model)
 
 
 @pytest.mark.parametrize(
@@ -216,14 +221,7 @@ def test_predict_compiles_the_forward_pass_per_replica(
         assert bool(graphs) is jit_compile
     np.testing.assert_allclose(predictions[True], predictions[False], atol=1e-5)
 
-    calls = _compiled_calls(graphs, "forward")
-    devices = {
-        tf.DeviceSpec.from_string(d).to_string()
-        for d in model.distribute_strategy.extended.worker_devices
-    }
-    assert {tf.DeviceSpec.from_string(d).to_string() for d, _, _ in calls} == devices
-    assert all(must for _, must, _ in calls)
-    assert not any(resources for _, _, resources in calls)
+    _assert_one_compiled_call_per_replica(_compiled_calls(graphs, "forward"), model)
 
 
 def test_predict_step_eagerly_and_without_xla_is_keras_own(cpu_devices):

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 
 import keras
 import tensorflow as tf
@@ -275,9 +276,18 @@ def compiled_predict_step(predict_step):
     def step(self, data):
         if not (_wants_xla(self) and tf.inside_function()):
             return predict_step(self, data)
-        return _predict_step(self)(data)
+        # One compiled forward pass per model, shared by its replicas (as
+        # `_train_step`'s is): each replica's call places it on its device.
+        if self not in _compiled_predict_steps:
+            _compiled_predict_steps[self] = _predict_step(self)
+        return _compiled_predict_steps[self](data)
 
     return step
+
+
+# model -> its compiled `predict_step` (`_predict_step`), made the first time
+# a predict function of the model is traced with XLA.
+_compiled_predict_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _predict_step(model):
