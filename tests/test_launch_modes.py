@@ -192,12 +192,12 @@ WRONG_MODE_SCRIPT = textwrap.dedent(
         (
             "between-graph",
             "in-graph",
-            "keras-psdist launch --mode between-graph --num-ps 1 --num-workers 2",
+            "keras-psdist launch --mode between-graph --num-ps 1 --num-workers 1",
         ),
         (
             "in-graph",
             "between-graph",
-            "keras-psdist launch --num-ps 1 --num-workers 2 -- python",
+            "keras-psdist launch --num-ps 1 --num-workers 1 -- python",
         ),
     ],
 )
@@ -208,7 +208,7 @@ def test_a_launch_of_the_other_mode_stops_at_once(tmp_path, strategy, launch_mod
     script.write_text(WRONG_MODE_SCRIPT)
     start = time.monotonic()
     code, log = launch_job(
-        script, [strategy], num_ps=1, num_workers=2, mode=launch_mode, timeout_s=120
+        script, [strategy], num_ps=1, num_workers=1, mode=launch_mode, timeout_s=120
     )
     elapsed = time.monotonic() - start
     assert code not in (0, 124), log
