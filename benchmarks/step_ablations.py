@@ -18,11 +18,18 @@ Cases:
   strategy deleted and collected before the timing;
 * ``static_threads``, ``mirrored_fit_threads``: as ``static`` and
   ``mirrored_fit``, with TensorFlow's inter-op thread pool 4x its default
-  size (whether what `fit` leaves behind holds threads of that pool).
+  size (whether what `fit` leaves behind holds threads of that pool);
+* ``mirrored_fit_one_device_reduce``: as ``mirrored_fit``, the
+  `MirroredStrategy` made with `cross_device_ops=ReductionToOneDevice()`
+  instead of its default on CPUs (`CollectiveAllReduce`);
+* ``collective_reduce``: as ``static``, after a `MirroredStrategy` (its
+  default `CollectiveAllReduce`) only summed one value over its replicas:
+  no model, no `fit`.
 
-Each case also records the process's native thread count before timing.
+Each case also records the process's native threads before timing, by
+name (TensorFlow names its pools: `collective_ops`, `tf_Compute`, ...).
 
-    python benchmarks/step_ablations.py [--runs 2] [--fits 9] [--steps 100]
+    python benchmarks/step_ablations.py [--runs 2] [--fits 9] [--steps 100] [--cases a,b]
 
 Writes `benchmarks/results/step_ablations.json`.
 """
@@ -49,7 +56,19 @@ CASES = (
     "mirrored_fit_released",
     "static_threads",
     "mirrored_fit_threads",
+    "mirrored_fit_one_device_reduce",
+    "collective_reduce",
 )
+
+
+def thread_names() -> dict[str, int]:
+    """This process's native threads, counted by name."""
+    names: dict[str, int] = {}
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/comm") as f:
+            name = f.read().strip()
+        names[name] = names.get(name, 0) + 1
+    return dict(sorted(names.items()))
 
 
 def child(case: str, fits: int, steps: int) -> dict:
@@ -76,13 +95,26 @@ def child(case: str, fits: int, steps: int) -> dict:
     options = tf.data.Options()
     options.autotune.enabled = False
     dataset = dataset.with_options(options)
+    if case == "collective_reduce":
+        collective = tf.distribute.MirroredStrategy(devices)
+        collective.reduce(
+            tf.distribute.ReduceOp.SUM,
+            collective.run(lambda: tf.constant(1.0)),
+            axis=None,
+        )
     if case.startswith("mirrored"):
-        mirrored = mlp.build_model(mlp.make_strategy("mirrored", devices), seed=0)
+        if case == "mirrored_fit_one_device_reduce":
+            mirrored_strategy = tf.distribute.MirroredStrategy(
+                devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+            )
+        else:
+            mirrored_strategy = mlp.make_strategy("mirrored", devices)
+        mirrored = mlp.build_model(mirrored_strategy, seed=0)
         if case != "mirrored_built":
             mirrored.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0)
         if case == "mirrored_fit_released":
             strategy = mirrored.distribute_strategy
-            del mirrored, strategy
+            del mirrored, strategy, mirrored_strategy
             gc.collect()
     models = {
         name: mlp.build_model(mlp.make_strategy(name, devices), seed=0)
@@ -92,6 +124,7 @@ def child(case: str, fits: int, steps: int) -> dict:
         model.fit(dataset, epochs=1, steps_per_epoch=20, verbose=0)
     times = {name: [] for name in models}
     times["native_threads"] = len(os.listdir("/proc/self/task"))
+    times["thread_names"] = thread_names()
     for i in range(fits):
         order = list(models) if i % 2 else list(models)[::-1]
         for name in order:
@@ -108,14 +141,20 @@ def main() -> int:
     parser.add_argument("--runs", type=harness.positive, default=2)
     parser.add_argument("--fits", type=harness.positive, default=9)
     parser.add_argument("--steps", type=harness.positive, default=100)
+    parser.add_argument(
+        "--cases",
+        type=harness.name_list(CASES, "cases"),
+        default=list(CASES),
+        help=f"comma-separated cases to run (default: all): {', '.join(CASES)}",
+    )
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.fits, args.steps)))
         return 0
-    results = {case: [] for case in CASES}
+    results = {case: [] for case in args.cases}
     for run in range(args.runs):
-        for case in CASES:
+        for case in args.cases:
             harness.log(f"run {run + 1}/{args.runs}: {case}")
             out = (
                 subprocess.run(
@@ -140,8 +179,14 @@ def main() -> int:
             times = json.loads(out)
             ratio = statistics.median(times["ps"]) / statistics.median(times["default"])
             threads = times.pop("native_threads")
+            names = times.pop("thread_names")
             results[case].append(
-                {"times_ms": times, "ps_over_default": ratio, "native_threads": threads}
+                {
+                    "times_ms": times,
+                    "ps_over_default": ratio,
+                    "native_threads": threads,
+                    "thread_names": names,
+                }
             )
     rows = [
         [
@@ -149,10 +194,10 @@ def main() -> int:
             ", ".join(f"{r['ps_over_default']:.2f}x" for r in results[case]),
             ", ".join(str(r["native_threads"]) for r in results[case]),
         ]
-        for case in CASES
+        for case in args.cases
     ]
     columns = [
-        Column("case", 22, "<"),
+        Column("case", 30, "<"),
         Column("PS / 1 device (median), per run", 34, "<"),
         Column("threads", 12, "<"),
     ]
