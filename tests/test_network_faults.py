@@ -19,6 +19,7 @@ off the launch's own log) are printed: `pytest -s` shows them.
 
 import contextlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -105,25 +106,24 @@ def async_run(tmp_path_factory):
     return code, run, steps_before
 
 
-def _async_faults(run, hosts, timings):
-    """The async run's faults, in turn (see `async_run`)."""
-    for task in ("worker_0", "worker_1"):
-        run.wait_steps(task, 5, "at the start")
+def _flap_the_ps_link(run, hosts, workers, timings):
+    """Takes ps0's link down for `FLAP_S`, then up; returns once every one
+    of `workers` ("worker_0", ...) is 10 steps further and each worker's
+    watch that found the ps silent during the flap has stood down.
 
-    # 1. The ps's link flaps: both workers go on.
+    Standing down must come before the next cut: else that cut finds the
+    watch still armed from the flap, and it exits at the flap's deadline (a
+    look started in the flap ends by one probe timeout after it; training
+    resumes sooner)."""
     flap_at = time.monotonic()
     hosts.cut("ps0")
     time.sleep(FLAP_S)
     hosts.restore("ps0")
-    for task in ("worker_0", "worker_1"):
+    for task in workers:
         run.wait_steps(task, 10, "after the ps's link flapped")
-    timings["ps flap: both workers 10 steps on after"] = time.monotonic() - flap_at
-    # A worker's watch that found the ps silent during the flap must have
-    # stood down before the next cut: else that cut finds it still armed
-    # from the flap, and it exits at the flap's deadline (a look started in
-    # the flap ends by one probe timeout after it; training resumes sooner).
+    timings["ps flap: every worker 10 steps on after"] = time.monotonic() - flap_at
     time.sleep(max(0.0, flap_at + FLAP_S + PROBE_TIMEOUT_S + 1.0 - time.monotonic()))
-    for task in ("worker:0", "worker:1"):
+    for task in (w.replace("_", ":") for w in workers):
         if run.line(rf"^\[{task}\] .*ps:0 .* does not answer", flap_at):
             at, _ = run.wait_line(
                 rf"^\[{task}\] .*{task}: ps:0 answers again",
@@ -131,6 +131,35 @@ def _async_faults(run, hosts, timings):
                 after=flap_at,
             )
             timings[f"ps flap: {task}'s watch stands down"] = at - flap_at
+
+
+def _assert_the_flap_was_survived(log, workers):
+    """No task was taken for dead, and what a worker's watch said if it
+    looked during the flap: the ps does not answer while another task
+    does; then that it answers again."""
+    assert "lost ps:0" not in log and "TaskLostError" not in log
+    for task in workers:
+        lines = _worker_lines(log, task)
+        said = [
+            line
+            for line in lines
+            if "ps:0 at 10.231.0.2:2222 (timed out) does not answer" in line
+        ]
+        for line in said:
+            assert re.search(
+                r"while [a-z:0-9, ]+ answers?: its host is cut off", line
+            ), line
+        if said:
+            assert any(f"{task}: ps:0 answers again" in line for line in lines)
+
+
+def _async_faults(run, hosts, timings):
+    """The async run's faults, in turn (see `async_run`)."""
+    for task in ("worker_0", "worker_1"):
+        run.wait_steps(task, 5, "at the start")
+
+    # 1. The ps's link flaps: both workers go on.
+    _flap_the_ps_link(run, hosts, ("worker_0", "worker_1"), timings)
 
     # 2. worker:1 cut off until its watch says so, then back: it goes on.
     cut_at = time.monotonic()
@@ -192,20 +221,7 @@ def test_a_flapping_ps_link_does_not_end_the_run(async_run):
     assert log.count("[launch] worker:1 exited with") == 1
     assert "[launch] worker:0 exited with" not in log
     # Never taken for dead: a ps that does not answer is not "lost".
-    assert "lost ps:0" not in log and "TaskLostError" not in log
-    # What a worker's watch said if it looked during the flap: the ps does
-    # not answer while the other worker does; then that it answers again.
-    for task, other in (("worker:0", "worker:1"), ("worker:1", "worker:0")):
-        lines = _worker_lines(log, task)
-        said = [
-            line
-            for line in lines
-            if "ps:0 at 10.231.0.2:2222 (timed out) does not answer" in line
-        ]
-        for line in said:
-            assert f"while {other} answers: its host is cut off" in line, line
-        if said:
-            assert any(f"{task}: ps:0 answers again" in line for line in lines)
+    _assert_the_flap_was_survived(log, ("worker:0", "worker:1"))
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 120)
@@ -390,8 +406,8 @@ def test_after_the_link_is_back_the_relaunched_cluster_resumes_from_the_backup(
 @pytest.fixture(scope="module")
 def sync_chief_cut_run(tmp_path_factory):
     """`SyncReplicaStrategy` (every worker's gradient in each update), 1 ps
-    and 3 workers, each on its own host; the chief's (worker:0's) link is
-    cut and stays cut.
+    and 3 workers, each on its own host. In turn: the ps's link flaps (down
+    2 s); then the chief's (worker:0's) link is cut and stays cut.
 
     The launcher stops every task when the chief exits, which a cluster
     without it (each machine on its own) would not do; so that the test sees
@@ -403,6 +419,8 @@ def sync_chief_cut_run(tmp_path_factory):
     full suite on 2 busy cores.)"""
     out = tmp_path_factory.mktemp("sync_chief_cut")
     config = {"strategy": "sync", "heartbeat_timeout": 4, "chief_heartbeat_timeout": 24}
+    workers = ("worker_0", "worker_1", "worker_2")
+    timings = {}
     with _hosts(1, 3) as (hosts, task_hosts):
         run = net_fault_job.Launch(
             JOB,
@@ -416,12 +434,13 @@ def sync_chief_cut_run(tmp_path_factory):
             timeout_s=LAUNCH_TIMEOUT_S,
         )
         with _explained(hosts):
-            for task in ("worker_0", "worker_1", "worker_2"):
+            for task in workers:
                 run.wait_steps(task, 5, "at the start")
+            # First the ps's link flaps: every worker goes on.
+            _flap_the_ps_link(run, hosts, workers, timings)
             cut_at = time.monotonic()
             hosts.cut("worker0")
             code = run.join(LAUNCH_TIMEOUT_S)
-    timings = {}
     for task in ("worker:1", "worker:2"):
         found = run.line(rf"^\[{task}\] .*the chief \(worker:0\) is lost", cut_at)
         if found:
@@ -438,6 +457,22 @@ def sync_chief_cut_run(tmp_path_factory):
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 120)
+@pytest.mark.xdist_group("sync_chief_cut")
+def test_a_flapping_ps_link_does_not_end_a_sync_run(sync_chief_cut_run):
+    """Every update waits for every worker's gradient, through the chief's
+    queues on the ps: a 2 s flap stalls each update and ends none."""
+    _, run = sync_chief_cut_run
+    log = run.log
+    # The one error of the run is the chief's cut, after the flap (and its
+    # `StalledError`s): no process ended before it, nobody was taken for lost.
+    _assert_the_flap_was_survived(log, ("worker:0", "worker:1", "worker:2"))
+    assert "WorkerLostError" not in log
+    reports = run.reports()
+    assert all(f"worker_{i}_start_2" not in reports for i in range(3)), sorted(reports)
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 120)
+@pytest.mark.xdist_group("sync_chief_cut")
 def test_sync_workers_stop_naming_the_unreachable_chief_and_every_process_exits(
     sync_chief_cut_run,
 ):
