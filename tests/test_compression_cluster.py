@@ -10,6 +10,7 @@ from pathlib import Path
 import launching  # tests/cluster_jobs, see conftest.py
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_psdist as kpd
 
@@ -39,14 +40,16 @@ def _launch(tmp_path, mode, num_workers):
     return report
 
 
-def _assert_equals_one_process(tmp_path, devices, parameter_devices):
-    """The cluster's weights are those of the same replicas in one process."""
+def _assert_equals_one_process(tmp_path, devices, parameter_devices, read_dtype=None):
+    """The cluster's weights are those of the same replicas in one process
+    (with `read_dtype`, its parameter device counting as another task)."""
     import digits_job
 
     strategy = kpd.PSStrategy(
         devices=devices,
         parameter_devices=parameter_devices,
         compression="top_k(ratio=0.1)",
+        read_dtype=read_dtype,
     )
     model = digits_job.build(strategy)
     digits_job.train(model)
@@ -63,19 +66,42 @@ def test_in_graph_compression_keeps_residuals_on_the_workers(tmp_path, cpu_devic
     tasks = sorted({d.split("/device:")[0] for d in report["state_devices"]})
     assert tasks == ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
     assert len(report["state_devices"]) == 12
+    assert report["narrowed_reads"] == []  # read_dtype not set
     _assert_equals_one_process(tmp_path, cpu_devices[:2], cpu_devices[2:3])
 
 
 def test_between_graph_worker_sends_compressed_and_keeps_its_residuals(
-    tmp_path, cpu_devices
+    tmp_path, cpu_devices, monkeypatch
 ):
     """One worker task, one ps task: the worker compresses what it sends to
-    the ps (residuals on the worker), the ps decompresses before the update;
-    the same top-k with error feedback as one replica in one process."""
+    the ps (residuals on the worker), the ps decompresses before the update,
+    and the worker reads the variables in bfloat16 (`read_dtype`); the same
+    top-k with error feedback and the same rounded reads as one replica in
+    one process."""
     report = _launch(tmp_path, "between-graph", num_workers=1)
     # Three layers' kernels and biases: a residual each, on the worker.
     assert len(report["state_devices"]) == 6
     assert {d.split("/device:")[0] for d in report["state_devices"]} == {
         "/job:worker/replica:0/task:0"
     }
-    _assert_equals_one_process(tmp_path, cpu_devices[:1], cpu_devices[1:2])
+    # The 6 reads (3 kernels, 3 biases) of its train step and of its
+    # `evaluate`'s step, each traced once, were narrowed on the ps.
+    assert report["read_dtype"] == "bfloat16"
+    assert len(report["narrowed_reads"]) == 12
+    assert {d.split("/device:")[0] for d in report["narrowed_reads"]} == {
+        "/job:ps/replica:0/task:0"
+    }
+    from keras_psdist.variables import narrow_reads
+
+    monkeypatch.setattr(
+        narrow_reads,
+        "crosses_tasks",
+        lambda variable_device, reading_device: (
+            bool(reading_device)
+            and tf.DeviceSpec.from_string(variable_device)
+            != tf.DeviceSpec.from_string(reading_device)
+        ),
+    )
+    _assert_equals_one_process(
+        tmp_path, cpu_devices[:1], cpu_devices[1:2], read_dtype="bfloat16"
+    )

@@ -82,6 +82,7 @@ class PSExtended(
         super().__init__(container_strategy)
         topology = run.topology
         self._mode = run.mode
+        self._read_dtype = run.read_dtype
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices
@@ -272,6 +273,13 @@ class PSExtended(
     def worker_momentum(self) -> float:
         """Each replica's momentum of its gradients (0: the rule sees gradients)."""
         return self._reduction.worker_momentum
+
+    @property
+    def read_dtype(self) -> tf.DType | None:
+        """The dtype a replica's reads of variables on another task travel
+        in (`PSStrategy(read_dtype=...)`, see
+        `keras_psdist.variables.narrow_reads`), or `None`: as they are."""
+        return self._read_dtype
 
     @property
     def compression(self) -> Any:

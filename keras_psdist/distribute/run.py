@@ -43,6 +43,8 @@ class Run:
             rule aggregates (see `aggregators.momentum`), or 0 for none.
         compression: What each replica sends instead of its gradient (a
             `keras_psdist.compression.Compressor`), or `None`.
+        read_dtype: The dtype a replica's reads of variables on another task
+            travel in (`keras_psdist.variables.narrow_reads`), or `None`.
         dense: Which trainable variables are replicated and all-reduced
             instead of kept on a parameter device (see
             `keras_psdist.dense_choice.get_chooser`).
@@ -61,3 +63,4 @@ class Run:
     worker_momentum: float = 0.0
     dense: Any = "ps"
     compression: Any = None
+    read_dtype: Any = None

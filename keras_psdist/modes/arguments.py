@@ -24,6 +24,7 @@ from keras_psdist.aggregators.base import check_count
 from keras_psdist.aggregators.momentum import check_beta
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.config import ClusterConfig
+from keras_psdist.variables import narrow_reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Arguments:
     replicas_to_aggregate: int | None = None
     total_num_replicas: int | None = None
     compression: Any = None
+    read_dtype: Any = None
 
     def checked(self) -> Arguments:
         """These arguments checked (`ValueError` naming the fix), with the
@@ -75,6 +77,7 @@ class Arguments:
         if self.num_byzantine is not None:
             check_count("num_byzantine", self.num_byzantine, minimum=0)
         compression = gradients.configure_compression(self.aggregator, self.compression)
+        read_dtype = narrow_reads.check_read_dtype(self.read_dtype)
         aggregator, worker_momentum = gradients.configure(
             self.aggregator, worker_momentum
         )
@@ -86,6 +89,7 @@ class Arguments:
             aggregator=aggregator,
             worker_momentum=worker_momentum,
             compression=compression,
+            read_dtype=read_dtype,
         )
 
     @functools.cached_property

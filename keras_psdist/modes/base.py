@@ -215,6 +215,7 @@ class Mode(abc.ABC):
             worker_momentum=arguments.worker_momentum,
             dense=arguments.dense,
             compression=arguments.compression,
+            read_dtype=arguments.read_dtype,
         )
 
     def training(

@@ -152,6 +152,7 @@ class SyncReplicasMode(BetweenGraphMode):
             partitioner=arguments.partitioner,
             heartbeat_timeout=arguments.heartbeat_timeout,
             worker_attack=self.attack if attacked else None,
+            read_dtype=arguments.read_dtype,
         )
 
     def training(self, strategy, topology, shared, heartbeats) -> SyncTraining:

@@ -144,6 +144,13 @@ class PSStrategy(distribute_lib.Strategy):
             ps tasks (its replicas' combined gradient), keeping one residual
             per variable, and each ps task decompresses before the update.
             See docs/compression.md. Defaults to `None` (no compression).
+        read_dtype: The dtype a replica's reads of variables on another
+            task travel in: `"bfloat16"` or `"float16"` halve the bytes each
+            step reads from the ps tasks (the variables, the update and the
+            gradient stay float32; a replica computes with the weights
+            rounded to it). Reads on one host are unchanged. See
+            `keras_psdist.variables.narrow_reads` and docs/compression.md.
+            Defaults to `None` (reads travel as float32).
 
     Raises:
         ValueError: for unknown or malformed devices, placement or
@@ -187,6 +194,7 @@ class PSStrategy(distribute_lib.Strategy):
         heartbeat_timeout: float = 30.0,
         dense: str | dict[str, Any] | dense_choice.ChooserFn = "ps",
         compression: Any = None,
+        read_dtype: Any = None,
     ):
         arguments = modes.Arguments(
             devices=devices,
@@ -205,6 +213,7 @@ class PSStrategy(distribute_lib.Strategy):
             heartbeat_timeout=heartbeat_timeout,
             dense=dense,
             compression=compression,
+            read_dtype=read_dtype,
         ).checked()
         mode = modes.choose(mode, arguments, "PSStrategy")
         mode.validate()
@@ -236,6 +245,7 @@ class PSStrategy(distribute_lib.Strategy):
                 if ext.compression is not None
                 else ""
             )
+            + (f", read_dtype={ext.read_dtype.name!r}" if ext.read_dtype else "")
             + (
                 f", partitioner={ext.partitioner!r}"
                 if ext.partitioner is not None

@@ -96,6 +96,9 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             any value but `None` raises `ValueError`, naming the modes that
             compress (one host, in-graph, `PSStrategy(mode="between-graph")`).
             Defaults to `None`.
+        read_dtype: The dtype each worker's reads of the variables travel
+            in from the ps tasks (see `PSStrategy`): `"bfloat16"` or
+            `"float16"` halve them. Defaults to `None` (float32).
 
     Raises:
         ValueError: without a cluster, for a `cluster_resolver` that is not
@@ -134,6 +137,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         partitioner: Any = None,
         heartbeat_timeout: float = 30.0,
         compression: Any = None,
+        read_dtype: Any = None,
     ):
         arguments = modes.Arguments(
             replicas_to_aggregate=replicas_to_aggregate,
@@ -151,6 +155,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             partitioner=partitioner,
             heartbeat_timeout=heartbeat_timeout,
             compression=compression,
+            read_dtype=read_dtype,
         ).checked()
         mode = modes.SyncReplicasMode(arguments, "SyncReplicaStrategy")
         mode.validate()
@@ -195,6 +200,11 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             + (
                 f", worker_momentum={aggregation.worker_momentum}"
                 if aggregation.worker_momentum
+                else ""
+            )
+            + (
+                f", read_dtype={self.extended.read_dtype.name!r}"
+                if self.extended.read_dtype
                 else ""
             )
             + ")"

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_psdist._tf import distribute_lib, ps_values, values
+from keras_psdist.variables import narrow_reads
 from keras_psdist.variables.staged_merge import in_replica_control_flow
 
 VariableAggregation = tf.VariableAggregation
@@ -65,6 +66,15 @@ class PSVariable(ps_values.AggregatingVariable):
     # whatever `copy` asks.
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.numpy(), dtype=dtype)
+
+    def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+        # A replica's read from another task travels in `read_dtype` (see
+        # `keras_psdist.variables.narrow_reads`); every other read is exact.
+        if not as_ref and (dtype is None or tf.as_dtype(dtype) == self.dtype):
+            narrow = narrow_reads.narrow_dtype(self)
+            if narrow is not None:
+                return narrow_reads.narrowed_read(self._v, narrow)
+        return super()._dense_var_to_tensor(dtype, name, as_ref)
 
     def _assign_func(self, *args, **kwargs):
         with distribute_lib.enter_or_assert_strategy(self._distribute_strategy):

@@ -2,7 +2,8 @@
 
 Run by `tests/test_compression_cluster.py` under `keras-psdist launch`: in-graph
 as the chief (1 ps task, 2 worker tasks), or between-graph as each worker
-(MODE `between-graph`; the test runs 1 worker task):
+(MODE `between-graph`; the test runs 1 worker task, which also reads the
+variables in bfloat16, `read_dtype`):
 
     python compression_job.py OUT_DIR [MODE]
 
@@ -26,8 +27,18 @@ COMPRESSION = "top_k(ratio=0.1)"
 
 def main(out_dir, mode="in-graph"):
     import keras_psdist as kpd
+    from keras_psdist.variables import narrow_reads
 
-    strategy = kpd.PSStrategy(mode=mode, compression=COMPRESSION)
+    narrowed = []
+    read = narrow_reads.narrowed_read
+
+    def counted(variable, dtype):
+        narrowed.append(variable.device)
+        return read(variable, dtype)
+
+    narrow_reads.narrowed_read = counted
+    read_dtype = "bfloat16" if mode == "between-graph" else None
+    strategy = kpd.PSStrategy(mode=mode, compression=COMPRESSION, read_dtype=read_dtype)
     model = digits_job.build(strategy)
     _, accuracy = digits_job.train(model)
     report = {
@@ -35,6 +46,9 @@ def main(out_dir, mode="in-graph"):
         "accuracy": accuracy,
         "compression": repr(strategy.extended.compression),
         "state_devices": [v.device for v in strategy.extended.training_state.variables],
+        "read_dtype": read_dtype,
+        # The reads a traced step narrowed, by the variable's device.
+        "narrowed_reads": narrowed,
     }
     np.savez(os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights])
     with open(os.path.join(out_dir, "report.json"), "w") as f:
