@@ -27,7 +27,10 @@ started by ``keras_psdist.cluster.launch(hosts=...)``. Three sweeps:
    read (1.19 MB) plus the gradient sent (1.19 MB). With ``--compression``
    (default ``none``; e.g. ``none "top_k(ratio=0.01)" fp16``) each rate runs
    each compressor (``PSStrategy(compression=...)``), and the table gives
-   each one's examples/s as a ratio to ``none``'s on the same link.
+   each one's examples/s as a ratio to ``none``'s on the same link. A
+   compressor ending in ``@bfloat16`` or ``@float16`` also reads the
+   variables in that dtype (``PSStrategy(read_dtype=...)``):
+   ``"top_k(ratio=0.01)@bfloat16"``, ``none@bfloat16``.
 4. **A straggler on a slow link** (``--only straggler``): ``SyncReplicaStrategy``
    on 3 workers with one backup (``replicas_to_aggregate=2``) and a
    digits-sized MLP (64-64-64-2, 34 KB), with every link unlimited and with
@@ -101,6 +104,14 @@ BARRIER_TIMEOUT_S = 300.0
 # --------------------------------------------------------- child processes
 
 
+def _compression_and_reads(entry: str) -> tuple[str | None, str | None]:
+    """`--compression`'s entry as `(compression, read_dtype)`:
+    `"top_k(ratio=0.01)@bfloat16"` -> `("top_k(ratio=0.01)", "bfloat16")`,
+    `"none"` -> `(None, None)`."""
+    compression, _, read_dtype = entry.partition("@")
+    return (None if compression == "none" else compression), (read_dtype or None)
+
+
 def _child_main(args: argparse.Namespace) -> int:
     """One training process of a run: build, warm up, wait for the others,
     time, write its JSON."""
@@ -113,13 +124,16 @@ def _child_main(args: argparse.Namespace) -> int:
 
     import keras_psdist as kpd
 
-    compression = None if args.compression[0] == "none" else args.compression[0]
+    compression, read_dtype = _compression_and_reads(args.compression[0])
     if args.kind == "async" or args.kind == "embedding":
         partitioner = (
             kpd.partitioners.Fixed(args.num_ps) if args.kind == "embedding" else None
         )
         strategy = kpd.PSStrategy(
-            mode="between-graph", partitioner=partitioner, compression=compression
+            mode="between-graph",
+            partitioner=partitioner,
+            compression=compression,
+            read_dtype=read_dtype,
         )
     elif args.kind == "sync":
         strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers)
@@ -127,7 +141,7 @@ def _child_main(args: argparse.Namespace) -> int:
         # One backup worker: an update takes the first workers - 1 gradients.
         strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers - 1)
     else:
-        strategy = kpd.PSStrategy(compression=compression)
+        strategy = kpd.PSStrategy(compression=compression, read_dtype=read_dtype)
     topology = strategy.extended.topology
     index = topology.worker_index if args.kind != "in-graph" else 0
     per_step = args.batch * (args.workers if args.kind == "in-graph" else 1)
@@ -784,7 +798,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--compression", nargs="+", default=["none"],
         help="the bandwidth sweep's compressors, each beside the others on "
-        "every link (default none; e.g. none 'top_k(ratio=0.01)' fp16)",
+        "every link (default none; e.g. none 'top_k(ratio=0.01)' fp16); "
+        "'@bfloat16' at the end also reads the variables in bfloat16 "
+        "(read_dtype): 'top_k(ratio=0.01)@bfloat16', none@bfloat16",
     )  # fmt: skip
     parser.add_argument(
         "--mbit-kinds", nargs="+", choices=("async", "in-graph"), default=["async"],

@@ -9,6 +9,8 @@
     shard_updates.py  the update of a partitioned variable, shard by shard
     row_separable.py  which optimizers can update shard by shard
     staged_merge.py   synchronisation points inside control flow
+    narrow_reads.py   a replica's reads from another task in a narrower dtype
+                      (`read_dtype=`)
 
 The policies a user picks are public modules of the package:
 `keras_psdist.placement` (which device) and `keras_psdist.partitioners`
