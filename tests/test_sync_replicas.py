@@ -68,8 +68,15 @@ def full_sync_run(tmp_path_factory):
         "model": "embedding",
         "epochs": FULL_SYNC_EPOCHS,
         "partitioned": True,
-        # Then a second strategy in the same script: R = 3 of 2 workers.
-        "then": {"replicas_to_aggregate": 3, "epochs": 2},
+        # Then a second strategy in the same script: R = 3 of 2 workers,
+        # each compressing what it sends (top-k with error feedback) and
+        # reading the variables in bfloat16.
+        "then": {
+            "replicas_to_aggregate": 3,
+            "epochs": 2,
+            "compression": "top_k(ratio=0.1)",
+            "read_dtype": "bfloat16",
+        },
     }
     reports, log = _launch(tmp_path, config, num_workers=2, num_ps=2)
     return reports, tmp_path, log
@@ -130,6 +137,26 @@ def test_a_second_strategy_in_the_same_script_is_a_run_of_its_own(full_sync_run)
         # One optimizer step per update, counted from 0 by a new optimizer.
         assert then["counts_when_finished"]["global_step"] == then["iterations"] > 0
         assert report["first_counts_after_then"] == report["counts_when_finished"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_full")
+def test_sync_workers_send_compressed_gradients_to_the_chief(full_sync_run):
+    """The second run (the digits MLP) compresses: each worker puts top-k's
+    payload of its gradients into the chief's queue, keeps their residuals
+    itself, and the run still learns."""
+    reports, _, _ = full_sync_run
+    for worker, report in reports.items():
+        then = report["then"]
+        assert then["compression"] == "TopK(ratio=0.1)"
+        assert then["layout"] == ["compressed"] * 6  # 3 kernels, 3 biases
+        assert len(then["residual_devices"]) == 6
+        assert {d.split("/device:")[0] for d in then["residual_devices"]} == {
+            f"/job:worker/replica:0/task:{worker}"
+        }
+        assert then["accuracy"] >= 0.6, then["accuracy"]
+        # The first run sent its gradients as they are.
+        assert report["compression"] is None
 
 
 @pytest.mark.multiprocess

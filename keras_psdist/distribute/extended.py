@@ -282,6 +282,13 @@ class PSExtended(
         return self._read_dtype
 
     @property
+    def wire(self) -> WireCompression | None:
+        """Between graphs with compression: what compresses each gradient a
+        worker sends (to the ps tasks, or to the chief's queue), and holds
+        its residuals; else `None`."""
+        return self._wire
+
+    @property
     def compression(self) -> Any:
         """What each replica sends instead of its gradient (a
         `keras_psdist.compression.Compressor`; between graphs, what each

@@ -35,6 +35,18 @@ from keras_psdist.compression.base import Compressor
 from keras_psdist.gradients.compression import _compressible, is_sparse
 
 
+class Payload:
+    """A compressed gradient on its way: `value` is the compressor's payload
+    (a nest of tensors: top-k's indices and values, a half-precision
+    tensor, ...), decompressed where the gradient is used."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Payload({self.value!r})"
+
+
 class WireState(tf.Module):
     """The residuals (and step) of a `WireCompression`, in the order they
     were created (a checkpoint read before the first step restores them when
@@ -91,15 +103,28 @@ class WireCompression:
     def __call__(self, grads_and_vars: Sequence[tuple[Any, Any]]) -> list[tuple]:
         """`(gradient, variable)` pairs, each gradient now the decompressed
         payload, made on the variable's device."""
+        sent = self.payloads(
+            [g for g, _ in grads_and_vars], [v for _, v in grads_and_vars]
+        )
+        out = []
+        for value, (_, var) in zip(sent, grads_and_vars, strict=True):
+            if isinstance(value, Payload):
+                # The payload crosses to the variable's task here.
+                with tf.device(self._destination(var)):
+                    value = self.decompress(value)
+            out.append((value, var))
+        return out
+
+    def payloads(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        """Each gradient compressed on this worker (its residual updated),
+        as a `Payload`; a gradient that passes uncompressed (sparse, not
+        floating-point, no state) as it is."""
         step = self._step_value()
         out = []
-        for key, (grad, var) in enumerate(grads_and_vars):
-            if not self._compresses(grad):
-                out.append((grad, var))
-                continue
-            kept = self._residual(var, grad)
+        for key, (grad, var) in enumerate(zip(grads, variables, strict=True)):
+            kept = self._residual(var, grad) if self._compresses(grad) else None
             if kept is None:
-                out.append((grad, var))
+                out.append(grad)
                 continue
             with tf.device(self._device):
                 state = tf.nest.map_structure(lambda v: v.read_value(), kept)
@@ -108,12 +133,14 @@ class WireCompression:
                     tf.nest.flatten(kept), tf.nest.flatten(new), strict=True
                 ):
                     variable.assign(value)
-            # The payload crosses to the variable's task here.
-            with tf.device(self._destination(var)):
-                out.append((self.compressor.decompress(payload), var))
+            out.append(Payload(payload))
         if self._step is not None:
             self._step.assign_add(1)
         return out
+
+    def decompress(self, payload: Payload) -> tf.Tensor:
+        """The gradient `payload` carries (on the current device)."""
+        return self.compressor.decompress(payload.value)
 
     def _compresses(self, grad) -> bool:
         if grad is None or is_sparse(grad):

@@ -97,10 +97,6 @@ class Mode(abc.ABC):
         reports_lost_workers: Between-graph, whether the chief logs lost and
             returning workers (a mode whose training logs them itself says
             False).
-        compresses: Whether `compression=` works in the mode: a step's
-            gradients travel from the replicas to the reduction device
-            through the gradient path, which compresses them (between
-            graphs, from each worker to the ps tasks).
     """
 
     name: ClassVar[str]
@@ -111,7 +107,6 @@ class Mode(abc.ABC):
     takes_max_staleness: ClassVar[bool] = False
     replicates_variables: ClassVar[bool] = True
     reports_lost_workers: ClassVar[bool] = True
-    compresses: ClassVar[bool] = True
 
     def __init__(self, arguments: Arguments, front: str):
         self.arguments = arguments
@@ -149,16 +144,6 @@ class Mode(abc.ABC):
         Raises:
             ValueError: naming what is wrong and the fix.
         """
-        compression = self.arguments.compression
-        if compression is not None and not self.compresses:
-            raise ValueError(
-                f"compression={compression!r} is not supported by {self.owner} "
-                "yet: its workers send their gradients to the chief's queues, "
-                "which take them uncompressed. Compression works on one host "
-                "and with PSStrategy(mode='in-graph') or "
-                "PSStrategy(mode='between-graph'): leave compression out here, "
-                "or train with one of those."
-            )
         dense = self.arguments.dense
         if not self.replicates_variables and not isinstance(
             dense_choice.get(dense), (dense_choice.AllOnPS, dense_choice.AutoChoice)

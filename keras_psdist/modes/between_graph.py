@@ -22,9 +22,6 @@ class BetweenGraphMode(Mode):
     summary = "every worker task runs the script and applies its updates asynchronously"
     selectable = True
     replicates_variables = False
-    # Each worker applies its own gradient to the ps variables: compressed
-    # on its way there (`keras_psdist.gradients.wire`).
-    compresses = True
 
     def topology(self) -> Topology:
         arguments = self.arguments

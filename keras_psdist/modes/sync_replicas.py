@@ -80,9 +80,6 @@ class SyncReplicasMode(BetweenGraphMode):
     selectable = False
     # The update service logs lost and returning workers.
     reports_lost_workers = False
-    # A worker's gradient goes to the chief's queues, not through a
-    # compressing path (not built yet).
-    compresses = False
 
     @property
     def owner(self) -> str:
@@ -152,6 +149,7 @@ class SyncReplicasMode(BetweenGraphMode):
             partitioner=arguments.partitioner,
             heartbeat_timeout=arguments.heartbeat_timeout,
             worker_attack=self.attack if attacked else None,
+            compression=arguments.compression,
             read_dtype=arguments.read_dtype,
         )
 

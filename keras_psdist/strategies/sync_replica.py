@@ -91,11 +91,11 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             worker. Also how long a process whose ps task is lost may take
             to stop by itself before it is ended with the error
             (`keras_psdist.cluster.task_loss`). Defaults to 30.
-        compression: What each worker would send instead of its gradient
-            (see `PSStrategy`). Not supported between worker processes yet:
-            any value but `None` raises `ValueError`, naming the modes that
-            compress (one host, in-graph, `PSStrategy(mode="between-graph")`).
-            Defaults to `None`.
+        compression: What each worker sends to the chief's queue instead of
+            its gradient (see `PSStrategy`): compressed on the worker, with
+            one error-feedback residual per variable there (in
+            `extended.training_state`), and decompressed by the chief before
+            the rule. Defaults to `None` (no compression).
         read_dtype: The dtype each worker's reads of the variables travel
             in from the ps tasks (see `PSStrategy`): `"bfloat16"` or
             `"float16"` halve them. Defaults to `None` (float32).
@@ -106,7 +106,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             cluster, an aggregator or attack config with an argument its
             class does not take, or an aggregator that cannot tolerate
             `num_byzantine` faulty workers out of `replicas_to_aggregate`,
-            or any `compression=` (not supported between workers yet).
+            or a compression it cannot build.
 
     Examples:
 

@@ -61,12 +61,14 @@ import dataclasses
 import math
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
 
 from keras_psdist._tf import resource_variable_ops
 from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.gradients.wire import Payload
 
 # Kinds of queue elements. LOST is sent by the chief for a worker whose
 # heartbeat stopped.
@@ -130,18 +132,31 @@ class SyncConfig:
 class Layout:
     """How a gradient list is flattened into queue components.
 
-    `kinds[i]` is `"dense"`, `"sparse"` (values and int64 indices) or
-    `"none"` (no gradient: nothing is sent) for the i-th variable.
+    `kinds[i]` is `"dense"`, `"sparse"` (values and int64 indices),
+    `"compressed"` (a `gradients.wire.Payload`: its tensors, whose specs
+    `payloads[i]` holds) or `"none"` (no gradient: nothing is sent) for the
+    i-th variable.
     """
 
     kinds: tuple[str, ...]
     dtypes: tuple[tf.DType, ...]
+    payloads: tuple[Any, ...] = ()
 
     @classmethod
     def of(cls, grads) -> Layout:
-        kinds, dtypes = [], []
+        kinds, dtypes, payloads = [], [], []
         for g in grads:
-            if g is None:
+            payloads.append(
+                tf.nest.map_structure(
+                    lambda t: tf.TensorSpec(t.shape, t.dtype), g.value
+                )
+                if isinstance(g, Payload)
+                else None
+            )
+            if isinstance(g, Payload):
+                kinds.append("compressed")
+                dtypes.append(tf.float32)
+            elif g is None:
                 kinds.append("none")
                 dtypes.append(tf.float32)
             elif isinstance(g, tf.IndexedSlices):
@@ -150,16 +165,18 @@ class Layout:
             else:
                 kinds.append("dense")
                 dtypes.append(tf.as_dtype(g.dtype))
-        return cls(tuple(kinds), tuple(dtypes))
+        return cls(tuple(kinds), tuple(dtypes), tuple(payloads))
 
     @property
     def component_types(self) -> list[tf.DType]:
         types = [tf.int64] * 4  # kind, worker, step, session
-        for kind, dtype in zip(self.kinds, self.dtypes, strict=True):
+        for i, (kind, dtype) in enumerate(zip(self.kinds, self.dtypes, strict=True)):
             if kind == "dense":
                 types.append(dtype)
             elif kind == "sparse":
                 types += [dtype, tf.int64]
+            elif kind == "compressed":
+                types += [spec.dtype for spec in tf.nest.flatten(self.payloads[i])]
         return types
 
     def flatten(self, grads) -> list[tf.Tensor]:
@@ -169,6 +186,8 @@ class Layout:
                 out.append(tf.convert_to_tensor(g))
             elif kind == "sparse":
                 out += [g.values, tf.cast(g.indices, tf.int64)]
+            elif kind == "compressed":
+                out += [tf.convert_to_tensor(t) for t in tf.nest.flatten(g.value)]
         return out
 
     def empty(self) -> list[tf.Tensor]:
@@ -176,10 +195,21 @@ class Layout:
         return [tf.zeros([0], t) for t in self.component_types[4:]]
 
     def unflatten(self, components, shapes) -> list:
-        """The gradient list back, `None` where a variable has no gradient."""
+        """The gradient list back, `None` where a variable has no gradient
+        (a compressed one as its `Payload`)."""
         out, i = [], 0
-        for kind, shape in zip(self.kinds, shapes, strict=True):
-            if kind == "dense":
+        for v, (kind, shape) in enumerate(zip(self.kinds, shapes, strict=True)):
+            if kind == "compressed":
+                n = len(tf.nest.flatten(self.payloads[v]))
+                out.append(
+                    Payload(
+                        tf.nest.pack_sequence_as(
+                            self.payloads[v], list(components[i : i + n])
+                        )
+                    )
+                )
+                i += n
+            elif kind == "dense":
                 out.append(components[i])
                 i += 1
             elif kind == "sparse":

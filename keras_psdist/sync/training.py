@@ -66,6 +66,7 @@ from keras_psdist.aggregators.momentum import moving_averages
 from keras_psdist.cluster import task_loss
 from keras_psdist.distribute.reduction import GradientReduction, ReductionState
 from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
+from keras_psdist.gradients.wire import Payload
 from keras_psdist.sync import per_worker, protocol
 from keras_psdist.sync.protocol import SyncReplicas
 from keras_psdist.sync.service import UpdateService, WorkerLostError, say
@@ -183,6 +184,11 @@ class SyncTraining:
             grads = self._momentum_of(grads)
         if self._attack is not None:
             grads = _forge_own(self._attack, grads)
+        wire = self._strategy.extended.wire
+        if wire is not None:
+            # What crosses to the chief's queue: each gradient compressed on
+            # this worker, its residual kept here (`gradients.wire`).
+            grads = wire.payloads(grads, variables)
         return self.sync.worker_step(grads, variables)
 
     def _momentum_of(self, grads):
@@ -507,7 +513,18 @@ class SyncTraining:
             reduction = self.reduction
             apply, variables = self._apply, self._variables
 
+            wire = self._strategy.extended.wire
+            compressed = [isinstance(g, Payload) for g in members[0]]
+
             def update(members):
+                # The workers' compressed gradients, decompressed here.
+                members = [
+                    [
+                        wire.compressor.decompress(g) if packed else g
+                        for g, packed in zip(m, compressed, strict=True)
+                    ]
+                    for m in members
+                ]
                 present = [v for v, g in enumerate(members[0]) if g is not None]
                 columns = [[m[v] for m in members] for v in present]
                 reduced = iter(reduction(tf.distribute.ReduceOp.MEAN, columns, None))
@@ -515,6 +532,10 @@ class SyncTraining:
                 apply(grads, variables)
 
             self._update_fn = tf.function(update, reduce_retracing=True)
+        # A payload goes in as its tensors (a nest tf.function can trace).
+        members = [
+            [g.value if isinstance(g, Payload) else g for g in m] for m in members
+        ]
         with self._strategy.scope():
             self._update_fn(members)
 

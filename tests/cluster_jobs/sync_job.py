@@ -43,6 +43,8 @@ STRATEGY_ARGS = (
     "num_byzantine",
     "attack",
     "worker_momentum",
+    "compression",
+    "read_dtype",
 )
 
 
@@ -200,6 +202,12 @@ def _train(out_dir, config):
         sync_training = strategy.extended.sync_training
         report["namespace"] = sync_training.sync.namespace
         report["layout"] = list(sync_training.sync.layout.kinds)
+        wire = strategy.extended.wire
+        report["compression"] = None if wire is None else repr(wire.compressor)
+        # Where each compressed gradient's residual lives (this worker).
+        report["residual_devices"] = (
+            [] if wire is None else [v.device for v in wire.state.kept]
+        )
         report["momentum_norms"] = [
             float(np.linalg.norm(v.numpy())) for v in sync_training.momentum.kept
         ]
