@@ -21,7 +21,7 @@ started by ``keras_psdist.cluster.launch(hosts=...)``. Three sweeps:
    ps updates/s and each ps task's peak RSS.
 3. **Bandwidth** (``--mbit``, default unlimited 1000 100 10): every host's
    link limited to that rate each way (``tc`` token bucket), async on 2
-   workers and 1 ps (``--mbit-kinds``: also in-graph): examples/s, and the
+   workers and 1 ps (``--mbit-kinds``: also in-graph, sync): examples/s, and the
    bytes through the ps host's link per update (its interface counters over
    the timed window) against what an async step must move: the variables
    read (1.19 MB) plus the gradient sent (1.19 MB). With ``--compression``
@@ -136,7 +136,11 @@ def _child_main(args: argparse.Namespace) -> int:
             read_dtype=read_dtype,
         )
     elif args.kind == "sync":
-        strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers)
+        strategy = kpd.SyncReplicaStrategy(
+            replicas_to_aggregate=args.workers,
+            compression=compression,
+            read_dtype=read_dtype,
+        )
     elif args.kind == "sync-backup":
         # One backup worker: an update takes the first workers - 1 gradients.
         strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers - 1)
@@ -803,8 +807,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(read_dtype): 'top_k(ratio=0.01)@bfloat16', none@bfloat16",
     )  # fmt: skip
     parser.add_argument(
-        "--mbit-kinds", nargs="+", choices=("async", "in-graph"), default=["async"],
-        help="the bandwidth sweep's modes (default async)",
+        "--mbit-kinds", nargs="+", choices=("async", "in-graph", "sync"),
+        default=["async"], help="the bandwidth sweep's modes (default async)",
     )  # fmt: skip
     parser.add_argument("--steps", type=harness.positive, default=30)
     parser.add_argument("--epochs", type=harness.positive, default=2)
