@@ -828,3 +828,24 @@ def test_a_robust_rule_on_compressed_values_matches_its_reference():
     sent = [np.stack([ref.top_k(a[r], 0.5)[0] for r in range(5)]) for a in arrays]
     for got, want in zip(out.values, reference.trimmed_mean(sent, f=1), strict=True):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sync_queue_layout_carries_a_payload_and_gives_it_back():
+    """`SyncReplicaStrategy`'s queue: a compressed gradient goes in as its
+    payload's tensors and comes out as the same payload."""
+    from keras_psdist.gradients.wire import Payload
+    from keras_psdist.sync.protocol import Layout
+
+    wire = _wire("top_k(ratio=0.5)", "/cpu:0", "/cpu:0")
+    v = tf.Variable(tf.zeros([4]))
+    [payload] = wire.payloads([tf.constant([1.0, -4.0, 0.5, 3.0])], [v])
+    grads = [payload, tf.constant([2.0]), None]
+    layout = Layout.of(grads)
+    assert layout.kinds == ("compressed", "dense", "none")
+    components = layout.flatten(grads)
+    assert [c.dtype for c in components] == layout.component_types[4:]
+    back = layout.unflatten(components, [v.shape, tf.TensorShape([1]), None])
+    assert isinstance(back[0], Payload) and back[2] is None
+    np.testing.assert_array_equal(
+        wire.decompress(back[0]).numpy(), [0.0, -4.0, 0.0, 3.0]
+    )

@@ -146,16 +146,13 @@ class Layout:
     def of(cls, grads) -> Layout:
         kinds, dtypes, payloads = [], [], []
         for g in grads:
-            payloads.append(
-                tf.nest.map_structure(
-                    lambda t: tf.TensorSpec(t.shape, t.dtype), g.value
-                )
-                if isinstance(g, Payload)
-                else None
-            )
+            payloads.append(None)
             if isinstance(g, Payload):
                 kinds.append("compressed")
-                dtypes.append(tf.float32)
+                dtypes.append(tf.float32)  # unused: the payload's specs say
+                payloads[-1] = tf.nest.map_structure(
+                    lambda t: tf.TensorSpec(t.shape, t.dtype), g.value
+                )
             elif g is None:
                 kinds.append("none")
                 dtypes.append(tf.float32)
