@@ -80,3 +80,21 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("multiprocess") is not None
     }
     items.sort(key=lambda item: item.module.__name__ not in launching_modules)
+
+
+@pytest.fixture
+def across_tasks(monkeypatch):
+    """Every read from another device counts as one from another task
+    (`PSStrategy(read_dtype=...)` then narrows it): one host's logical CPUs
+    take the path a cluster's tasks do."""
+    from keras_psdist.variables import narrow_reads
+
+    monkeypatch.setattr(
+        narrow_reads,
+        "crosses_tasks",
+        lambda variable_device, reading_device: (
+            bool(reading_device)
+            and tf.DeviceSpec.from_string(variable_device)
+            != tf.DeviceSpec.from_string(reading_device)
+        ),
+    )

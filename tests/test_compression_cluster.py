@@ -10,7 +10,6 @@ from pathlib import Path
 import launching  # tests/cluster_jobs, see conftest.py
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_psdist as kpd
 
@@ -71,7 +70,7 @@ def test_in_graph_compression_keeps_residuals_on_the_workers(tmp_path, cpu_devic
 
 
 def test_between_graph_worker_sends_compressed_and_keeps_its_residuals(
-    tmp_path, cpu_devices, monkeypatch
+    tmp_path, cpu_devices, across_tasks
 ):
     """One worker task, one ps task: the worker compresses what it sends to
     the ps (residuals on the worker), the ps decompresses before the update,
@@ -91,17 +90,7 @@ def test_between_graph_worker_sends_compressed_and_keeps_its_residuals(
     assert {d.split("/device:")[0] for d in report["narrowed_reads"]} == {
         "/job:ps/replica:0/task:0"
     }
-    from keras_psdist.variables import narrow_reads
-
-    monkeypatch.setattr(
-        narrow_reads,
-        "crosses_tasks",
-        lambda variable_device, reading_device: (
-            bool(reading_device)
-            and tf.DeviceSpec.from_string(variable_device)
-            != tf.DeviceSpec.from_string(reading_device)
-        ),
-    )
+    # `across_tasks`: the one process narrows its reads as the worker did.
     _assert_equals_one_process(
         tmp_path, cpu_devices[:1], cpu_devices[1:2], read_dtype="bfloat16"
     )

@@ -3,7 +3,7 @@ narrowed (cast on the variable's device, back on the replica's), the
 gradient and the update stay float32, and every other read is exact.
 
 One host has no second task, so most tests here make the logical CPU of the
-variables count as one (`crosses_tasks` patched): the same code path a
+variables count as one (`across_tasks`, conftest.py): the same code path a
 cluster takes, op for op; `tests/test_compression_cluster.py` runs it across
 processes.
 """
@@ -23,20 +23,6 @@ KERNEL = np.array([[1.0 + 2**-10], [2.0 - 2**-9], [0.3]], np.float32)
 
 def _bf16(x):
     return tf.cast(tf.cast(x, tf.bfloat16), tf.float32).numpy()
-
-
-@pytest.fixture
-def across_tasks(monkeypatch):
-    """Every read from another device counts as one from another task."""
-    monkeypatch.setattr(
-        narrow_reads,
-        "crosses_tasks",
-        lambda variable_device, reading_device: (
-            bool(reading_device)
-            and tf.DeviceSpec.from_string(variable_device)
-            != tf.DeviceSpec.from_string(reading_device)
-        ),
-    )
 
 
 def _model(strategy):
