@@ -189,3 +189,23 @@ def test_fit_trains_with_narrow_reads(cpu_devices, across_tasks, digits, monkeyp
     assert traced == {None: [], "bfloat16": [tf.bfloat16] * 8}, traced
     assert accuracies["bfloat16"] >= 0.85, accuracies
     assert abs(accuracies["bfloat16"] - accuracies[None]) <= 0.03, accuracies
+
+
+def test_an_xla_step_reads_narrowed_too(cpu_devices, across_tasks, monkeypatch):
+    """`jit_compile=True`: the values each replica's compiled pass takes are
+    read (narrowed) outside it, as without XLA."""
+    narrowed = []
+    read = narrow_reads.narrowed_read
+    monkeypatch.setattr(
+        narrow_reads,
+        "narrowed_read",
+        lambda variable, dtype: narrowed.append(dtype) or read(variable, dtype),
+    )
+    strategy = _strategy(cpu_devices, read_dtype="bfloat16")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    x = np.ones((32, 3), np.float32)
+    model.fit(x, np.zeros((32, 2), np.float32), batch_size=8, verbose=0)
+    assert model.jit_compile is True
+    assert narrowed == [tf.bfloat16] * 4  # kernel and bias, 2 replicas
