@@ -25,6 +25,20 @@ def _bf16(x):
     return tf.cast(tf.cast(x, tf.bfloat16), tf.float32).numpy()
 
 
+@pytest.fixture
+def narrowed(monkeypatch):
+    """The dtype of every read `narrow_reads` narrows (appended at trace)."""
+    dtypes = []
+    read = narrow_reads.narrowed_read
+
+    def counted(variable, dtype):
+        dtypes.append(dtype)
+        return read(variable, dtype)
+
+    monkeypatch.setattr(narrow_reads, "narrowed_read", counted)
+    return dtypes
+
+
 def _model(strategy):
     with strategy.scope():
         model = keras.Sequential(
@@ -152,18 +166,10 @@ def test_reads_outside_a_replica_step_are_exact(cpu_devices, across_tasks):
         )
 
 
-def test_fit_trains_with_narrow_reads(cpu_devices, across_tasks, digits, monkeypatch):
+def test_fit_trains_with_narrow_reads(cpu_devices, across_tasks, digits, narrowed):
     """`fit` on the digits, its step's reads narrowed: close to float32
     reads' accuracy."""
     x, y, x_test, y_test = digits
-    narrowed = []
-    read = narrow_reads.narrowed_read
-
-    def counted(variable, dtype):
-        narrowed.append(dtype)
-        return read(variable, dtype)
-
-    monkeypatch.setattr(narrow_reads, "narrowed_read", counted)
     accuracies, traced = {}, {}
     for read_dtype in (None, "bfloat16"):
         strategy = _strategy(cpu_devices, read_dtype=read_dtype)
@@ -191,16 +197,9 @@ def test_fit_trains_with_narrow_reads(cpu_devices, across_tasks, digits, monkeyp
     assert abs(accuracies["bfloat16"] - accuracies[None]) <= 0.03, accuracies
 
 
-def test_an_xla_step_reads_narrowed_too(cpu_devices, across_tasks, monkeypatch):
+def test_an_xla_step_reads_narrowed_too(cpu_devices, across_tasks, narrowed):
     """`jit_compile=True`: the values each replica's compiled pass takes are
     read (narrowed) outside it, as without XLA."""
-    narrowed = []
-    read = narrow_reads.narrowed_read
-    monkeypatch.setattr(
-        narrow_reads,
-        "narrowed_read",
-        lambda variable, dtype: narrowed.append(dtype) or read(variable, dtype),
-    )
     strategy = _strategy(cpu_devices, read_dtype="bfloat16")
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
