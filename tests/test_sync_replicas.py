@@ -337,6 +337,37 @@ def test_straggler_ran_on_a_host_of_its_own_behind_a_slow_link(straggler_run):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.hosts
+@pytest.mark.xdist_group("sync_straggler")
+@pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
+def test_the_chief_s_link_carries_its_own_step_not_the_update(straggler_run):
+    """No hidden copies: the gradients the chief aggregates stay on the ps
+    task (`sync/staging.py`). Its host's link carries what any worker's
+    does, per step a read of the variables and its own gradient, plus the
+    protocol's small messages; the update (the 2 members' gradients read,
+    reduced and applied) crosses no link. Before the staging, each update
+    also took every member's gradient to the chief and back: 4x the
+    variables' bytes more per step."""
+    reports, _ = straggler_run
+
+    def per_step(worker):
+        """Link bytes per step of each fit, in the variables' bytes."""
+        report = reports[worker]
+        return [
+            fit["link_bytes"] / fit["steps_run"] / report["variable_bytes"]
+            for fit in report["fits"]
+        ]
+
+    # The model is small (36 KB): the protocol's messages (tokens, headers,
+    # heartbeats) add about half of it to every step, the chief's (its
+    # service's calls) a little more. So the chief is held to the other
+    # fast worker of the same launch: 1.3x its bytes per step, 3x before.
+    chief, worker = per_step(0), per_step(1)
+    for c, w in zip(chief, worker, strict=True):
+        assert 2.0 <= w < 3.0 and c < 1.8 * w, (chief, worker)
+
+
+@pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_straggler")
 @pytest.mark.timeout(STRAGGLER_TIMEOUT_S)
 def test_straggler_late_gradients_are_counted_as_dropped(straggler_run):

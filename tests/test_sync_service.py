@@ -36,6 +36,25 @@ class _FakeSync:
         self.finished.append(session)
 
 
+class _Staging:
+    """Slots in a dict: the gradient a slot holds, and which are taken."""
+
+    def __init__(self):
+        self.held = {}
+        self._next = 0
+
+    def stage(self, value):
+        slot, self._next = self._next, self._next + 1
+        self.held[slot] = value
+        return slot
+
+    def give_back(self, slot):
+        del self.held[slot]  # a slot given back twice fails here
+
+    def variables(self, slot):
+        return self.held[slot]
+
+
 class _Recorder(UpdateService):
     """The service with its side effects recorded instead of sent."""
 
@@ -43,10 +62,9 @@ class _Recorder(UpdateService):
         self.updates = []
         super().__init__(
             _FakeSync(replicas_to_aggregate, total_num_replicas),
-            update=lambda members: self.updates.append(
-                sum(m[0] for m in members) / len(members)
-            ),
+            update=lambda members: self.updates.append(sum(members) / len(members)),
         )
+        self.staging = _Staging()
         self.woken = []
         self.releases = []
         self._begin(1)
@@ -64,22 +82,21 @@ class _Recorder(UpdateService):
         self.releases.append(step)
 
     def gradient(self, worker, step, value):
-        self._handle(protocol.GRADIENT, worker, step, [value])
+        self._handle(protocol.GRADIENT, worker, step, self.staging.stage(value))
 
     def leave(self, worker):
-        self._handle(protocol.LEAVE, worker, -1, [])
+        self._handle(protocol.LEAVE, worker, -1, None)
 
     def lose(self, worker):
-        self._handle(protocol.LOST, worker, -1, [])
+        self._handle(protocol.LOST, worker, -1, None)
+
+    @property
+    def staged(self):
+        """Gradients still held: those of the pending update."""
+        return sorted(self.staging.held.values())
 
     def counts(self, row):
         return self._counts[row].tolist()
-
-
-@pytest.fixture(autouse=True)
-def _plain_tensors(monkeypatch):
-    # The recorder's gradients are plain floats.
-    monkeypatch.setattr(protocol.Layout, "unflatten", lambda self, c, s: list(c))
 
 
 def test_an_update_every_replicas_to_aggregate_fresh_gradients():
@@ -100,6 +117,7 @@ def test_a_late_gradient_is_dropped_counted_and_its_worker_woken():
     assert service.updates == [1.0]
     assert service.counts(protocol.DROPPED_STALE) == [0, 0, 1]
     assert service.woken == [(2, 1)]  # released with the current step
+    assert service.staged == []  # every gradient's slot given back
 
 
 def test_a_gradient_ahead_of_the_global_step_is_an_error():
@@ -133,6 +151,7 @@ def test_when_too_few_workers_remain_the_rest_are_released_not_waited_for():
     assert service.counts(protocol.DROPPED_AT_END) == [2, 0, 0]
     assert service.woken[-1] == (0, protocol.FREE_PASS)
     assert service.updates == []
+    assert service.staged == []
 
 
 # ------------------------------------------- the chief's end is everyone's
@@ -150,6 +169,7 @@ def test_the_chief_leaving_ends_the_session_for_the_stragglers():
     service.gradient(1, 0, 1.0)  # update 1
     service.gradient(2, 0, 9.0)  # the straggler's: stale
     service.gradient(1, 1, 1.0)  # pending: waits for a second fresh one
+    assert service.staged == [1.0]
     service.leave(1)
     service.leave(0)  # the chief
     assert service._sync.finished == [1]
@@ -161,6 +181,7 @@ def test_the_chief_leaving_ends_the_session_for_the_stragglers():
     assert service.woken[-1] == (2, END_1)
     assert service.updates == [1.0]
     assert service._active == {2}  # the session ends when it has left
+    assert service.staged == []
 
 
 @pytest.mark.timeout(60)
@@ -194,9 +215,10 @@ def test_a_gradient_of_a_session_already_ended_gets_that_sessions_end():
     end token of its own session, so its fit stops too."""
     service = _Recorder(replicas_to_aggregate=2, total_num_replicas=2)
     service._begin(2)
-    service._late(protocol.GRADIENT, 1, 1)
+    service._late(protocol.GRADIENT, 1, 1, service.staging.stage(1.0))
     assert service.woken == [(1, END_1)]
     assert service.counts(protocol.DROPPED_AT_END) == [0, 1]
+    assert service.staged == []
 
 
 def test_counts_account_for_every_gradient():
@@ -212,6 +234,8 @@ def test_counts_account_for_every_gradient():
     total = sum(np.array(service.counts(row)) for row in range(3))
     np.testing.assert_array_equal(total, sent)
     assert len(service.updates) == service._step
+    # Slots hold only the pending update's gradients.
+    assert len(service.staged) == len(service._members) < 2
 
 
 def _run_with_every_kind_of_count():

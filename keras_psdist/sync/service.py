@@ -48,6 +48,7 @@ from absl import logging
 from keras_psdist.errors import WorkerLostError  # noqa: F401 (re-exported)
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncReplicas
+from keras_psdist.sync.staging import GradientStaging
 
 # How often the service logs its counts, in seconds.
 LOG_EVERY_S = 30.0
@@ -104,9 +105,12 @@ class UpdateService:
     Args:
         sync: The run's shared state.
         update: `members -> None`: one update from the members' gradients,
-            `members[m][v]` member m's gradient of variable v (true scale,
-            `None` where a variable has no gradient): the strategy's rule
-            over them, applied with the Keras optimizer.
+            the strategy's rule over them, applied with the Keras optimizer.
+            `members[m]` is member m's staged gradient (its slot's variables,
+            on the ps task): inside the update's `tf.function`,
+            `service.staging.read(members[m])[v]` is its gradient of variable
+            v (true scale, `None` where a variable has no gradient). The
+            gradients stay on the ps task: see `staging.py`.
     """
 
     def __init__(self, sync: SyncReplicas, update: Callable[[list[list]], None]):
@@ -118,7 +122,7 @@ class UpdateService:
         self._session = 0
         self._active: set[int] = set()
         self._lost: set[int] = set()
-        self._members: list[tuple[int, list]] = []
+        self._members: list[tuple[int, int]] = []  # (worker, slot)
         self._later: list[tuple] = []  # elements of a later session
         self._at_end = False
         self._closed = False  # the chief's fit ended (see `_close`)
@@ -128,7 +132,7 @@ class UpdateService:
         self.last_activity = time.monotonic()
         self._last_log = time.monotonic()
         self._thread: threading.Thread | None = None
-        self._pop = None
+        self.staging: GradientStaging | None = None
         self._release_fn = None
 
     # ----------------------------------------------------------- control
@@ -192,7 +196,7 @@ class UpdateService:
         self._begin(self._next_session)
         while True:
             element = self._pop_element()
-            kind, worker, step, session, grads = element
+            kind, worker, step, session, slot = element
             self.last_activity = time.monotonic()
             if kind == protocol.SHUTDOWN:
                 return
@@ -200,9 +204,9 @@ class UpdateService:
                 self._later.append(element)
                 continue
             if session < self._session:
-                self._late(kind, worker, session)
+                self._late(kind, worker, session, slot)
                 continue
-            self._handle(kind, worker, step, grads)
+            self._handle(kind, worker, step, slot)
             if not self._active:
                 self._end_session()
                 self._begin(self._session + 1)
@@ -211,22 +215,35 @@ class UpdateService:
     def _pop_element(self):
         if self._later and self._later[0][3] == self._session:
             return self._later.pop(0)
-        if self._pop is None:
-            self._sync.wait_for_layout()
-            self._pop = self._make_pop()
-        header, grads = self._pop()
+        if self.staging is None:
+            sync = self._sync
+            sync.wait_for_layout()
+            self.staging = GradientStaging(
+                sync.device, sync._gradient_queue, sync.layout, sync.shapes
+            )
+        slot = self.staging.take()
+        header = self.staging.pop_into(slot)
         kind, worker, step, session = (int(c) for c in header.numpy())
-        return kind, worker, step, session, list(grads)
+        if kind != protocol.GRADIENT:
+            self.staging.give_back(slot)
+            slot = None
+        return kind, worker, step, session, slot
 
-    def _late(self, kind: int, worker: int, session: int) -> None:
+    def _drop(self, row: int, worker: int, slot: int) -> None:
+        """Counts a gradient dropped and frees its slot."""
+        self._count(row, worker)
+        self.staging.give_back(slot)
+
+    def _late(self, kind: int, worker: int, session: int, slot) -> None:
         """An element of a session that has ended (its worker restarted after
         the others left, or left over from a failed one): nothing will be
         updated for it, so its worker gets that session's end token."""
         if kind == protocol.GRADIENT:
+            self.staging.give_back(slot)
             self._count(protocol.DROPPED_AT_END, worker)
             self._wake(worker, protocol.END + session)
 
-    def _handle(self, kind, worker, step, grads) -> None:
+    def _handle(self, kind, worker, step, slot) -> None:
         if kind == protocol.LEAVE:
             self._active.discard(worker)
             if worker == self._sync.worker:
@@ -246,11 +263,11 @@ class UpdateService:
                 self._sync.config.name(worker),
             )
         if self._at_end:
-            self._count(protocol.DROPPED_AT_END, worker)
+            self._drop(protocol.DROPPED_AT_END, worker, slot)
             self._free(worker)
             return
         if step < self._step:
-            self._count(protocol.DROPPED_STALE, worker)
+            self._drop(protocol.DROPPED_STALE, worker, slot)
             # Its update has been made: wake it with the current step. (The
             # token of that update may not be in its queue: a release skips
             # a queue that still holds an older token; see
@@ -264,15 +281,15 @@ class UpdateService:
                 f"global step {self._step}. Is another chief running on the same "
                 "parameter servers? Start each run on fresh ps tasks."
             )
-        self._members.append((worker, grads))
+        self._members.append((worker, slot))
         if len(self._members) == self._sync.config.replicas_to_aggregate:
             self._update()
 
     def _update(self) -> None:
-        layout, shapes = self._sync.layout, self._sync.shapes
-        self._update_model([layout.unflatten(g, shapes) for _, g in self._members])
-        for worker, _ in self._members:
+        self._update_model([self.staging.variables(s) for _, s in self._members])
+        for worker, slot in self._members:
             self._count(protocol.APPLIED, worker)
+            self.staging.give_back(slot)
         self._members = []
         self._step += 1
         self._release(self._step, self._counts)
@@ -359,14 +376,16 @@ class UpdateService:
             )
 
     def _drop_pending(self) -> None:
-        for worker, _ in self._members:
-            self._count(protocol.DROPPED_AT_END, worker)
+        for worker, slot in self._members:
+            self._drop(protocol.DROPPED_AT_END, worker, slot)
         self._members = []
 
     def _begin(self, session: int) -> None:
         self._session = session
         # A lost worker counts again once its gradients come again.
         self._active = set(range(self._sync.config.total_num_replicas)) - self._lost
+        for _, slot in self._members:  # (none: a session ends with none pending)
+            self.staging.give_back(slot)
         self._members = []
         self._at_end = False
         self._closed = False
@@ -423,23 +442,6 @@ class UpdateService:
             say(summary)
         else:
             logging.info(summary)
-
-    # ------------------------------------------------------- tf.functions
-
-    def _make_pop(self):
-        sync = self._sync
-        queue = sync._gradient_queue
-        types = sync.layout.component_types
-
-        @tf.function
-        def pop():
-            with tf.device(sync.device):
-                components = tf.raw_ops.QueueDequeueV2(
-                    handle=queue, component_types=types
-                )
-                return tf.stack(components[:4]), components[4:]
-
-        return pop
 
 
 def _make_release(sync: SyncReplicas):

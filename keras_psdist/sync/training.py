@@ -514,17 +514,24 @@ class SyncTraining:
             apply, variables = self._apply, self._variables
 
             wire = self._strategy.extended.wire
-            compressed = [isinstance(g, Payload) for g in members[0]]
+            staging = self._service.staging
 
-            def update(members):
-                # The workers' compressed gradients, decompressed here.
-                members = [
-                    [
-                        wire.compressor.decompress(g) if packed else g
-                        for g, packed in zip(m, compressed, strict=True)
+            device = self.sync.device
+
+            def update(slots):
+                # Each member's gradient, read on the ps task that staged it,
+                # a compressed one decompressed there (on the chief, a dense
+                # gradient per member would cross back to the ps).
+                with tf.device(device):
+                    members = [
+                        [
+                            wire.compressor.decompress(g.value)
+                            if isinstance(g, Payload)
+                            else g
+                            for g in staging.read(slot)
+                        ]
+                        for slot in slots
                     ]
-                    for m in members
-                ]
                 present = [v for v, g in enumerate(members[0]) if g is not None]
                 columns = [[m[v] for m in members] for v in present]
                 reduced = iter(reduction(tf.distribute.ReduceOp.MEAN, columns, None))
@@ -532,10 +539,6 @@ class SyncTraining:
                 apply(grads, variables)
 
             self._update_fn = tf.function(update, reduce_retracing=True)
-        # A payload goes in as its tensors (a nest tf.function can trace).
-        members = [
-            [g.value if isinstance(g, Payload) else g for g in m] for m in members
-        ]
         with self._strategy.scope():
             self._update_fn(members)
 

@@ -69,18 +69,34 @@ class CountsAtLastStep(keras.callbacks.Callback):
         self.strategy = strategy
         self.counts = None
         self.steps_run = []  # per fit
+        self.link_bytes = []  # per fit: through this host's links, both ways
 
     def on_train_begin(self, logs=None):
         self.steps_run.append(0)
+        self.link_bytes.append(-_link_bytes())
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps_run[-1] += 1
 
     def on_train_end(self, logs=None):
+        self.link_bytes[-1] += _link_bytes()
         training = self.strategy.extended.sync_training
         self.counts = training.counts()
         if hasattr(training, "clocks"):
             self.counts["clocks"] = training.clocks.numpy()
+
+
+def _link_bytes():
+    """Bytes received and sent through this network namespace's interfaces
+    but loopback (on a test bed host: its own link; else the machine's)."""
+    total = 0
+    with open("/proc/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, fields = line.split(":", 1)
+            if name.strip() != "lo":
+                values = fields.split()
+                total += int(values[0]) + int(values[8])
+    return total
 
 
 def _listed(counts):
@@ -179,6 +195,7 @@ def _train(out_dir, config):
                     else strategy.extended.sync_training.sync.steps_skipped()
                 ),
                 "epochs_in_history": len(history.history["loss"]),
+                "link_bytes": last_step.link_bytes[-1],
             }
         )
     finished = strategy.extended.sync_training.counts()
@@ -196,6 +213,10 @@ def _train(out_dir, config):
         "history_keys": sorted(history.history),
         "history": {k: v for k, v in history.history.items() if k.startswith("sync/")},
         "iterations": int(model.optimizer.iterations.numpy()),
+        "variable_bytes": sum(
+            int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize
+            for w in model.trainable_weights
+        ),
         "xla_traced_replicas": len(xla_traces),
     }
     if not bounded:

@@ -1,0 +1,150 @@
+"""Where the chief keeps the gradients it pops: on the ps task, in slots.
+
+The update service decides in Python what a popped gradient is (fresh, stale,
+of a later session), so the dequeue and the update are two `tf.function`
+calls. A gradient returned from the first and passed into the second
+crossed to the chief and back, although its `EagerTensor` named the ps
+device: on separate hosts, twice a model's gradient per member on the ps
+host's link for nothing. Measured on the test bed (`benchmarks/scaling.py
+--only mbit --mbit-kinds sync`): 9.4 MB per update of 2 workers instead of
+4.8.
+
+So the dequeue writes the gradient's components into a *slot* (variables on
+the queue's ps device) and returns only the 4-number header; the update's
+function reads its members' slots on the same device. Nothing but headers and
+tokens crosses to the chief. A slot is taken per popped gradient and given
+back once the gradient is applied or dropped; there are at most
+`replicas_to_aggregate` pending members plus one gradient per worker kept for a
+later session, so the slots' memory is bounded by that many gradients (what
+the popped tensors held before).
+
+Every read of a slot is inside `tf.device(<the ps device>)`: `read_value`'s
+Identity is otherwise placed on the caller's device, the same round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from keras_psdist.sync import protocol
+from keras_psdist.sync.protocol import Layout
+
+
+def component_specs(layout: Layout, shapes: Sequence[tf.TensorShape]) -> list:
+    """The shape and dtype of each queue component after the header.
+
+    Examples:
+
+    >>> import tensorflow as tf
+    >>> layout = Layout(("dense", "sparse", "none"), (tf.float32,) * 3)
+    >>> [(s.shape.as_list(), s.dtype.name) for s in component_specs(
+    ...     layout, [tf.TensorShape([2, 3]), tf.TensorShape([10, 4]), tf.TensorShape([5])])]
+    [([2, 3], 'float32'), ([None, 4], 'float32'), ([None], 'int64')]
+    """
+    specs = []
+    for v, (kind, dtype, shape) in enumerate(
+        zip(layout.kinds, layout.dtypes, shapes, strict=True)
+    ):
+        if kind == "dense":
+            specs.append(tf.TensorSpec(shape, dtype))
+        elif kind == "sparse":
+            specs.append(tf.TensorSpec([None, *shape[1:]], dtype))
+            specs.append(tf.TensorSpec([None], tf.int64))
+        elif kind == "compressed":
+            specs += tf.nest.flatten(layout.payloads[v])
+    return specs
+
+
+class GradientStaging:
+    """Slots on `device` for popped gradients, and the pop that fills them.
+
+    Args:
+        device: The gradient queue's device (a ps task's CPU).
+        queue: The gradient queue's resource handle.
+        layout: The gradients' layout.
+        shapes: The variables' shapes.
+    """
+
+    def __init__(self, device: str, queue, layout: Layout, shapes):
+        self._device = device
+        self._queue = queue
+        self._layout = layout
+        self._shapes = tuple(shapes)
+        self._specs = component_specs(layout, shapes)
+        self._free: list[int] = []
+        self._slots: list[list[tf.Variable]] = []
+        self._pop = None
+
+    def take(self) -> int:
+        """A free slot's index (a new slot when every slot holds a gradient)."""
+        if self._free:
+            return self._free.pop()
+        with tf.init_scope(), tf.device(self._device):
+            self._slots.append(
+                [
+                    # Built directly: no strategy's creator places them.
+                    resource_variable_ops.ResourceVariable(
+                        tf.zeros([d or 0 for d in spec.shape.as_list()], spec.dtype),
+                        shape=spec.shape,
+                        trainable=False,
+                        name=f"keras_psdist_sync_staged_{len(self._slots)}_{c}",
+                    )
+                    for c, spec in enumerate(self._specs)
+                ]
+            )
+        return len(self._slots) - 1
+
+    def give_back(self, slot: int) -> None:
+        """`slot`'s gradient was applied or dropped: the slot is free again."""
+        self._free.append(slot)
+
+    def pop_into(self, slot: int) -> tf.Tensor:
+        """Dequeues one element (blocking), writes its gradient into `slot`
+        and returns its header `[kind, worker, step, session]` (on the chief).
+        """
+        if self._pop is None:
+            self._pop = self._make_pop()
+        return self._pop(self._slots[slot])
+
+    def variables(self, slot: int) -> list[tf.Variable]:
+        """`slot`'s variables: pass them into the update's `tf.function`."""
+        return self._slots[slot]
+
+    def read(self, slot_variables) -> list:
+        """Inside the update's function: the gradient list a slot holds (on
+        its device), as `Layout.unflatten` gives it."""
+        # On the slot's device: `read_value`'s Identity would otherwise be
+        # placed on the caller's (the chief's) device, a round trip.
+        with tf.device(self._device):
+            components = [v.read_value() for v in slot_variables]
+            return self._layout.unflatten(components, self._shapes)
+
+    def _make_pop(self):
+        queue, types = self._queue, self._layout.component_types
+
+        @tf.function
+        def pop(slot_variables):
+            with tf.device(self._device):
+                components = tf.raw_ops.QueueDequeueV2(
+                    handle=queue, component_types=types
+                )
+
+                def write():
+                    for variable, value in zip(
+                        slot_variables, components[4:], strict=True
+                    ):
+                        variable.assign(value, read_value=False)
+                    return tf.constant(True)
+
+                # A marker (LEAVE, LOST, SHUTDOWN) carries empty components.
+                tf.cond(
+                    tf.equal(components[0], protocol.GRADIENT),
+                    write,
+                    lambda: tf.constant(False),
+                )
+                return tf.stack(components[:4])
+
+        return pop
