@@ -780,7 +780,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         name="scaling",
         quick="smoke run: 1 and 2 workers, 1 and 2 ps, one table size, two rates",
         quick_json=True,
-        plot="the curves' PNG (default docs/images/scaling.png; not with --quick)",
+        plot=(
+            "the curves' PNG (default docs/images/scaling.png for the whole "
+            "sweep; none with --quick or --only)"
+        ),
     )
     parser.add_child_role((*KINDS, "embedding", "sync-backup"))
     parser.add_argument("--hidden", type=int, default=512, help=argparse.SUPPRESS)
@@ -832,7 +835,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.workers, args.ps, args.rows = [1, 2], [1, 2], [50_000]
         args.mbit, args.steps, args.epochs, args.rounds = [0, 10], 10, 1, 1
         args.mbit_steps = 5
-    if args.plot is None and not args.quick:
+    if args.plot is None and not args.quick and set(args.only) == set(SWEEPS):
+        # Only the whole sweep redraws the docs' figure: a part of it
+        # (`--only`) would replace its curves with fewer.
         args.plot = "docs/images/scaling.png"
     return args
 
