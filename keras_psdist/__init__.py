@@ -27,11 +27,13 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
         compression,
         dense_choice,
         errors,
+        evaluator,
         heterogeneity,
         partitioners,
         placement,
         routing,
     )
+    from keras_psdist.evaluator import SidecarEvaluator  # noqa: F401
     from keras_psdist.strategies.ps import PSStrategy  # noqa: F401
     from keras_psdist.strategies.sync_replica import SyncReplicaStrategy  # noqa: F401
 
@@ -39,6 +41,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "PSStrategy",
+    "SidecarEvaluator",
     "SyncReplicaStrategy",
     "__version__",
     "aggregators",
@@ -47,6 +50,7 @@ __all__ = [
     "compression",
     "dense_choice",
     "errors",
+    "evaluator",
     "heterogeneity",
     "partitioners",
     "placement",
@@ -56,6 +60,7 @@ __all__ = [
 # Public name -> the module that defines it.
 _ATTRIBUTES = {
     "PSStrategy": "keras_psdist.strategies.ps",
+    "SidecarEvaluator": "keras_psdist.evaluator",
     "SyncReplicaStrategy": "keras_psdist.strategies.sync_replica",
 }
 
@@ -67,6 +72,7 @@ _SUBMODULES = (
     "compression",
     "dense_choice",
     "errors",
+    "evaluator",
     "heterogeneity",
     "partitioners",
     "placement",

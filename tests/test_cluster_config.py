@@ -35,8 +35,12 @@ def _tf_config(cluster=None, task=None) -> dict:
         ({"task": {"type": "ps", "index": 0}}, ['has no "cluster"', '"ps": [']),
         ({"cluster": ["127.0.0.1:1"]}, ["must map job names", "['127.0.0.1:1']"]),
         (
-            _tf_config({**CLUSTER, "evaluator": ["127.0.0.1:9"]}),
-            ["unknown job(s) 'evaluator'", "Expected only: chief, ps, worker"],
+            _tf_config({**CLUSTER, "evaluater": ["127.0.0.1:9"]}),
+            [
+                "unknown job(s) 'evaluater'",
+                "Expected only: chief, ps, worker (and 'evaluator', which is "
+                "outside the training cluster)",
+            ],
         ),
         (
             _tf_config({"worker": ["127.0.0.1:1"]}),

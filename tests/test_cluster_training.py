@@ -38,7 +38,7 @@ def _job_module():
     return module
 
 
-def _launch(tmp_path, mode, num_ps, num_workers, then=()):
+def _launch(tmp_path, mode, num_ps, num_workers, then=(), evaluator=False):
     in_graph = mode == "sync"
     with launching.cluster_hosts(num_ps, num_workers, chief=in_graph) as (_, hosts):
         code, log = launching.launch_job(
@@ -49,6 +49,7 @@ def _launch(tmp_path, mode, num_ps, num_workers, then=()):
             mode="in-graph" if in_graph else "between-graph",
             timeout_s=LAUNCH_TIMEOUT_S,
             hosts=hosts,
+            evaluator=evaluator,
         )
     assert code == 0, f"launch exited {code}:\n{log[-6000:]}"
     reports = {
@@ -192,11 +193,18 @@ def test_in_graph_ran_every_task_on_a_host_of_its_own(in_graph_run):
 
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
-    """2 workers on 1 ps. The script goes on with the partial-batch runs
-    (`partial_batches_launch`): more strategies in the same launch."""
+    """2 workers on 1 ps, and the side-car evaluator following the chief's
+    checkpoints (`reports["evaluator"]`). The script goes on with the
+    partial-batch runs (`partial_batches_launch`): more strategies in the
+    same launch."""
     tmp_path = tmp_path_factory.mktemp("async")
     reports, log = _launch(
-        tmp_path, "async", num_ps=1, num_workers=2, then=("0", "then_partial_batches")
+        tmp_path,
+        "async",
+        num_ps=1,
+        num_workers=2,
+        then=("0", "then_partial_batches"),
+        evaluator=True,
     )
     return reports, tmp_path, log
 
@@ -204,7 +212,8 @@ def async_run(tmp_path_factory):
 @pytest.mark.xdist_group("between_graph_cluster")
 def test_async_workers_share_the_variables_on_the_ps(async_run):
     reports, _, _ = async_run
-    assert set(reports) == {"worker:0", "worker:1"}
+    assert set(reports) == {"worker:0", "worker:1", "evaluator"}
+    reports = {k: v for k, v in reports.items() if k != "evaluator"}
     for report in reports.values():
         assert report["mode"] == "between-graph"
         assert set(report["variable_devices"].values()) == {
@@ -238,7 +247,7 @@ def test_async_workers_learn(async_run):
     """Worker 1 compiles its replica's forward and backward pass with XLA
     (`compile(jit_compile=True)`), worker 0 does not; both learn."""
     reports, _, _ = async_run
-    for report in reports.values():
+    for report in (reports["worker:0"], reports["worker:1"]):
         # Async updates interleave differently every run (and more under
         # load), so the bound is loose; chance is 0.1.
         assert report["accuracy"] >= 0.8, report
@@ -253,6 +262,31 @@ def test_async_checkpoints_are_written_by_the_chief_only(async_run):
     assert reports["worker:0"]["is_chief"] and not reports["worker:1"]["is_chief"]
     assert (tmp_path / "checkpoint_worker_0.weights.h5").exists()
     assert not (tmp_path / "checkpoint_worker_1.weights.h5").exists()
+
+
+@pytest.mark.xdist_group("between_graph_cluster")
+def test_the_evaluator_evaluates_every_checkpoint_of_the_chief_once(async_run):
+    """`launch(evaluator=True)`: one more process, TF_CONFIG task
+    `evaluator:0`, evaluated each epoch's checkpoint as the chief wrote it,
+    at its optimizer step, and finished when the launcher said training had
+    ended (after the last checkpoint: none is missed). Building a strategy
+    there is refused with the fix."""
+    reports, tmp_path, log = async_run
+    evaluator = reports["evaluator"]
+    assert evaluator["task"] == "evaluator:0"
+    names = [name for name, _, _ in evaluator["evaluations"]]
+    epochs = sorted(p.name for p in (tmp_path / "epochs").iterdir())
+    assert names == epochs == [f"epoch{e:02d}.weights.h5" for e in range(1, 9)]
+    steps = [step for _, step, _ in evaluator["evaluations"]]
+    assert steps == sorted(set(steps)) and steps[0] > 0, steps
+    assert steps[-1] <= reports["worker:0"]["iterations"]
+    _, _, last = evaluator["evaluations"][-1]
+    assert set(last) == {"loss", "accuracy"} and last["accuracy"] >= 0.8, last
+    events = list((tmp_path / "evaluator_logs" / "evaluation").glob("events.*"))
+    assert events, list(tmp_path.iterdir())
+    assert "told evaluator:0 that training has ended" in log
+    assert "evaluator:0 finished (exit code 0)" in log
+    assert "SidecarEvaluator" in evaluator["strategy_refusal"]
 
 
 # ------------------------------------------------------------ bad set-ups

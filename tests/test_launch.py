@@ -226,6 +226,57 @@ def test_between_graph_runs_the_command_once_per_worker(tmp_path, processes):
     processes.assert_all_gone()
 
 
+def test_the_evaluator_runs_beside_training_and_ends_after_it(tmp_path, processes):
+    """`evaluator=True`: one more process (task evaluator:0, outside the
+    training cluster, on idle CPU time only) that the launcher tells, once every
+    training process has exited 0, that training has ended."""
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "ok",
+        num_ps=1,
+        num_workers=2,
+        mode="between-graph",
+        evaluator=True,
+    )
+    assert code == 0, out.text
+    reports = processes.add_from_reports(tmp_path / "reports")
+    assert sorted(reports) == ["evaluator:0", "worker:0", "worker:1"]
+    evaluator = reports["evaluator:0"]
+    config = cluster_config.from_tf_config(evaluator["tf_config"])
+    assert config.is_evaluator and set(config.jobs) == {"ps", "worker"}
+    assert evaluator["scheduler"] == os.SCHED_IDLE
+    assert evaluator["stopped_by_the_launcher"]
+    assert evaluator["workers_done"] == ["worker:0.json", "worker:1.json"]
+    launch_lines = "\n".join(out.prefixed("launch"))
+    assert "told evaluator:0 that training has ended" in launch_lines, out.text
+    assert "evaluator:0 finished (exit code 0)" in launch_lines, out.text
+    processes.assert_all_gone()
+
+
+def test_an_evaluator_failure_does_not_stop_training(tmp_path, processes):
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "evaluator_fails",
+        num_ps=1,
+        num_workers=2,
+        mode="between-graph",
+        evaluator=True,
+    )
+    # Training finished (the workers went on for 2 s after the evaluator
+    # failed); the launch's exit code is then the evaluator's.
+    assert code == 5, out.text
+    reports = processes.add_from_reports(tmp_path / "reports")
+    assert sorted(reports) == ["worker:0", "worker:1"]
+    assert (
+        "[launch] evaluator:0 exited with exit code 5; training goes on without it"
+        in out.text
+    ), out.text
+    assert "worker:0, worker:1 finished (exit code 0)" in out.text, out.text
+    processes.assert_all_gone()
+
+
 def _whole(line: str) -> str:
     """A pattern for a launch line: exactly `line`."""
     return re.escape(line)

@@ -109,6 +109,7 @@ def test_the_top_level_holds_only_the_public_api_and_the_tf_gate():
         "dense_choice",
         "devices",
         "errors",
+        "evaluator",
         "families",
         "heterogeneity",
         "partitioners",

@@ -124,6 +124,13 @@ flags.DEFINE_integer(
     "lost for good, for modes that tolerate it (between-graph PSStrategy, "
     "SyncReplicaStrategy with backup workers).",
 )
+flags.DEFINE_bool(
+    "evaluator",
+    False,
+    "Also run the command as the side-car evaluator (TF_CONFIG task "
+    "evaluator:0), which evaluates the chief's checkpoints "
+    "(keras_psdist.SidecarEvaluator); it never stops training.",
+)
 
 # Flags each command reads, with the smallest value each accepts.
 _MINIMUMS = {
@@ -162,6 +169,7 @@ _COMMAND_FLAGS = {
         "startup_timeout",
         "max_restarts",
         "max_worker_failures",
+        "evaluator",
         "verbose",
     ),
 }
@@ -354,6 +362,13 @@ def serve_command(args: Sequence[str] = ()) -> int:
             config = cluster_config.from_tf_config(value, source="--job/--task")
         except ValueError as e:
             raise _CliError(str(e)) from e
+    if config.is_evaluator:
+        raise _CliError(
+            "`serve` runs a server of the training cluster; the evaluator "
+            "(TF_CONFIG task evaluator:0) serves nothing: run the training "
+            "script in it, which evaluates the chief's checkpoints "
+            "(keras_psdist.SidecarEvaluator, docs/evaluator.md)."
+        )
     if config.task_type is None:
         raise _CliError(
             '`serve` needs to know which task to serve: TF_CONFIG has no "task". '
@@ -416,6 +431,7 @@ def launch_command(args: Sequence[str] = ()) -> int:
             max_restarts=FLAGS.max_restarts,
             max_worker_failures=FLAGS.max_worker_failures,
             verbose=FLAGS.verbose,
+            evaluator=FLAGS.evaluator,
         )
     except ValueError as e:
         raise _CliError(str(e)) from e

@@ -25,6 +25,7 @@ from keras_psdist.cluster.config import (
     from_environment,
     from_resolver,
     from_tf_config,
+    is_evaluator,
 )
 from keras_psdist.cluster.launcher import launch
 from keras_psdist.cluster.ports import check_port_free, pick_free_ports, wait_reachable
@@ -39,6 +40,7 @@ __all__ = [
     "from_environment",
     "from_resolver",
     "from_tf_config",
+    "is_evaluator",
     "launch",
     "pick_free_ports",
     "serve",

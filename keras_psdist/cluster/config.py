@@ -29,9 +29,19 @@ from keras_psdist.cluster.ports import split_address
 # fails at once instead of training on a share of the data, or waiting for
 # workers that only serve.
 LAUNCH_MODE_ENV = "KERAS_PSDIST_LAUNCH_MODE"
+# Set by `keras-psdist launch --evaluator` in the evaluator's environment: a
+# file the launcher creates once every training task has ended
+# (`keras_psdist.SidecarEvaluator` then evaluates what is left and returns).
+EVALUATOR_STOP_FILE_ENV = "KERAS_PSDIST_EVALUATOR_STOP_FILE"
 
 # Job names in the order they are listed.
 JOB_NAMES = ("chief", "ps", "worker")
+
+# The task that evaluates the chief's checkpoints (`keras_psdist.evaluator`).
+# It is no part of the training cluster (it serves nothing and no task
+# connects to it), as in TensorFlow's convention: a TF_CONFIG may list it in
+# "cluster" (one address, unused) or not at all.
+EVALUATOR = "evaluator"
 
 _DEFAULT_SOURCE = "ClusterConfig"
 
@@ -90,6 +100,11 @@ class ClusterConfig:
             ValueError: If the config has no task.
         """
         self._require_task("task_address")
+        if self.is_evaluator:
+            raise ValueError(
+                "The evaluator task has no address: it is outside the training "
+                "cluster and serves nothing. Received: task evaluator:0."
+            )
         return self.jobs[self.task_type][self.task_id]
 
     @property
@@ -109,6 +124,13 @@ class ClusterConfig:
     @property
     def has_chief(self) -> bool:
         return bool(self.addresses("chief"))
+
+    @property
+    def is_evaluator(self) -> bool:
+        """Whether this process is the side-car evaluator (TF_CONFIG task
+        `{"type": "evaluator", "index": 0}`): it trains nothing, it evaluates
+        the chief's checkpoints (`keras_psdist.SidecarEvaluator`)."""
+        return self.task_type == EVALUATOR
 
     @property
     def is_chief(self) -> bool:
@@ -298,6 +320,26 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> ClusterConfig |
     return from_tf_config(text, source="TF_CONFIG")
 
 
+def is_evaluator(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether TF_CONFIG makes this process the evaluator (`"task": {"type":
+    "evaluator", "index": 0}`, as `keras-psdist launch --evaluator` sets it).
+
+    A script run on every task branches on it before building a strategy:
+    the evaluator follows the chief's checkpoints instead of training
+    (`keras_psdist.SidecarEvaluator`).
+
+    Examples:
+
+    >>> is_evaluator({})
+    False
+    >>> is_evaluator({"TF_CONFIG": '{"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, '
+    ...               '"task": {"type": "evaluator", "index": 0}}'})
+    True
+    """
+    config = from_environment(environ)
+    return config is not None and config.is_evaluator
+
+
 def from_resolver(resolver) -> ClusterConfig:
     """The cluster of any `tf.distribute.cluster_resolver.ClusterResolver`.
 
@@ -363,13 +405,15 @@ def _validate(
             '{"ps": ["host:2222"], "worker": ["host:2223"]}. Received: '
             f"{_short(cluster)}"
         )
-    unknown = sorted(str(job) for job in cluster if job not in JOB_NAMES)
+    unknown = sorted(str(job) for job in cluster if job not in (*JOB_NAMES, EVALUATOR))
     if unknown:
         raise ValueError(
             f"{source} has unknown job(s) {', '.join(map(repr, unknown))}. "
-            f"Expected only: {', '.join(JOB_NAMES)}. Rename or remove them "
-            "(an evaluator runs outside the cluster)."
+            f"Expected only: {', '.join(JOB_NAMES)} (and {EVALUATOR!r}, which is "
+            "outside the training cluster). Rename or remove them."
         )
+    if EVALUATOR in cluster:
+        _evaluator_addresses(cluster[EVALUATOR], source)
     jobs = {
         job: _job_addresses(cluster[job], job, source)
         for job in JOB_NAMES
@@ -404,9 +448,30 @@ def _validate(
                 f"{source} has a task index but no task type. Received: "
                 f"task_type=None, task_id={task_id!r}. Set both or neither."
             )
+    elif task_type == EVALUATOR:
+        if isinstance(task_id, bool) or task_id != 0:
+            raise ValueError(
+                f"{source}'s evaluator task must have index 0: a job has at most "
+                f"one evaluator. Received: task evaluator:{task_id!r}."
+            )
     else:
         _check_task(jobs, task_type, task_id, source)
     return types.MappingProxyType(jobs)
+
+
+def _evaluator_addresses(value: Any, source: str) -> None:
+    """An "evaluator" job in "cluster": at most one task (its address is not
+    used: the evaluator serves nothing)."""
+    if isinstance(value, str) or not isinstance(value, Sequence | Mapping):
+        raise ValueError(
+            f'{source}\'s job {EVALUATOR!r} must be a list of "host:port" '
+            f"addresses. Received: {_short(value)}"
+        )
+    if len(value) > 1:
+        raise ValueError(
+            f"{source} lists {len(value)} evaluator tasks; a job has at most one. "
+            f"Received: {_short(value)}. Keep one."
+        )
 
 
 def _job_addresses(value: Any, job: str, source: str) -> tuple[str, ...]:

@@ -181,6 +181,15 @@ def check_launch_mode(config: ClusterConfig, mode: str, owner: str) -> None:
     `keras-psdist launch` of the other mode (its processes carry
     `KERAS_PSDIST_LAUNCH_MODE`). The message names what was found and the
     command that would work, in the launcher's words."""
+    if config.is_evaluator:
+        raise ValueError(
+            f"{owner} trains, but this process is the evaluator (TF_CONFIG task "
+            "evaluator:0), which trains nothing: it evaluates the chief's "
+            "checkpoints. Branch on it before building the strategy: "
+            "`if keras_psdist.cluster.is_evaluator(): "
+            "keras_psdist.SidecarEvaluator(model, data, checkpoint_dir=...).start()` "
+            "(docs/evaluator.md)."
+        )
     launched = os.environ.get(LAUNCH_MODE_ENV)
     task = f"{config.task_type}:{config.task_id}"
     if mode == "between-graph" and (

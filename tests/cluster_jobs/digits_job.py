@@ -153,7 +153,13 @@ def main(out_dir, mode, seed=0):
         keras.callbacks.ModelCheckpoint(
             os.path.join(out_dir, f"checkpoint_{task.replace(':', '_')}.weights.h5"),
             save_weights_only=True,
-        )
+        ),
+        # One file per epoch: what the evaluator (`launch --evaluator`)
+        # follows; the chief alone writes it.
+        keras.callbacks.ModelCheckpoint(
+            os.path.join(out_dir, "epochs", "epoch{epoch:02d}.weights.h5"),
+            save_weights_only=True,
+        ),
     ]
     history, accuracy = train(model, seed, callbacks)
     if topology.mode == "between-graph":
@@ -264,7 +270,45 @@ def _steps_per_epoch(history):
     return history.params["steps"]
 
 
+def evaluate_checkpoints(out_dir):
+    """The evaluator task: the chief's per-epoch checkpoints evaluated on the
+    held-out digits until the launcher says training has ended; what it saw
+    goes to OUT_DIR/evaluator.json."""
+    import tensorflow as tf
+
+    import keras_psdist as kpd
+
+    try:  # What a script that forgot to branch would meet.
+        kpd.PSStrategy(mode="between-graph")
+        refusal = None
+    except ValueError as e:
+        refusal = str(e)
+    model = build(tf.distribute.get_strategy())  # no strategy: one device
+    x, y = digits()
+    evaluations = kpd.SidecarEvaluator(
+        model,
+        (x[1500:], y[1500:]),
+        checkpoint_dir=os.path.join(out_dir, "epochs"),
+        log_dir=os.path.join(out_dir, "evaluator_logs"),
+        poll_s=0.5,
+    ).start()
+    report = {
+        "task": kpd.cluster.from_environment().task_name,
+        "strategy_refusal": refusal,
+        "evaluations": [
+            [os.path.basename(e.checkpoint), e.step, e.results] for e in evaluations
+        ],
+    }
+    with open(os.path.join(out_dir, "evaluator.json"), "w") as f:
+        json.dump(report, f)
+
+
 if __name__ == "__main__":
+    from keras_psdist import cluster
+
+    if cluster.is_evaluator():
+        evaluate_checkpoints(sys.argv[1])
+        sys.exit(0)
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
     if sys.argv[4:] == ["then_partial_batches"]:
         # The same launch goes on with `partial_batches_job`'s runs (more

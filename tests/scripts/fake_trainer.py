@@ -15,6 +15,11 @@ grandchild it may start, prints "TF_CONFIG=<json>" and "started", then:
   `recovered` exists (or after 60 s, exit 1).
 - lose_worker_1: worker:1 exits 3 at every start; the others exit 0 after
   2 s.
+
+As the evaluator (`launch(evaluator=True)`, task `evaluator:0`): with `ok`
+it waits (up to 60 s) for the launcher's stop file and reports its scheduling policy
+and whether the stop file was there; with `evaluator_fails` it exits 5 at
+once while the workers exit 0 after 2 s.
 """
 
 import json
@@ -30,6 +35,11 @@ def main() -> int:
     tf_config = os.environ["TF_CONFIG"]
     task = json.loads(tf_config)["task"]
     name = f"{task['type']}:{task['index']}"
+    if action in ("ok", "evaluator_fails") and task["type"] == "evaluator":
+        return _evaluator(action, name, report_dir)
+    if action == "evaluator_fails":
+        time.sleep(2)  # training goes on after the evaluator failed
+        action = "ok"
     if action in ("flaky_worker_1", "lose_worker_1"):
         return _faulty(action, name, report_dir)
     fails = (action, name) in (
@@ -57,6 +67,30 @@ def main() -> int:
         return 3
     while True:
         time.sleep(1)
+
+
+def _evaluator(action: str, name: str, report_dir: str) -> int:
+    print("started", flush=True)
+    if action == "evaluator_fails":
+        print("failing on purpose", file=sys.stderr)
+        return 5
+    stop = os.environ["KERAS_PSDIST_EVALUATOR_STOP_FILE"]
+    deadline = time.monotonic() + 60
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    report = {
+        "pid": os.getpid(),
+        "grandchild": None,
+        "tf_config": os.environ["TF_CONFIG"],
+        "scheduler": os.sched_getscheduler(0),
+        "stopped_by_the_launcher": os.path.exists(stop),
+        "workers_done": sorted(
+            f for f in os.listdir(report_dir) if f.startswith("worker")
+        ),
+    }
+    with open(os.path.join(report_dir, f"{name}.json"), "w") as f:
+        json.dump(report, f)
+    return 0
 
 
 def _faulty(action: str, name: str, report_dir: str) -> int:

@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from typing import Protocol, TextIO
 
-from keras_psdist.cluster.config import LAUNCH_MODE_ENV, ClusterConfig
+from keras_psdist.cluster.config import (
+    EVALUATOR,
+    EVALUATOR_STOP_FILE_ENV,
+    LAUNCH_MODE_ENV,
+    ClusterConfig,
+)
 from keras_psdist.cluster.launcher.arguments import (
     check_args,
     check_fault_tolerance,
@@ -91,6 +98,7 @@ def launch(
     max_worker_failures: int = 0,
     verbose: bool = False,
     hosts: TaskHosts | None = None,
+    evaluator: bool = False,
 ) -> int:
     """Runs `command` on a parameter-server cluster of local processes.
 
@@ -167,11 +175,21 @@ def launch(
             `"worker:1"`, `"chief:0"`. `host` is then unused, and a server is
             ready when it says so (this machine may not reach its address).
             Defaults to `None`: every task on `host`, on free ports.
+        evaluator: Also run `command` as the side-car evaluator (TF_CONFIG
+            task `evaluator:0`, outside the training cluster, on idle CPU
+            time only: Linux's `SCHED_IDLE`), which evaluates the chief's checkpoints
+            (`keras_psdist.SidecarEvaluator`). It does not hold training up:
+            if it fails, training goes on (and the exit code is its). When
+            every training process has exited 0, the launcher tells it
+            training has ended (`KERAS_PSDIST_EVALUATOR_STOP_FILE`) and waits
+            for it to evaluate the last checkpoints and exit. Defaults to
+            `False`.
 
     Returns:
         The exit code: in-graph, the chief's; between-graph, 0 if every worker
         still counted exits 0 (workers lost within `max_worker_failures` are
-        logged, not counted), else the first non-zero code. 1 if a server
+        logged, not counted), else the first non-zero code; then, with
+        `evaluator`, the evaluator's if training succeeded. 1 if a server
         fails to start or dies while training runs (the training
         processes then get 20 s to stop on their own, each with an error
         naming it, before they are stopped), 124 on timeout, 130 on
@@ -212,6 +230,7 @@ def launch(
         max_worker_failures,
         verbose,
         hosts,
+        evaluator,
     )
     return run()
 
@@ -233,8 +252,11 @@ class _Launch:
         max_worker_failures: int = 0,
         verbose: bool = False,
         hosts: TaskHosts | None = None,
+        evaluator: bool = False,
     ):
         self.hosts = hosts
+        self.evaluator = evaluator
+        self.temporary: list[str] = []  # directories removed at the end
         self.command = command
         self.num_ps = num_ps
         self.num_workers = num_workers
@@ -269,6 +291,8 @@ class _Launch:
                     return EXIT_SIGINT
                 finally:
                     self._teardown(self.children)
+                    for directory in self.temporary:
+                        shutil.rmtree(directory, ignore_errors=True)
         except KeyboardInterrupt:  # A second Ctrl-C during teardown.
             self._kill(self.children)
             return EXIT_SIGINT
@@ -411,8 +435,11 @@ class _Launch:
             for task_config in configs.values()
         ]
         servers = [c for c in self.children if c.is_server]
+        evaluation = _Evaluation(self, config) if self.evaluator else None
         while True:
             self.signals.check()
+            if evaluation is not None:
+                evaluation.check()
             for i, child in enumerate(trainers):
                 code = child.proc.poll()
                 if code in (None, 0):
@@ -425,7 +452,7 @@ class _Launch:
                     f"{names(trainers)} finished (exit code 0){lost}; stopping "
                     "the servers."
                 )
-                return 0
+                return 0 if evaluation is None else evaluation.finish()
             for child in servers:
                 code = child.proc.poll()
                 if code is not None:
@@ -488,9 +515,14 @@ class _Launch:
             )
 
     def _spawn(
-        self, config: ClusterConfig, command: list[str], is_server: bool
+        self,
+        config: ClusterConfig,
+        command: list[str],
+        is_server: bool,
+        extra_env: dict[str, str] | None = None,
+        idle: bool = False,
     ) -> Child:
-        env = dict(os.environ)
+        env = dict(os.environ, **(extra_env or {}))
         env["TF_CONFIG"] = json.dumps(config.to_tf_config())
         env["PYTHONUNBUFFERED"] = "1"
         env[LAUNCH_MODE_ENV] = self.mode
@@ -505,8 +537,19 @@ class _Launch:
             "TF_CPP_MIN_LOG_LEVEL", "0" if self.verbose else "2" if is_server else "1"
         )
         name = config.task_name
-        if self.hosts is not None:
+        # The evaluator has no address (it serves nothing) and runs on this
+        # host: it only reads the checkpoints.
+        address = None if config.is_evaluator else config.task_address
+        if self.hosts is not None and address is not None:
             command = list(self.hosts.command(name, command))
+        preexec = self.preexec
+        if idle:
+
+            def preexec() -> None:
+                if self.preexec is not None:
+                    self.preexec()
+                idle_priority()
+
         try:
             proc = subprocess.Popen(
                 command,
@@ -515,7 +558,7 @@ class _Launch:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=self.preexec,
+                preexec_fn=preexec,
             )
         except OSError as e:
             # 127: the shell's "command not found".
@@ -523,7 +566,7 @@ class _Launch:
         ready = threading.Event()
         # READY_LINE up to the pid, which a wrapper around the server may change.
         ready_prefix = READY_LINE.partition(" (pid")[0].format(
-            name=name, address=config.task_address
+            name=name, address=address
         )
 
         def on_line(text: str) -> None:
@@ -537,7 +580,7 @@ class _Launch:
             daemon=True,
         )
         reader.start()
-        child = Child(name, config.task_address, proc, reader, is_server, ready)
+        child = Child(name, address, proc, reader, is_server, ready)
         self.children.append(child)
         self.log(f"{name} pid {proc.pid}: {' '.join(command)}")
         return child
@@ -590,3 +633,74 @@ class _Launch:
             group_alive(c.proc) for c in children
         ):
             time.sleep(0.02)
+
+
+class _Evaluation:
+    """The side-car evaluator of a launch: started with the training
+    processes, never stopping them, told when training has ended."""
+
+    # How long the evaluator may take, once training has ended, to evaluate
+    # the last checkpoints (without a --timeout).
+    FINISH_S = 600.0
+
+    def __init__(self, launch: _Launch, config: ClusterConfig):
+        self.launch = launch
+        self.directory = tempfile.mkdtemp(prefix="keras-psdist-evaluator-")
+        launch.temporary.append(self.directory)
+        self.stop_file = os.path.join(self.directory, "training-ended")
+        self.child = launch._spawn(
+            config.with_task(EVALUATOR, 0),
+            launch.command,
+            is_server=False,
+            extra_env={EVALUATOR_STOP_FILE_ENV: self.stop_file},
+            idle=True,
+        )
+        self.failed: int | None = None
+
+    def check(self) -> None:
+        """Says once if the evaluator failed; training goes on."""
+        code = self.child.proc.poll()
+        if code not in (None, 0) and self.failed is None:
+            self.failed = code
+            self.launch.log(
+                f"evaluator:0 exited with {describe(code)}; training goes on "
+                "without it (see its output above)."
+            )
+
+    def finish(self) -> int:
+        """Training ended well: the evaluator evaluates what is left and
+        exits. Returns its exit code."""
+        self.check()
+        if self.failed is None:
+            with open(self.stop_file, "w") as f:
+                f.write("training ended\n")
+            self.launch.log(
+                "told evaluator:0 that training has ended; waiting for it to "
+                "evaluate the last checkpoints."
+            )
+            deadline = time.monotonic() + self.FINISH_S
+            if self.launch.deadline is not None:
+                deadline = min(deadline, self.launch.deadline)
+            while self.child.proc.poll() is None:
+                self.launch.signals.check()
+                if time.monotonic() >= deadline:
+                    raise Stop(
+                        EXIT_TIMEOUT,
+                        "evaluator:0 did not finish after training ended; stopping it.",
+                    )
+                time.sleep(0.1)
+            self.check()
+        if self.failed is not None:
+            return exit_code(self.failed)
+        self.launch.log("evaluator:0 finished (exit code 0).")
+        return 0
+
+
+def idle_priority() -> None:
+    """This process runs only when a CPU would otherwise idle (Linux's
+    `SCHED_IDLE`; elsewhere the lowest `nice`, 19): the evaluator then takes
+    no CPU time the training processes on the same machine want."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
