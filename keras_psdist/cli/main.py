@@ -131,6 +131,11 @@ flags.DEFINE_bool(
     "evaluator:0), which evaluates the chief's checkpoints "
     "(keras_psdist.SidecarEvaluator); it never stops training.",
 )
+flags.DEFINE_integer(
+    "port",
+    8888,
+    "slurm: the port of a node's first task; its other tasks use the next ones.",
+)
 
 # Flags each command reads, with the smallest value each accepts.
 _MINIMUMS = {
@@ -144,6 +149,7 @@ _MINIMUMS = {
     "num_workers": 1,
     "max_restarts": 0,
     "max_worker_failures": 0,
+    "port": 1,
 }
 
 # The flags each command reads, in the order `--help` lists them.
@@ -172,10 +178,14 @@ _COMMAND_FLAGS = {
         "evaluator",
         "verbose",
     ),
+    "slurm": ("num_ps", "mode", "port"),
 }
 
 # What follows the flags on each command's usage line.
-_COMMAND_ARGS = {"launch": " -- COMMAND [ARGS...]"}
+_COMMAND_ARGS = {
+    "launch": " -- COMMAND [ARGS...]",
+    "slurm": " -- COMMAND [ARGS...]",
+}
 
 
 class _CliError(Exception):
@@ -437,16 +447,38 @@ def launch_command(args: Sequence[str] = ()) -> int:
         raise _CliError(str(e)) from e
 
 
+def slurm_command(args: Sequence[str] = ()) -> int:
+    """Run this Slurm rank's task (under srun): a server, or the command."""
+    from keras_psdist.cluster.slurm import from_slurm, run_task
+
+    _check_minimum("num_ps")
+    _check_minimum("port")
+    if not args:
+        raise _CliError(
+            "`slurm` needs the training command after `--`, e.g. `srun --ntasks 3 "
+            f"{PROG} slurm --num-ps 1 --mode between-graph -- python train.py`."
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", DeprecationWarning)
+            mode = canonical(FLAGS.mode, LAUNCH_MODES, "keras-psdist slurm --mode")
+        config = from_slurm(FLAGS.num_ps, mode, FLAGS.port)
+    except ValueError as e:
+        raise _CliError(str(e)) from e
+    return run_task(config, mode, list(args))
+
+
 # Command name -> function taking the arguments after `--` (only commands in
 # _TAKES_ARGS get any) and returning the process exit code; flags are in FLAGS.
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "demo": demo_command,
     "launch": launch_command,
     "serve": serve_command,
+    "slurm": slurm_command,
 }
 
 # Commands that take a command line after `--`.
-_TAKES_ARGS = ("launch",)
+_TAKES_ARGS = ("launch", "slurm")
 
 _HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "--helpfull", "help")
 

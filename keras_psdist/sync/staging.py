@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import tensorflow as tf
-from tensorflow.python.ops import resource_variable_ops
 
+from keras_psdist._tf import resource_variable_ops
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import Layout
 

@@ -15,6 +15,8 @@ grandchild it may start, prints "TF_CONFIG=<json>" and "started", then:
   `recovered` exists (or after 60 s, exit 1).
 - lose_worker_1: worker:1 exits 3 at every start; the others exit 0 after
   2 s.
+- listen_briefly: listens on its TF_CONFIG address for 2 s (as a training
+  process's own server does), then exits 0.
 
 As the evaluator (`launch(evaluator=True)`, task `evaluator:0`): with `ok`
 it waits (up to 60 s) for the launcher's stop file and reports its scheduling policy
@@ -39,6 +41,9 @@ def main() -> int:
         return _evaluator(action, name, report_dir)
     if action == "evaluator_fails":
         time.sleep(2)  # training goes on after the evaluator failed
+        action = "ok"
+    if action == "listen_briefly":
+        _listen_briefly(tf_config, task)
         action = "ok"
     if action in ("flaky_worker_1", "lose_worker_1"):
         return _faulty(action, name, report_dir)
@@ -67,6 +72,18 @@ def main() -> int:
         return 3
     while True:
         time.sleep(1)
+
+
+def _listen_briefly(tf_config: str, task: dict) -> None:
+    import socket
+
+    address = json.loads(tf_config)["cluster"][task["type"]][task["index"]]
+    host, _, port = address.rpartition(":")
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, int(port)))
+        s.listen()
+        time.sleep(2)
 
 
 def _evaluator(action: str, name: str, report_dir: str) -> int:
