@@ -357,20 +357,18 @@ def run_cluster(
     steps_per_execution: int = 1,
 ) -> list[dict]:
     """One `launch` of a local cluster; returns the training processes' reports."""
-    from keras_psdist.cluster import launch
 
     mode = "between-graph" if role == "async" else "in-graph"
     out_dir, log = run_dir(work, f"{role}_{num_workers}w_")
     start = time.perf_counter()
-    with open(log, "w") as f:
-        code = launch(
-            _child_command(role, out_dir, args, steps_per_execution),
-            num_ps=num_ps,
-            num_workers=num_workers,
-            mode=mode,
-            timeout_s=RUN_TIMEOUT_S,
-            out=f,
-        )
+    code = harness.launch_logged(
+        _child_command(role, out_dir, args, steps_per_execution),
+        log,
+        num_ps=num_ps,
+        num_workers=num_workers,
+        mode=mode,
+        timeout_s=RUN_TIMEOUT_S,
+    )
     expected = num_workers if role == "async" else 1
     reports = read_reports(out_dir, expected, log, code)
     for report in reports:

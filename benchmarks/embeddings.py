@@ -326,18 +326,16 @@ def _child_command(role: str, out_dir: Path, args) -> list[str]:
 
 
 def run_cluster(work: Path, args) -> list[dict]:
-    from keras_psdist.cluster import launch
 
     out_dir, log = run_dir(work, "cluster_")
-    with open(log, "w") as f:
-        code = launch(
-            _child_command("chief", out_dir, args),
-            num_ps=2,
-            num_workers=2,
-            mode="in-graph",
-            timeout_s=RUN_TIMEOUT_S,
-            out=f,
-        )
+    code = harness.launch_logged(
+        _child_command("chief", out_dir, args),
+        log,
+        num_ps=2,
+        num_workers=2,
+        mode="in-graph",
+        timeout_s=RUN_TIMEOUT_S,
+    )
     (results,) = read_reports(out_dir, 1, log, code)
     return results
 

@@ -54,7 +54,6 @@ def configs(args) -> dict:
 
 def run_one(work: Path, min_interval: float | None, args) -> dict:
     """One `launch`: training examples/s, and what the evaluator did."""
-    from keras_psdist.cluster import launch
 
     evaluator = min_interval is not None
     config = {
@@ -67,16 +66,15 @@ def run_one(work: Path, min_interval: float | None, args) -> dict:
     }
     out_dir, log = run_dir(work, "with_" if evaluator else "without_")
     start = time.perf_counter()
-    with open(log, "w") as f:
-        code = launch(
-            [sys.executable, str(JOB), str(out_dir), json.dumps(config)],
-            num_ps=1,
-            num_workers=args.workers,
-            mode="between-graph",
-            timeout_s=RUN_TIMEOUT_S,
-            out=f,
-            evaluator=evaluator,
-        )
+    code = harness.launch_logged(
+        [sys.executable, str(JOB), str(out_dir), json.dumps(config)],
+        log,
+        num_ps=1,
+        num_workers=args.workers,
+        mode="between-graph",
+        timeout_s=RUN_TIMEOUT_S,
+        evaluator=evaluator,
+    )
     reports = read_reports(out_dir, args.workers, log, code, "worker_*.json")
     result = {
         "examples_per_s": sum(r["examples"] / r["fit_s"] for r in reports),

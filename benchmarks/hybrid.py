@@ -226,7 +226,6 @@ def cluster_child(args) -> int:
 
 
 def run_cluster(args) -> harness.Rounds:
-    from keras_psdist.cluster import launch
 
     work = Path(tempfile.mkdtemp(prefix="hybrid_cluster_"))
 
@@ -244,15 +243,14 @@ def run_cluster(args) -> harness.Rounds:
             *_model_flags(args),
         ]
         _log(f"cluster round {round_ + 1}: {config} ...")
-        with open(log, "w") as f:
-            code = launch(
-                command,
-                num_ps=2,
-                num_workers=2,
-                mode="in-graph",
-                timeout_s=CLUSTER_TIMEOUT_S,
-                out=f,
-            )
+        code = harness.launch_logged(
+            command,
+            log,
+            num_ps=2,
+            num_workers=2,
+            mode="in-graph",
+            timeout_s=CLUSTER_TIMEOUT_S,
+        )
         (report,) = harness.read_reports(out_dir, 1, log, code)
         return report
 

@@ -70,7 +70,6 @@ ATTACKS = {
 
 def run_one(work: Path, name: str, attack: dict | None, args, seed: int) -> dict:
     """One `launch`; the chief's report."""
-    from keras_psdist.cluster import launch
 
     rule, aggregator, worker_momentum = parse_config(name)
     config = {
@@ -86,15 +85,14 @@ def run_one(work: Path, name: str, attack: dict | None, args, seed: int) -> dict
     }
     start = time.perf_counter()
     out_dir, log = run_dir(work, f"{rule}_{'attacked' if attack else 'clean'}_")
-    with open(log, "w") as f:
-        code = launch(
-            [sys.executable, str(JOB), str(out_dir), json.dumps(config)],
-            num_ps=1,
-            num_workers=args.workers,
-            mode="between-graph",
-            timeout_s=RUN_TIMEOUT_S,
-            out=f,
-        )
+    code = harness.launch_logged(
+        [sys.executable, str(JOB), str(out_dir), json.dumps(config)],
+        log,
+        num_ps=1,
+        num_workers=args.workers,
+        mode="between-graph",
+        timeout_s=RUN_TIMEOUT_S,
+    )
     reports = read_reports(out_dir, args.workers, log, code, "worker_*.json")
     (chief,) = [r for r in reports if r["is_chief"]]
     return {**chief, "wall_s": time.perf_counter() - start, "config": config}

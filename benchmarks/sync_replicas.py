@@ -171,19 +171,17 @@ def _child_command(
 
 def run_configuration(work: Path, config: Configuration, args) -> dict:
     """One `launch` of 3 workers + 1 ps; returns the run's measurements."""
-    from keras_psdist.cluster import launch
 
     out_dir, log = run_dir(work, f"{config.key}_")
     start = time.perf_counter()
-    with open(log, "w") as f:
-        code = launch(
-            _child_command(config, out_dir, args),
-            num_ps=NUM_PS,
-            num_workers=NUM_WORKERS,
-            mode="between-graph",
-            timeout_s=RUN_TIMEOUT_S,
-            out=f,
-        )
+    code = harness.launch_logged(
+        _child_command(config, out_dir, args),
+        log,
+        num_ps=NUM_PS,
+        num_workers=NUM_WORKERS,
+        mode="between-graph",
+        timeout_s=RUN_TIMEOUT_S,
+    )
     workers = sorted(
         read_reports(out_dir, NUM_WORKERS, log, code, "worker_*.json"),
         key=lambda r: r["worker"],

@@ -61,7 +61,14 @@ from .checkout import (
 from .configs import config_names, parse_config
 from .machine import cpu_model, environment, git_commit, loadavg
 from .plotting import figure, pyplot
-from .processes import RunFailed, read_reports, run_dir, run_process, tail
+from .processes import (
+    RunFailed,
+    launch_logged,
+    read_reports,
+    run_dir,
+    run_process,
+    tail,
+)
 from .progress import log, log_failure
 from .results import command_line, finish, render, save_json, write_results
 from .rounds import Rounds, interleaved_rounds, ok
@@ -101,6 +108,7 @@ __all__ = [
     "git_commit",
     "int_list",
     "interleaved_rounds",
+    "launch_logged",
     "keep_table",
     "loadavg",
     "log",

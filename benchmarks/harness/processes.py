@@ -44,6 +44,15 @@ def run_process(
             return 124
 
 
+def launch_logged(command: list[str], log: Path, **launch_kwargs) -> int:
+    """`keras_psdist.cluster.launch(command, **launch_kwargs)` with every
+    process's output in `log`; its exit code."""
+    from keras_psdist.cluster import launch
+
+    with open(log, "w") as f:
+        return launch(command, out=f, **launch_kwargs)
+
+
 def tail(path: Path, lines: int = 30) -> str:
     """The last `lines` lines of a log file."""
     try:
