@@ -134,8 +134,10 @@ flags.DEFINE_bool(
 flags.DEFINE_integer(
     "port",
     8888,
-    "slurm: the port of a node's first task; its other tasks use the next ones.",
+    "slurm: the port of a node's first task (its other tasks use the next ones); k8s: every task's port.",
 )
+flags.DEFINE_string("name", None, "k8s: the job's name (a DNS label).")
+flags.DEFINE_string("image", None, "k8s: the container image with the script.")
 
 # Flags each command reads, with the smallest value each accepts.
 _MINIMUMS = {
@@ -179,12 +181,14 @@ _COMMAND_FLAGS = {
         "verbose",
     ),
     "slurm": ("num_ps", "mode", "port"),
+    "k8s": ("name", "image", "num_ps", "num_workers", "mode", "evaluator", "port"),
 }
 
 # What follows the flags on each command's usage line.
 _COMMAND_ARGS = {
     "launch": " -- COMMAND [ARGS...]",
     "slurm": " -- COMMAND [ARGS...]",
+    "k8s": " -- COMMAND [ARGS...]",
 }
 
 
@@ -468,6 +472,43 @@ def slurm_command(args: Sequence[str] = ()) -> int:
     return run_task(config, mode, list(args))
 
 
+def k8s_command(args: Sequence[str] = ()) -> int:
+    """Print Kubernetes manifests for a job (kubectl apply -f)."""
+    from keras_psdist.cluster.kubernetes import render, to_json
+
+    for name in ("num_ps", "num_workers", "port"):
+        _check_minimum(name)
+    for name in ("name", "image"):
+        if not getattr(FLAGS, name):
+            raise _CliError(
+                f"`k8s` needs {_flag(name)}, e.g. `{PROG} k8s --name digits --image "
+                "registry.example/train:1 --num-ps 1 --num-workers 2 -- python "
+                "train.py`."
+            )
+    if not args:
+        raise _CliError(
+            "`k8s` needs the training command after `--`, e.g. `-- python train.py`."
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", DeprecationWarning)
+            mode = canonical(FLAGS.mode, LAUNCH_MODES, "keras-psdist k8s --mode")
+        manifests = render(
+            FLAGS.name,
+            FLAGS.image,
+            list(args),
+            FLAGS.num_ps,
+            FLAGS.num_workers,
+            mode=mode,
+            evaluator=FLAGS.evaluator,
+            port=FLAGS.port,
+        )
+    except ValueError as e:
+        raise _CliError(str(e)) from e
+    print(to_json(manifests))
+    return 0
+
+
 # Command name -> function taking the arguments after `--` (only commands in
 # _TAKES_ARGS get any) and returning the process exit code; flags are in FLAGS.
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
@@ -475,10 +516,11 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "launch": launch_command,
     "serve": serve_command,
     "slurm": slurm_command,
+    "k8s": k8s_command,
 }
 
 # Commands that take a command line after `--`.
-_TAKES_ARGS = ("launch", "slurm")
+_TAKES_ARGS = ("launch", "slurm", "k8s")
 
 _HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "--helpfull", "help")
 
