@@ -122,14 +122,13 @@ def main(argv=None) -> int:
     named = configs(args)
     with tempfile.TemporaryDirectory(prefix="evaluator_cost_") as work:
 
-        def measure(min_interval, round_):
-            result = run_one(Path(work), min_interval, args)
-            name = next(n for n, v in named.items() if v == min_interval)
+        def measure(name, round_):
+            result = run_one(Path(work), named[name], args)
             _log(f"round {round_}: {name}: {result['examples_per_s']:.0f} examples/s")
             return result
 
         rounds = harness.interleaved_rounds(
-            named, measure, args.rounds, on_error=harness.log_failure
+            list(named), measure, args.rounds, on_error=harness.log_failure
         )
 
     def field(name, r, get):

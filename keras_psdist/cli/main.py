@@ -264,6 +264,14 @@ def _summary(fn: Callable) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
+def _mode_flag(command: str) -> str:
+    """`--mode` in its canonical spelling (`ValueError` naming the choices);
+    a deprecated spelling is said on the terminal, not hidden."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", DeprecationWarning)
+        return canonical(FLAGS.mode, LAUNCH_MODES, f"keras-psdist {command} --mode")
+
+
 def _check_minimum(name: str) -> None:
     value = getattr(FLAGS, name)
     minimum = _MINIMUMS[name]
@@ -421,10 +429,7 @@ def launch_command(args: Sequence[str] = ()) -> int:
                 f"`{_flag(name)}` must be > 0. Received: {_flag(name)}={value}"
             )
     try:
-        with warnings.catch_warnings():
-            # A deprecated spelling is said on the terminal, not hidden.
-            warnings.simplefilter("default", DeprecationWarning)
-            mode = canonical(FLAGS.mode, LAUNCH_MODES, "keras-psdist launch --mode")
+        mode = _mode_flag("launch")
         # Here too, before `launch` checks it in its arguments' words: the
         # error then names the flags.
         check_fault_tolerance(
@@ -463,9 +468,7 @@ def slurm_command(args: Sequence[str] = ()) -> int:
             f"{PROG} slurm --num-ps 1 --mode between-graph -- python train.py`."
         )
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("default", DeprecationWarning)
-            mode = canonical(FLAGS.mode, LAUNCH_MODES, "keras-psdist slurm --mode")
+        mode = _mode_flag("slurm")
         config = from_slurm(FLAGS.num_ps, mode, FLAGS.port)
     except ValueError as e:
         raise _CliError(str(e)) from e
@@ -490,9 +493,7 @@ def k8s_command(args: Sequence[str] = ()) -> int:
             "`k8s` needs the training command after `--`, e.g. `-- python train.py`."
         )
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("default", DeprecationWarning)
-            mode = canonical(FLAGS.mode, LAUNCH_MODES, "keras-psdist k8s --mode")
+        mode = _mode_flag("k8s")
         manifests = render(
             FLAGS.name,
             FLAGS.image,

@@ -131,45 +131,47 @@ def _service(name: str, job: str, port: int) -> dict[str, Any]:
     }
 
 
-def _entrypoint(job: str, index_variable: str, cluster, mode: str, run: str) -> list:
-    """`sh -c`: TF_CONFIG with the pod's index (the shell's
-    `${index_variable}`), then `run`."""
+def _entrypoint(job: str, index: str, cluster, mode: str, run: str) -> list:
+    """`sh -c`: TF_CONFIG with the pod's `index` (a shell word, e.g.
+    `${JOB_COMPLETION_INDEX}`), then `run`."""
     template = json.dumps(
         {"cluster": cluster, "task": {"type": job, "index": "@INDEX@"}}
     ).replace('"@INDEX@"', "%s")  # (no "%" in a cluster's addresses)
     return [
         "sh",
         "-c",
-        f'export TF_CONFIG="$(printf {shlex.quote(template)} "${{{index_variable}}}")"'
+        f'export TF_CONFIG="$(printf {shlex.quote(template)} "{index}")"'
         f" KERAS_PSDIST_LAUNCH_MODE={mode}; exec {run}",
     ]
 
 
-def _container(job, image, entrypoint, port, ready: bool) -> dict[str, Any]:
+def _container(
+    job, image, entrypoint, port=None, ready=False, env=()
+) -> dict[str, Any]:
+    """A pod's one container, listening on `port` if given; with `ready`,
+    ready when the port accepts connections."""
     container: dict[str, Any] = {
         "name": job,
         "image": image,
         "command": entrypoint,
-        "env": [
-            # A StatefulSet pod's ordinal is its name's last part.
-            {
-                "name": "POD_NAME",
-                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
-            },
-        ],
-        "ports": [{"name": "grpc", "containerPort": port}],
+        "env": list(env),
     }
+    if port is not None:
+        container["ports"] = [{"name": "grpc", "containerPort": port}]
     if ready:
-        container["readinessProbe"] = {
-            "tcpSocket": {"port": port},
-            "periodSeconds": 2,
-        }
+        container["readinessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 2}
     return container
 
 
 def _server_set(name, job, n, image, cluster, mode, port) -> dict[str, Any]:
-    run = "keras-psdist serve"
-    entrypoint = _entrypoint(job, "POD_NAME##*-", cluster, mode, run)
+    # A StatefulSet pod's ordinal is its name's last part.
+    entrypoint = _entrypoint(
+        job, "${POD_NAME##*-}", cluster, mode, "keras-psdist serve"
+    )
+    pod_name = {
+        "name": "POD_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -183,7 +185,31 @@ def _server_set(name, job, n, image, cluster, mode, port) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": _labels(name, job)},
                 "spec": {
-                    "containers": [_container(job, image, entrypoint, port, True)]
+                    "containers": [
+                        _container(
+                            job, image, entrypoint, port, ready=True, env=[pod_name]
+                        )
+                    ]
+                },
+            },
+        },
+    }
+
+
+def _job(name, job, container, pod_spec=None, **spec) -> dict[str, Any]:
+    """A batch Job of `job`'s pods, each running `container` once."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": f"{name}-{job}", "labels": _labels(name, job)},
+        "spec": {
+            **spec,
+            "template": {
+                "metadata": {"labels": _labels(name, job)},
+                "spec": {
+                    **(pod_spec or {}),
+                    "restartPolicy": "Never",
+                    "containers": [container],
                 },
             },
         },
@@ -192,49 +218,24 @@ def _server_set(name, job, n, image, cluster, mode, port) -> dict[str, Any]:
 
 def _training_job(name, job, n, image, command, cluster, mode, port) -> dict[str, Any]:
     run = shlex.join(command)
-    entrypoint = _entrypoint(job, "JOB_COMPLETION_INDEX", cluster, mode, run)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": f"{name}-{job}", "labels": _labels(name, job)},
-        "spec": {
-            "completions": n,
-            "parallelism": n,
-            "completionMode": "Indexed",
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": _labels(name, job)},
-                "spec": {
-                    # With the Service's name as subdomain, pod i of this
-                    # Indexed Job is `<name>-<job>-<i>.<name>-<job>`.
-                    "subdomain": f"{name}-{job}",
-                    "restartPolicy": "Never",
-                    "containers": [_container(job, image, entrypoint, port, False)],
-                },
-            },
-        },
-    }
+    entrypoint = _entrypoint(job, "${JOB_COMPLETION_INDEX}", cluster, mode, run)
+    return _job(
+        name,
+        job,
+        _container(job, image, entrypoint, port),
+        # With the Service's name as subdomain, pod i of this Indexed Job is
+        # `<name>-<job>-<i>.<name>-<job>`.
+        pod_spec={"subdomain": f"{name}-{job}"},
+        completions=n,
+        parallelism=n,
+        completionMode="Indexed",
+        backoffLimit=0,
+    )
 
 
 def _evaluator_job(name, image, command, cluster, mode) -> dict[str, Any]:
-    entrypoint = _entrypoint(
-        EVALUATOR, "EVALUATOR_INDEX", cluster, mode, shlex.join(command)
+    run = shlex.join(command)
+    entrypoint = _entrypoint(EVALUATOR, "0", cluster, mode, run)
+    return _job(
+        name, EVALUATOR, _container(EVALUATOR, image, entrypoint), backoffLimit=2
     )
-    container = {
-        "name": EVALUATOR,
-        "image": image,
-        "command": entrypoint,
-        "env": [{"name": "EVALUATOR_INDEX", "value": "0"}],
-    }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": f"{name}-evaluator", "labels": _labels(name, EVALUATOR)},
-        "spec": {
-            "backoffLimit": 2,
-            "template": {
-                "metadata": {"labels": _labels(name, EVALUATOR)},
-                "spec": {"restartPolicy": "Never", "containers": [container]},
-            },
-        },
-    }

@@ -24,7 +24,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from collections.abc import Mapping, Sequence
 
 from keras_psdist.cluster.config import LAUNCH_MODE_ENV, ClusterConfig
 from keras_psdist.cluster.mode_names import IN_GRAPH
-from keras_psdist.cluster.ports import split_address
+from keras_psdist.cluster.ports import connect_error
 
 # A server task stops once the training tasks, seen up, have all been gone
 # this long (Slurm's step ends only when every rank has exited).
@@ -202,11 +201,10 @@ def from_slurm(
     return ClusterConfig(jobs, task_type, rank - first)
 
 
-def training_tasks(config: ClusterConfig, mode: str) -> list[str]:
-    """The tasks that run the training command: the chief in-graph, every
-    worker between-graph."""
-    job = "chief" if mode == IN_GRAPH else "worker"
-    return [f"{job}:{i}" for i in range(len(config.addresses(job)))]
+def training_job(mode: str) -> str:
+    """The job that runs the training command: the chief in-graph, the
+    workers between-graph (the others serve)."""
+    return "chief" if mode == IN_GRAPH else "worker"
 
 
 def run_task(config: ClusterConfig, mode: str, command: Sequence[str]) -> int:
@@ -219,7 +217,7 @@ def run_task(config: ClusterConfig, mode: str, command: Sequence[str]) -> int:
         TF_CONFIG=json.dumps(config.to_tf_config()),
         **{LAUNCH_MODE_ENV: mode},
     )
-    if config.task_name in training_tasks(config, mode):
+    if config.task_type == training_job(mode):
         print(f"[slurm] {config.task_name}: {' '.join(command)}", flush=True)
         os.execvpe(command[0], list(command), env)
     print(f"[slurm] {config.task_name}: serving at {config.task_address}", flush=True)
@@ -236,14 +234,10 @@ def run_task(config: ClusterConfig, mode: str, command: Sequence[str]) -> int:
 
 
 def _serve_while_training(server, config: ClusterConfig, mode: str) -> int:
-    addresses = [
-        config.jobs[task.split(":")[0]][int(task.split(":")[1])]
-        for task in training_tasks(config, mode)
-    ]
+    addresses = config.addresses(training_job(mode))
     seen, gone_since = False, None
     while server.poll() is None:
-        up = any(_accepts(address) for address in addresses)
-        if up:
+        if any(connect_error(address, 0.5) is None for address in addresses):
             seen, gone_since = True, None
         elif seen:
             gone_since = gone_since or time.monotonic()
@@ -256,12 +250,3 @@ def _serve_while_training(server, config: ClusterConfig, mode: str) -> int:
                 return 0
         time.sleep(1.0)
     return server.returncode
-
-
-def _accepts(address: str) -> bool:
-    host, port = split_address(address, "a training task")
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
