@@ -219,7 +219,7 @@ def verdicts(runs: list[Run], args) -> list[str]:
 
 
 def _undefended(run: Run) -> bool:
-    return parse_config(run.rule)[0] == "mean"
+    return parse_config(run.rule, allow_compression=True)[0] == "mean"
 
 
 def worst_case(runs: list[Run], config: str, attacks: list[str]) -> Run | None:
@@ -531,7 +531,7 @@ def across_seeds_block(paths: list[str], section: str | None) -> str:
     )
     rows = []
     for config in first["rules"]:
-        if parse_config(config)[0] == "mean":
+        if parse_config(config, allow_compression=True)[0] == "mean":
             continue
         cells, worst, gap = [f"`{config}`"], None, None
         for runs in tables:
@@ -674,6 +674,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     setup.add_argument(
         "--seed", type=int, default=d.seed, help=f"random seed ({d.seed})"
+    )
+    setup.add_argument(
+        "--read-dtype",
+        help="every replica reads the variables in this dtype (PSStrategy's "
+        "read_dtype: bfloat16, float16), each read from another device "
+        "counted as one across tasks, as on a cluster",
+    )
+    setup.add_argument(
+        "--read-compression",
+        help="every replica reads each large variable by its largest changes "
+        "(PSStrategy's read_compression, e.g. 'top_k(ratio=0.05)'), as on a "
+        "cluster",
     )
     setup.add_argument(
         "--no-deterministic",
@@ -823,6 +835,8 @@ def main(argv: list[str] | None = None) -> int:
         # PSStrategy warns when an attack controls more replicas than
         # num_byzantine: here that is the point of the mean's runs.
         absl_logging.set_verbosity(absl_logging.ERROR)
+        if args.read_dtype or args.read_compression:
+            harness.digits.reads_cross_devices()
         start = time.perf_counter()
         runs, info = run_table(args)
         wall_s = time.perf_counter() - start

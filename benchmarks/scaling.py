@@ -30,7 +30,10 @@ started by ``keras_psdist.cluster.launch(hosts=...)``. Three sweeps:
    each one's examples/s as a ratio to ``none``'s on the same link. A
    compressor ending in ``@bfloat16`` or ``@float16`` also reads the
    variables in that dtype (``PSStrategy(read_dtype=...)``):
-   ``"top_k(ratio=0.01)@bfloat16"``, ``none@bfloat16``.
+   ``"top_k(ratio=0.01)@bfloat16"``, ``none@bfloat16``; a second ``@`` and a
+   top-k reads each variable's change since the worker's last read
+   (``PSStrategy(read_compression=...)``):
+   ``"top_k(ratio=0.01)@bfloat16@top_k(ratio=0.05)"``.
 4. **A straggler on a slow link** (``--only straggler``): ``SyncReplicaStrategy``
    on 3 workers with one backup (``replicas_to_aggregate=2``) and a
    digits-sized MLP (64-64-64-2, 34 KB), with every link unlimited and with
@@ -104,12 +107,18 @@ BARRIER_TIMEOUT_S = 300.0
 # --------------------------------------------------------- child processes
 
 
-def _compression_and_reads(entry: str) -> tuple[str | None, str | None]:
-    """`--compression`'s entry as `(compression, read_dtype)`:
-    `"top_k(ratio=0.01)@bfloat16"` -> `("top_k(ratio=0.01)", "bfloat16")`,
-    `"none"` -> `(None, None)`."""
-    compression, _, read_dtype = entry.partition("@")
-    return (None if compression == "none" else compression), (read_dtype or None)
+def _compression_and_reads(entry: str) -> dict[str, str | None]:
+    """`--compression`'s entry as the strategy's arguments:
+    `"top_k(ratio=0.01)@bfloat16@top_k(ratio=0.05)"` -> compression
+    `"top_k(ratio=0.01)"`, read_dtype `"bfloat16"`, read_compression
+    `"top_k(ratio=0.05)"`; `"none"` -> all `None`."""
+    compression, _, reads = entry.partition("@")
+    read_dtype, _, read_compression = reads.partition("@")
+    return {
+        "compression": None if compression == "none" else compression,
+        "read_dtype": read_dtype or None,
+        "read_compression": read_compression or None,
+    }
 
 
 def _child_main(args: argparse.Namespace) -> int:
@@ -124,7 +133,7 @@ def _child_main(args: argparse.Namespace) -> int:
 
     import keras_psdist as kpd
 
-    compression, read_dtype = _compression_and_reads(args.compression[0])
+    wire = _compression_and_reads(args.compression[0])
     if args.kind == "async" or args.kind == "embedding":
         partitioner = (
             kpd.partitioners.Fixed(args.num_ps) if args.kind == "embedding" else None
@@ -132,20 +141,18 @@ def _child_main(args: argparse.Namespace) -> int:
         strategy = kpd.PSStrategy(
             mode="between-graph",
             partitioner=partitioner,
-            compression=compression,
-            read_dtype=read_dtype,
+            **wire,
         )
     elif args.kind == "sync":
         strategy = kpd.SyncReplicaStrategy(
             replicas_to_aggregate=args.workers,
-            compression=compression,
-            read_dtype=read_dtype,
+            **wire,
         )
     elif args.kind == "sync-backup":
         # One backup worker: an update takes the first workers - 1 gradients.
         strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers - 1)
     else:
-        strategy = kpd.PSStrategy(compression=compression, read_dtype=read_dtype)
+        strategy = kpd.PSStrategy(**wire)
     topology = strategy.extended.topology
     index = topology.worker_index if args.kind != "in-graph" else 0
     per_step = args.batch * (args.workers if args.kind == "in-graph" else 1)
@@ -807,7 +814,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the bandwidth sweep's compressors, each beside the others on "
         "every link (default none; e.g. none 'top_k(ratio=0.01)' fp16); "
         "'@bfloat16' at the end also reads the variables in bfloat16 "
-        "(read_dtype): 'top_k(ratio=0.01)@bfloat16', none@bfloat16",
+        "(read_dtype): 'top_k(ratio=0.01)@bfloat16', none@bfloat16; a second "
+        "'@top_k(ratio=0.05)' reads the change since the last read "
+        "(read_compression): 'top_k(ratio=0.01)@bfloat16@top_k(ratio=0.05)'",
     )  # fmt: skip
     parser.add_argument(
         "--mbit-kinds", nargs="+", choices=("async", "in-graph", "sync"),

@@ -849,3 +849,104 @@ def test_a_sync_queue_layout_carries_a_payload_and_gives_it_back():
     np.testing.assert_array_equal(
         wire.decompress(back[0]).numpy(), [0.0, -4.0, 0.0, 3.0]
     )
+
+
+class _Shapes(gradients.Stage):
+    """Passes the replicas on, noting each variable's value shape."""
+
+    def __init__(self):
+        self.shapes = []
+
+    def apply(self, replicas, state, *, downstream=None):
+        self.shapes = [tuple(column[0].shape) for column in replicas.values]
+        return replicas, state
+
+
+def _random_k_path(rule, n, kept_only, spy=None, attack=None):
+    stages = [gradients.Compression(compression.RandomK(0.25, seed=2), n, None, kept_only)]
+    if attack is not None:
+        stages.append(gradients.Attacked(attack))
+    stages.extend([spy] if spy is not None else [])
+    stages.append(gradients.Rule(rule))
+    return gradients.chain(*stages)
+
+
+@pytest.mark.parametrize(
+    "rule", ["trimmed_mean", "median", "geometric_median", "multi_krum", "mean"]
+)
+def test_random_k_hands_the_rule_the_kept_coordinates_only(rule):
+    """Random-k keeps the same coordinates on every replica: the rule runs
+    on those `k` values (a quarter of each variable) and its result,
+    put back at them, is what it gives on the decompressed tensors."""
+    n = 5
+    bound = aggregators.get(rule).bind(n, 1 if rule != "mean" else 0)
+    spy = _Shapes()
+    kept = _random_k_path(bound, n, kept_only=True, spy=spy)
+    whole = _random_k_path(bound, n, kept_only=False)
+    arrays, columns = _columns(3, n=n, shapes=((8,), (4, 6)))
+    specs = _specs(columns)
+    got, _ = kept.apply(Replicas(columns, MEAN), kept.init(specs))
+    want, _ = whole.apply(Replicas(columns, MEAN), whole.init(specs))
+    assert spy.shapes == [(2,), (6,)]  # ceil(0.25 * 8), ceil(0.25 * 24)
+    for g, w, a in zip(got.values, want.values, arrays, strict=True):
+        assert g.shape == a.shape[1:]
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+    # And the numpy reference: the rule over the decompressed values.
+    if rule == "trimmed_mean":
+        compressor = compression.RandomK(0.25, seed=2)
+        sent = [
+            np.stack(
+                [
+                    ref.random_k(
+                        a[r],
+                        compressor.indices(
+                            compressor.encode(tf.constant(a[r]), 0, v)
+                        ).numpy(),
+                    )[0]
+                    for r in range(n)
+                ]
+            )
+            for v, a in enumerate(arrays)
+        ]
+        for g, w in zip(got.values, reference.trimmed_mean(sent, f=1), strict=True):
+            np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_strategy_path_runs_on_kept_coordinates_unless_a_stage_keeps_state():
+    random_k = compression.RandomK(0.1)
+    for rule, kept_only in [
+        ("trimmed_mean", True),
+        ("arc>geometric_median", True),
+        ("centered_clipping", False),  # its centre has the variable's shape
+    ]:
+        path = gradients.gradient_path(
+            aggregators.get(rule).bind(5, 1), num_replicas=5, compression=random_k
+        )
+        assert path.stages[0].kept_only is kept_only, rule
+    top_k = gradients.gradient_path(
+        aggregators.get("median").bind(5, 1),
+        num_replicas=5,
+        compression=compression.TopK(0.1),
+    )
+    assert top_k.stages[0].kept_only is False  # each replica its own coordinates
+
+
+def test_on_kept_coordinates_an_attack_sends_only_there():
+    """An attacker behind random-k can only send values at the kept
+    coordinates (what the wire carries): the mean is 0 everywhere else,
+    and a replica without data is masked as on the whole tensor."""
+    n = 4
+    attack = attacks.get({"class_name": "scale", "config": {"replicas": [3], "factor": 100.0}})
+    path = _random_k_path(aggregators.Mean().bind(n, 0), n, True, attack=attack)
+    arrays, columns = _columns(5, n=n, shapes=((40,),))
+    shares = [tf.constant(s) for s in (0.5, 0.25, 0.25, 0.0)]
+    out, _ = path.apply(Replicas(columns, MEAN, shares), path.init(_specs(columns)))
+    value = out.values[0].numpy()
+    assert np.count_nonzero(value) == 10  # ceil(0.25 * 40)
+    payload = compression.RandomK(0.25, seed=2).encode(tf.constant(arrays[0][0]), 0, 0)
+    kept = compression.RandomK(0.25, seed=2).indices(payload).numpy()
+    assert set(np.flatnonzero(value)) == set(kept)
+    # Replica 3 (the attacker) has no data: masked, the mean of the others.
+    np.testing.assert_allclose(
+        value[kept], arrays[0][:3, kept].sum(axis=0) / n, rtol=1e-5
+    )

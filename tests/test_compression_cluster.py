@@ -39,9 +39,12 @@ def _launch(tmp_path, mode, num_workers):
     return report
 
 
-def _assert_equals_one_process(tmp_path, devices, parameter_devices, read_dtype=None):
+def _assert_equals_one_process(
+    tmp_path, devices, parameter_devices, read_dtype=None, read_compression=None
+):
     """The cluster's weights are those of the same replicas in one process
-    (with `read_dtype`, its parameter device counting as another task)."""
+    (with `read_dtype` or `read_compression`, its parameter device counting
+    as another task)."""
     import digits_job
 
     strategy = kpd.PSStrategy(
@@ -49,6 +52,7 @@ def _assert_equals_one_process(tmp_path, devices, parameter_devices, read_dtype=
         parameter_devices=parameter_devices,
         compression="top_k(ratio=0.1)",
         read_dtype=read_dtype,
+        read_compression=read_compression,
     )
     model = digits_job.build(strategy)
     digits_job.train(model)
@@ -74,23 +78,32 @@ def test_between_graph_worker_sends_compressed_and_keeps_its_residuals(
 ):
     """One worker task, one ps task: the worker compresses what it sends to
     the ps (residuals on the worker), the ps decompresses before the update,
-    and the worker reads the variables in bfloat16 (`read_dtype`); the same
-    top-k with error feedback and the same rounded reads as one replica in
-    one process."""
+    and the worker reads the variables in bfloat16 (`read_dtype`), its two
+    64 x 64 kernels by their largest changes (`read_compression`, a copy on
+    each side); the same top-k with error feedback and the same reads as one
+    replica in one process."""
     report = _launch(tmp_path, "between-graph", num_workers=1)
     # Three layers' kernels and biases: a residual each, on the worker.
     assert len(report["state_devices"]) == 6
     assert {d.split("/device:")[0] for d in report["state_devices"]} == {
         "/job:worker/replica:0/task:0"
     }
-    # The 6 reads (3 kernels, 3 biases) of its train step and of its
-    # `evaluate`'s step, each traced once, were narrowed on the ps.
+    # The 4 other reads (the last kernel, 3 biases) of its train step and
+    # of its `evaluate`'s step, each traced once, were narrowed on the ps.
     assert report["read_dtype"] == "bfloat16"
-    assert len(report["narrowed_reads"]) == 12
+    assert len(report["narrowed_reads"]) == 8
     assert {d.split("/device:")[0] for d in report["narrowed_reads"]} == {
         "/job:ps/replica:0/task:0"
     }
-    # `across_tasks`: the one process narrows its reads as the worker did.
+    assert [
+        [seen.split("/device:")[0], local.split("/device:")[0]]
+        for seen, local in report["read_copies"]
+    ] == [["/job:ps/replica:0/task:0", "/job:worker/replica:0/task:0"]] * 2
+    # `across_tasks`: the one process reads as the worker did.
     _assert_equals_one_process(
-        tmp_path, cpu_devices[:1], cpu_devices[1:2], read_dtype="bfloat16"
+        tmp_path,
+        cpu_devices[:1],
+        cpu_devices[1:2],
+        read_dtype="bfloat16",
+        read_compression="top_k(ratio=0.1)",
     )

@@ -13,7 +13,9 @@ import argparse
 import re
 
 
-def parse_config(name: str) -> tuple[str, object, float]:
+def parse_config(
+    name: str, allow_compression: bool = False
+) -> tuple[str, object, float]:
     """`[pre>...>]rule[+wm[BETA]]` -> (rule id, aggregator for PSStrategy, worker momentum).
 
     The library's spelling (`keras_psdist.spelling.parse`), the one the
@@ -35,12 +37,26 @@ def parse_config(name: str) -> tuple[str, object, float]:
     from keras_psdist import spelling
 
     configuration = spelling.parse(name)
-    if configuration.compression is not None:
+    if configuration.compression is not None and not allow_compression:
         raise ValueError(
-            f"{name!r} starts with a compressor; the robustness benchmarks do not "
-            "compress yet: leave it out."
+            f"{name!r} starts with a compressor; this benchmark does not compress "
+            "(robustness.py and robustness_noise.py do): leave it out."
         )
     return configuration.rule, configuration.aggregator, configuration.worker_momentum
+
+
+def compression_of(name: str) -> object:
+    """The compressor a configuration starts with (`PSStrategy`'s
+    `compression=`), or None.
+
+    >>> compression_of("top_k(ratio=0.1)>arc>median+wm")
+    {'class_name': 'top_k', 'config': {'ratio': 0.1}}
+    >>> compression_of("median") is None
+    True
+    """
+    from keras_psdist import spelling
+
+    return spelling.parse(name).compression
 
 
 PRE_AGGREGATIONS = ("nnm", "bucketing", "arc", "clipping")
@@ -64,7 +80,7 @@ def config_names(text: str) -> list[str]:
     valid = kpd.aggregators.names()
     for name in names:
         try:
-            rule, aggregator, _ = parse_config(name)
+            rule, aggregator, _ = parse_config(name, allow_compression=True)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
         pres = _pre_stages(aggregator)

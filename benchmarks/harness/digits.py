@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .checkout import ensure_importable, prepare_tensorflow
-from .configs import parse_config
+from .configs import compression_of, parse_config
 
 # Before TensorFlow is imported anywhere in this process.
 prepare_tensorflow()
@@ -175,17 +175,33 @@ class Setup:
     input: str = "dataset"
     alpha: float | None = None
     devices: list[str] | None = None
+    read_dtype: str | None = None
+    read_compression: str | None = None
+
+
+def reads_cross_devices() -> None:
+    """Makes every replica's read of a variable on another device count as
+    one from another task, so `read_dtype` and `read_compression` act on one
+    host as on a cluster (op for op the same path; as the tests'
+    `across_tasks` fixture)."""
+    from keras_psdist.variables import narrow_reads
+
+    narrow_reads.crosses_tasks = lambda variable_device, reading_device: bool(
+        reading_device
+    ) and tf.DeviceSpec.from_string(variable_device) != tf.DeviceSpec.from_string(
+        reading_device
+    )
 
 
 def rule_f(config: str, args) -> int:
     """The run's num_byzantine: 0 for the undefended mean, else --num-byzantine."""
-    return 0 if parse_config(config)[0] == "mean" else args.num_byzantine
+    return 0 if parse_config(config, allow_compression=True)[0] == "mean" else args.num_byzantine
 
 
 def condition_error(config: str, n: int, f: int) -> str | None:
     """The rule's `bind` error for (n, f), or None when it can run."""
     try:
-        kpd.aggregators.get(parse_config(config)[1]).bind(n, f)
+        kpd.aggregators.get(parse_config(config, allow_compression=True)[1]).bind(n, f)
     except ValueError as e:
         return str(e)
     return None
@@ -206,13 +222,16 @@ def train_one(run: Run, data, eval_model: keras.Model, args) -> None:
     start = time.perf_counter()
     try:
         attack = ATTACKS[run.attack].build(list(args.attackers), args.seed)
-        _, aggregator, worker_momentum = parse_config(run.rule)
+        _, aggregator, worker_momentum = parse_config(run.rule, allow_compression=True)
         strategy = kpd.PSStrategy(
             devices=args.devices,
             aggregator=aggregator,
             num_byzantine=f,
             attack=attack,
             worker_momentum=worker_momentum,
+            compression=compression_of(run.rule),
+            read_dtype=getattr(args, "read_dtype", None),
+            read_compression=getattr(args, "read_compression", None),
         )
         keras.utils.set_random_seed(args.seed)
         with strategy.scope():

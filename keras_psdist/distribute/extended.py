@@ -59,6 +59,7 @@ from keras_psdist.distribute.run import Run
 from keras_psdist.gradients.wire import WireCompression
 from keras_psdist.variables import row_separable
 from keras_psdist.variables.creation import VariableCreator
+from keras_psdist.variables.delta_reads import DeltaReads
 from keras_psdist.variables.partitioned import PartitionedVariable
 from keras_psdist.variables.shard_updates import update_shards
 from keras_psdist.variables.staged_merge import StagedMerge
@@ -83,6 +84,11 @@ class PSExtended(
         topology = run.topology
         self._mode = run.mode
         self._read_dtype = run.read_dtype
+        self._delta_reads = (
+            DeltaReads(run.read_compression, topology.compute_devices)
+            if run.read_compression is not None
+            else None
+        )
         self._topology = topology
         self._compute_devices = topology.compute_devices
         self._parameter_devices = topology.parameter_devices
@@ -142,6 +148,7 @@ class PSExtended(
                 plain_mean=self._reduction.is_plain_mean,
                 between_graph=topology.between_graph,
             ),
+            delta_reads=self._delta_reads,
         )
         # Replicated variables' gradients under the plain mean: TF's own
         # all-reduce (NCCL among GPUs), no central rule needed.
@@ -280,6 +287,19 @@ class PSExtended(
         in (`PSStrategy(read_dtype=...)`, see
         `keras_psdist.variables.narrow_reads`), or `None`: as they are."""
         return self._read_dtype
+
+    @property
+    def read_compression(self) -> Any:
+        """The top-k that picks the changes a replica on another task reads
+        of a large variable (`PSStrategy(read_compression=...)`, see
+        `keras_psdist.variables.delta_reads`), or `None`: reads whole."""
+        return None if self._delta_reads is None else self._delta_reads.compressor
+
+    @property
+    def delta_reads(self) -> DeltaReads | None:
+        """The replicas' copies of the variables they read by their change,
+        or `None` without `read_compression`."""
+        return self._delta_reads
 
     @property
     def wire(self) -> WireCompression | None:

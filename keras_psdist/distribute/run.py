@@ -45,6 +45,9 @@ class Run:
             `keras_psdist.compression.Compressor`), or `None`.
         read_dtype: The dtype a replica's reads of variables on another task
             travel in (`keras_psdist.variables.narrow_reads`), or `None`.
+        read_compression: The top-k that picks the changes a replica reads
+            of a large variable on another task
+            (`keras_psdist.variables.delta_reads`), or `None`.
         dense: Which trainable variables are replicated and all-reduced
             instead of kept on a parameter device (see
             `keras_psdist.dense_choice.get_chooser`).
@@ -64,3 +67,4 @@ class Run:
     dense: Any = "ps"
     compression: Any = None
     read_dtype: Any = None
+    read_compression: Any = None

@@ -34,7 +34,10 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 from absl import logging
 
-from keras_psdist.compression.base import Compressor
+from keras_psdist.aggregators import sparse as sparse_lib
+from keras_psdist.aggregators.base import mask_replicas_without_data
+from keras_psdist.compression.base import Compressor, scatter
+from keras_psdist.compression.random_k import RandomK
 from keras_psdist.gradients.stage import Downstream, Replicas, Stage
 
 ReduceOp = tf.distribute.ReduceOp
@@ -64,6 +67,12 @@ class Compression(Stage):
         devices: The replicas' devices: replica r compresses, and keeps its
             residuals, on `devices[r]`. Defaults to none: where the path
             runs (no bytes saved; for tests and simulations).
+        kept_only: With random-k, hand the stages after this one each
+            replica's values at the kept coordinates only (`k` of them, the
+            same on every replica) instead of the decompressed tensor; the
+            rule's result is put back at them. For stages that keep no
+            state per coordinate (`gradient_path` decides); with any other
+            compressor it does nothing.
 
     Attributes:
         compressor: The compressor.
@@ -75,10 +84,14 @@ class Compression(Stage):
         compressor: Compressor,
         num_replicas: int,
         devices: Sequence[str] | None = None,
+        kept_only: bool = False,
     ):
         self.compressor = compressor
         self.num_replicas = num_replicas
         self.devices = None if devices is None else tuple(devices)
+        # Random-k: hand the stages after this one the kept coordinates
+        # only (see `KeptCoordinates`).
+        self.kept_only = kept_only and isinstance(compressor, RandomK)
         # A stateless compressor's result per variable depends on that
         # variable alone.
         self.per_variable = not compressor.stateful
@@ -154,15 +167,18 @@ class Compression(Stage):
         return out
 
     def _compress(self, replicas, step, residuals):
-        """`(replicas with decompressed values at true scale, new residuals)`."""
+        """`(replicas with decompressed values at true scale, new residuals)`;
+        `kept_only`: dense replicas, random-k's values at the kept
+        coordinates."""
         n = replicas.num_replicas
         scale = float(n) if replicas.reduce_op == ReduceOp.SUM else 1.0
-        out, new = [], []
+        out, new, blocks = [], [], []
         for v, column in enumerate(replicas.values):
             kept = residuals[v] if v < len(residuals) else ()
             if not self._compresses(column[0], bool(kept)):
                 out.append([_times(value, scale) for value in column])
                 new.append(kept)
+                blocks.append(None)
                 continue
             sent, column_new = [], []
             for r, value in enumerate(column):
@@ -182,11 +198,22 @@ class Compression(Stage):
                             kept[r],
                         )
                 # Where the path runs: the payload crossed over.
-                sent.append(self.compressor.decompress(payload))
+                if self.kept_only:
+                    sent.append(payload.values)
+                else:
+                    sent.append(self.compressor.decompress(payload))
                 column_new.append(residual)
             out.append(sent)
             new.append(tuple(column_new) if kept else ())
-        return replicas._replace(values=out, reduce_op=ReduceOp.MEAN), tuple(new)
+            blocks.append(
+                KeptCoordinates(self.compressor.indices(payload), payload.shape)
+                if self.kept_only
+                else None
+            )
+        replicas = replicas._replace(values=out, reduce_op=ReduceOp.MEAN)
+        if self.kept_only:
+            replicas = _dense_with_kept(replicas, blocks)
+        return replicas, tuple(new)
 
     def _compresses(self, value, has_residual):
         if is_sparse(value):
@@ -213,6 +240,46 @@ class Compression(Stage):
 
     def __repr__(self) -> str:
         return f"Compression({self.compressor!r})"
+
+
+class KeptCoordinates(NamedTuple):
+    """How a rule's result over random-k's kept coordinates (a `[k]` vector)
+    goes back into its variable's shape: zeros where nothing was sent.
+
+    Random-k keeps the same coordinates on every replica, so at any other
+    coordinate every replica sends 0, and any rule's result there is 0: a
+    coordinate-wise rule (median, trimmed mean) gives there what it gives
+    on the whole tensor, and so does a rule of distances between replicas
+    (Krum, the geometric median: the zeros add nothing to a distance). An
+    attack, too, can only send values at the kept coordinates, as on the
+    wire.
+
+    Attributes:
+        indices: The flat coordinates (int64 `[k]`).
+        shape: The variable's shape (int32, from `tf.shape`).
+    """
+
+    indices: tf.Tensor
+    shape: tf.Tensor
+
+    def restore(self, value: tf.Tensor) -> tf.Tensor:
+        return scatter(self.indices, value, self.shape)
+
+
+def _dense_with_kept(replicas: Replicas, kept: list) -> Replicas:
+    """`replicas.dense()` (values at true scale), with random-k's columns as
+    their kept values and `KeptCoordinates` to put the result back."""
+    blocks, values = [], []
+    for column, block in zip(replicas.values, kept, strict=True):
+        if block is None:
+            block = sparse_lib.to_dense_rows(column)
+            column = block.values
+        blocks.append(block)
+        values.append(list(column))
+    if replicas.shares is not None:
+        has_data = tf.stack([tf.convert_to_tensor(s) > 0 for s in replicas.shares])
+        values = mask_replicas_without_data(values, has_data)
+    return replicas._replace(values=values, blocks=tuple(blocks), scale=None)
 
 
 def is_sparse(value) -> bool:

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import tensorflow as tf
+
 from keras_psdist import aggregators, spelling
 from keras_psdist import compression as compression_lib
 from keras_psdist.aggregators.base import Aggregator
@@ -151,12 +153,23 @@ def gradient_path(
     stages: list[Stage] = []
     if worker_momentum:
         stages.append(Momentum(worker_momentum, num_replicas, replica_devices))
+    after: list[Stage] = [Attacked(attack)] if attack is not None else []
+    after.extend(stages_of(aggregator))
     if compression is not None:
-        stages.append(Compression(compression, num_replicas, compute_devices))
-    if attack is not None:
-        stages.append(Attacked(attack))
-    stages.extend(stages_of(aggregator))
+        # Random-k's kept coordinates are the same on every replica: the
+        # stages after it run on them alone, unless one keeps state per
+        # coordinate (its state has the variable's shape).
+        kept_only = all(_keeps_no_state(stage) for stage in after)
+        stages.append(
+            Compression(compression, num_replicas, compute_devices, kept_only)
+        )
+    stages.extend(after)
     return chain(*stages)
+
+
+def _keeps_no_state(stage: Stage) -> bool:
+    """Whether `stage` keeps no state between steps."""
+    return not tf.nest.flatten(stage.init([tf.TensorSpec([2], tf.float32)]))
 
 
 def is_plain_mean(path: Chain) -> bool:

@@ -24,7 +24,7 @@ from keras_psdist.aggregators.base import check_count
 from keras_psdist.aggregators.momentum import check_beta
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.config import ClusterConfig
-from keras_psdist.variables import narrow_reads
+from keras_psdist.variables import delta_reads, narrow_reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Arguments:
     total_num_replicas: int | None = None
     compression: Any = None
     read_dtype: Any = None
+    read_compression: Any = None
 
     def checked(self) -> Arguments:
         """These arguments checked (`ValueError` naming the fix), with the
@@ -78,6 +79,7 @@ class Arguments:
             check_count("num_byzantine", self.num_byzantine, minimum=0)
         compression = gradients.configure_compression(self.aggregator, self.compression)
         read_dtype = narrow_reads.check_read_dtype(self.read_dtype)
+        read_compression = delta_reads.check_read_compression(self.read_compression)
         aggregator, worker_momentum = gradients.configure(
             self.aggregator, worker_momentum
         )
@@ -90,6 +92,7 @@ class Arguments:
             worker_momentum=worker_momentum,
             compression=compression,
             read_dtype=read_dtype,
+            read_compression=read_compression,
         )
 
     @functools.cached_property

@@ -201,6 +201,7 @@ class Mode(abc.ABC):
             dense=arguments.dense,
             compression=arguments.compression,
             read_dtype=arguments.read_dtype,
+            read_compression=arguments.read_compression,
         )
 
     def training(

@@ -151,6 +151,7 @@ class SyncReplicasMode(BetweenGraphMode):
             worker_attack=self.attack if attacked else None,
             compression=arguments.compression,
             read_dtype=arguments.read_dtype,
+            read_compression=arguments.read_compression,
         )
 
     def training(self, strategy, topology, shared, heartbeats) -> SyncTraining:

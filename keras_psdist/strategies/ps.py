@@ -151,6 +151,14 @@ class PSStrategy(distribute_lib.Strategy):
             rounded to it). Reads on one host are unchanged. See
             `keras_psdist.variables.narrow_reads` and docs/compression.md.
             Defaults to `None` (reads travel as float32).
+        read_compression: `"top_k(ratio=0.05)"` (or a
+            `kpd.compression.TopK`): a replica on another task keeps its own
+            copy of each large variable and reads only the largest changes
+            since its last read (a copy per replica on the ps task too); the
+            rest comes through at later reads, and every 100th read is
+            whole. With `read_dtype` the values travel narrowed. See
+            `keras_psdist.variables.delta_reads` and docs/compression.md.
+            Defaults to `None` (every read whole).
 
     Raises:
         ValueError: for unknown or malformed devices, placement or
@@ -195,6 +203,7 @@ class PSStrategy(distribute_lib.Strategy):
         dense: str | dict[str, Any] | dense_choice.ChooserFn = "ps",
         compression: Any = None,
         read_dtype: Any = None,
+        read_compression: Any = None,
     ):
         arguments = modes.Arguments(
             devices=devices,
@@ -214,6 +223,7 @@ class PSStrategy(distribute_lib.Strategy):
             dense=dense,
             compression=compression,
             read_dtype=read_dtype,
+            read_compression=read_compression,
         ).checked()
         mode = modes.choose(mode, arguments, "PSStrategy")
         mode.validate()
@@ -246,6 +256,11 @@ class PSStrategy(distribute_lib.Strategy):
                 else ""
             )
             + (f", read_dtype={ext.read_dtype.name!r}" if ext.read_dtype else "")
+            + (
+                f", read_compression={ext.read_compression!r}"
+                if ext.read_compression is not None
+                else ""
+            )
             + (
                 f", partitioner={ext.partitioner!r}"
                 if ext.partitioner is not None

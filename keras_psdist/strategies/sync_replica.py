@@ -99,6 +99,9 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         read_dtype: The dtype each worker's reads of the variables travel
             in from the ps tasks (see `PSStrategy`): `"bfloat16"` or
             `"float16"` halve them. Defaults to `None` (float32).
+        read_compression: `"top_k(ratio=0.05)"`: each worker reads only the
+            largest changes of each large variable since its last read (see
+            `PSStrategy`). Defaults to `None` (every read whole).
 
     Raises:
         ValueError: without a cluster, for a `cluster_resolver` that is not
@@ -138,6 +141,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         heartbeat_timeout: float = 30.0,
         compression: Any = None,
         read_dtype: Any = None,
+        read_compression: Any = None,
     ):
         arguments = modes.Arguments(
             replicas_to_aggregate=replicas_to_aggregate,
@@ -156,6 +160,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             heartbeat_timeout=heartbeat_timeout,
             compression=compression,
             read_dtype=read_dtype,
+            read_compression=read_compression,
         ).checked()
         mode = modes.SyncReplicasMode(arguments, "SyncReplicaStrategy")
         mode.validate()
@@ -205,6 +210,11 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             + (
                 f", read_dtype={self.extended.read_dtype.name!r}"
                 if self.extended.read_dtype
+                else ""
+            )
+            + (
+                f", read_compression={self.extended.read_compression!r}"
+                if self.extended.read_compression is not None
                 else ""
             )
             + ")"

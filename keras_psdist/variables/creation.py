@@ -40,6 +40,7 @@ from keras_psdist._tf import (
 )
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.variables.delta_reads import DeltaReads
 from keras_psdist.variables.partitioned import PartitionedVariable
 from keras_psdist.variables.shard_layout import ShardLayout
 from keras_psdist.variables.values import (
@@ -78,6 +79,8 @@ class VariableCreator:
             trainable variable no partitioner splits (see
             `keras_psdist.dense_choice`). Defaults to every one on a
             parameter device.
+        delta_reads: Where replicas read large variables by their change
+            (`read_compression=`), the copies that makes; else None.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class VariableCreator:
         partitioner: partitioners_lib.Partitioner | None,
         shared: SharedVariables | None,
         chooser: dense_choice.ChooserFn = dense_choice.all_on_ps,
+        delta_reads: DeltaReads | None = None,
     ):
         self._strategy_fn = strategy_fn
         self._compute_devices = topology.compute_devices
@@ -96,6 +100,7 @@ class VariableCreator:
         self.partitioner = partitioner
         self._shared = shared
         self.chooser = chooser
+        self._delta_reads = delta_reads
         self.placement = placement_lib.Placement(self._parameter_devices)
 
     def create(self, next_creator, **kwargs) -> tf.Variable:
@@ -150,6 +155,10 @@ class VariableCreator:
             slot_of = colocate_with.name
         v = self._create_on(device, next_creator, kwargs, shape, dtype, name)
         self._record(v, slot_of)
+        if self._delta_reads is not None and slot_of is None:
+            self._delta_reads.track(
+                v, next_creator, trainable=kwargs.get("trainable") is not False
+            )
         return PSVariable(self._strategy_fn(), v, aggregation)
 
     def _replicates(self, name, shape, dtype):

@@ -85,21 +85,27 @@ def crosses_tasks(variable_device: str, reading_device: str | None) -> bool:
     return _task(variable_device) != _task(reading_device)
 
 
+def reads_across_tasks(variable: Any) -> bool:
+    """Whether a read of the parameter-device `variable` (a `PSVariable`)
+    here and now is a replica's read of a float32 variable on another task:
+    in a replica's step of its strategy (not in cross-replica context or an
+    update), from another task. Such reads may be narrowed (`read_dtype`) or
+    read by their change (`keras_psdist.variables.delta_reads`)."""
+    if variable.dtype != tf.float32:
+        return False
+    if distribute_lib.in_cross_replica_context():
+        return False
+    if distribute_lib.get_update_replica_id() is not None:
+        return False
+    return crosses_tasks(variable.device, device_util.current())
+
+
 def narrow_dtype(variable: Any) -> tf.DType | None:
     """The dtype a read of the parameter-device `variable` (a `PSVariable`)
-    travels in here and now, or `None` for an exact read.
-
-    Narrow only: in a replica's step of its strategy (not in cross-replica
-    context or an update), for a float32 variable, read from another task.
-    """
+    travels in here and now, or `None` for an exact read (narrow only where
+    `reads_across_tasks`)."""
     dtype = getattr(variable.distribute_strategy.extended, "read_dtype", None)
-    if dtype is None or variable.dtype != tf.float32:
-        return None
-    if distribute_lib.in_cross_replica_context():
-        return None
-    if distribute_lib.get_update_replica_id() is not None:
-        return None
-    if not crosses_tasks(variable.device, device_util.current()):
+    if dtype is None or not reads_across_tasks(variable):
         return None
     return dtype
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist._tf import distribute_lib, ps_values, values
+from keras_psdist._tf import device_util, distribute_lib, ps_values, values
 from keras_psdist.variables import narrow_reads
 from keras_psdist.variables.staged_merge import in_replica_control_flow
 
@@ -70,7 +70,15 @@ class PSVariable(ps_values.AggregatingVariable):
     def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
         # A replica's read from another task travels in `read_dtype` (see
         # `keras_psdist.variables.narrow_reads`); every other read is exact.
+        # A large one may be read by its change since this replica's last
+        # read (`keras_psdist.variables.delta_reads`).
         if not as_ref and (dtype is None or tf.as_dtype(dtype) == self.dtype):
+            extended = self._distribute_strategy.extended
+            delta = getattr(extended, "delta_reads", None)
+            if delta is not None and narrow_reads.reads_across_tasks(self):
+                copy = delta.copy_for(self._v, device_util.current())
+                if copy is not None:
+                    return delta.read(self._v, copy, extended.read_dtype)
             narrow = narrow_reads.narrow_dtype(self)
             if narrow is not None:
                 return narrow_reads.narrowed_read(self._v, narrow)
@@ -84,6 +92,11 @@ class PSVariable(ps_values.AggregatingVariable):
                 return f(self._v, *args, **kwargs)
             extended = self._distribute_strategy.extended
             if distribute_lib.in_cross_replica_context():
+                # A write outside the steps (`set_weights`, `assign`): the
+                # replicas' copies of it are read whole next.
+                delta = getattr(extended, "delta_reads", None)
+                if delta is not None:
+                    delta.read_whole_next(self._v)
                 return extended.update(self, f, args=args, kwargs=kwargs)
             if in_replica_control_flow():
                 return extended.staged_assign(

@@ -3,7 +3,8 @@
 Run by `tests/test_compression_cluster.py` under `keras-psdist launch`: in-graph
 as the chief (1 ps task, 2 worker tasks), or between-graph as each worker
 (MODE `between-graph`; the test runs 1 worker task, which also reads the
-variables in bfloat16, `read_dtype`):
+variables in bfloat16, `read_dtype`, and its two 64 x 64 kernels by their
+largest changes, `read_compression`):
 
     python compression_job.py OUT_DIR [MODE]
 
@@ -23,6 +24,7 @@ import digits_job  # noqa: E402  (this directory: sys.path[0] or conftest.py)
 import numpy as np  # noqa: E402
 
 COMPRESSION = "top_k(ratio=0.1)"
+READ_COMPRESSION = "top_k(ratio=0.1)"
 
 
 def main(out_dir, mode="in-graph"):
@@ -37,8 +39,13 @@ def main(out_dir, mode="in-graph"):
         return read(variable, dtype)
 
     narrow_reads.narrowed_read = counted
-    read_dtype = "bfloat16" if mode == "between-graph" else None
-    strategy = kpd.PSStrategy(mode=mode, compression=COMPRESSION, read_dtype=read_dtype)
+    between = mode == "between-graph"
+    strategy = kpd.PSStrategy(
+        mode=mode,
+        compression=COMPRESSION,
+        read_dtype="bfloat16" if between else None,
+        read_compression=READ_COMPRESSION if between else None,
+    )
     model = digits_job.build(strategy)
     _, accuracy = digits_job.train(model)
     report = {
@@ -46,9 +53,17 @@ def main(out_dir, mode="in-graph"):
         "accuracy": accuracy,
         "compression": repr(strategy.extended.compression),
         "state_devices": [v.device for v in strategy.extended.training_state.variables],
-        "read_dtype": read_dtype,
+        "read_dtype": strategy.extended.read_dtype and strategy.extended.read_dtype.name,
         # The reads a traced step narrowed, by the variable's device.
         "narrowed_reads": narrowed,
+        # The copies of the variables read by their change: (ps side,
+        # worker side).
+        "read_copies": [
+            [copy.seen.device, copy.local.device]
+            for copy in strategy.extended.delta_reads.copies()
+        ]
+        if between
+        else [],
     }
     np.savez(os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights])
     with open(os.path.join(out_dir, "report.json"), "w") as f:
