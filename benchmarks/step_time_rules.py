@@ -52,7 +52,8 @@ From the repository root::
         --json benchmarks/results/step_time_rules_steps.json
 
 Options: ``--rules mean,median,...`` (``mean`` is always added: it is the
-reference), ``--mode fit|steps``, ``--replicas``, ``--num-byzantine``,
+reference; a configuration may start with a compressor,
+``top_k(ratio=0.01)>mean``: compression's cost on one host), ``--mode fit|steps``, ``--replicas``, ``--num-byzantine``,
 ``--hidden``, ``--batch``, ``--steps``, ``--repeats``, ``--warmup-steps``,
 ``--seed``, ``--quick``, ``--json PATH``, ``--plot PATH``.
 """
@@ -110,7 +111,7 @@ def rule_names(text: str) -> list[str]:
     bad = []
     for name in names:
         try:  # the registry checks every stage's id
-            kpd.aggregators.get(harness.parse_config(name)[1])
+            kpd.aggregators.get(harness.parse_config(name, allow_compression=True)[1])
         except ValueError:
             bad.append(name)
     if bad or not names:
@@ -173,13 +174,14 @@ def prepare(case: Case, devices, dataset, args) -> None:
     stage = "build"
     try:
         t0 = time.perf_counter()
-        _, rule, beta = harness.parse_config(case.rule)
+        _, rule, beta = harness.parse_config(case.rule, allow_compression=True)
         case.f = largest_f(rule, len(devices), args.num_byzantine)
         strategy = kpd.PSStrategy(
             devices=devices,
             aggregator=rule,
             num_byzantine=case.f,
             worker_momentum=beta,
+            compression=harness.compression_of(case.rule),
         )
         case.model = build_model(
             strategy, args.seed, hidden=args.hidden, num_classes=NUM_CLASSES

@@ -345,6 +345,87 @@ def _total(what: str, meaning: str, per_worker, task: Callable[[int], str]) -> s
     return f"{total} ({most}; {meaning})" if meaning else f"{total} ({most})"
 
 
+class MembershipReport(_ReportCallback):
+    """Records, on the chief of an elastic run, the workers at each change.
+
+    For models built under `PSStrategy(mode="between-graph", max_workers=M)`
+    (`keras_psdist.cluster.elastic`). After each batch it looks at the changes
+    the chief's watcher saw; at the end of each epoch it records in the
+    `History` that `fit` returns:
+
+    - `membership/num_workers`: the workers training at the epoch's end;
+    - `membership/changes`: the changes seen during the epoch.
+
+    With `log_dir`, it writes `membership/num_workers` as a TensorBoard
+    scalar at the optimizer step of every change it sees (and at the first
+    step), so the plot shows each join and leave where it happened. On the
+    other workers it records nothing.
+
+    Args:
+        log_dir: Directory for TensorBoard scalars, or `None`. Defaults to
+            `None`.
+
+    Attributes:
+        events: `(optimizer step, number of workers)` at each change seen.
+    """
+
+    def __init__(self, log_dir: str | None = None):
+        super().__init__()
+        self.log_dir = log_dir
+        self.events: list[tuple[int, int]] = []
+        self._writer = None
+        self._seen = 0
+        self._epoch_changes = 0
+
+    def _watcher(self):
+        strategy = getattr(self.model, "distribute_strategy", None)
+        extended = getattr(strategy, "extended", None)
+        if getattr(extended, "registry", None) is None:
+            raise ValueError(
+                "MembershipReport needs a model built under "
+                "PSStrategy(mode='between-graph', max_workers=M) (elastic "
+                "membership). Received a model whose strategy is "
+                f"{type(strategy).__name__} without max_workers."
+            )
+        return extended.membership  # None on workers other than the chief
+
+    def on_train_begin(self, logs=None):
+        if self._watcher() is not None and self.log_dir and self._writer is None:
+            self._writer = _summary_writer(self, self.log_dir)
+
+    def on_train_batch_end(self, batch, logs=None):
+        watcher = self._watcher()
+        if watcher is None:
+            return
+        watcher.look()
+        changes = watcher.changes
+        if len(changes) == self._seen:
+            return
+        step = int(self.model.optimizer.iterations.numpy())
+        for _, _, members in changes[self._seen :]:
+            self.events.append((step, len(members)))
+            self._epoch_changes += 1
+            if self._writer is not None:
+                with self._writer.as_default(step=step):
+                    tf.summary.scalar("membership/num_workers", len(members))
+        self._seen = len(changes)
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_epoch_end(self, epoch, logs=None):
+        watcher = self._watcher()
+        if watcher is None:
+            return
+        members = watcher.look()
+        self._record(
+            {
+                "membership/num_workers": float(len(members)),
+                "membership/changes": float(self._epoch_changes),
+            }
+        )
+        self._epoch_changes = 0
+
+
 def _summary_writer(callback: keras.callbacks.Callback, log_dir: str):
     """A TensorBoard writer for `callback`, or a clear error without tensorboard."""
     try:

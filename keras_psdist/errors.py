@@ -170,3 +170,10 @@ class WorkerLostError(RuntimeError):
 
 class StalledError(TimeoutError):
     """No update released this worker within `step_timeout` seconds."""
+
+
+class JoinRefusedError(ValueError):
+    """A worker cannot join a running elastic job (`max_workers`): its slot
+    is taken by a live worker, or is outside the job's `max_workers`. The
+    message says which and how to start it instead. The running job is not
+    touched."""

@@ -863,7 +863,9 @@ class _Shapes(gradients.Stage):
 
 
 def _random_k_path(rule, n, kept_only, spy=None, attack=None):
-    stages = [gradients.Compression(compression.RandomK(0.25, seed=2), n, None, kept_only)]
+    stages = [
+        gradients.Compression(compression.RandomK(0.25, seed=2), n, None, kept_only)
+    ]
     if attack is not None:
         stages.append(gradients.Attacked(attack))
     stages.extend([spy] if spy is not None else [])
@@ -936,7 +938,9 @@ def test_on_kept_coordinates_an_attack_sends_only_there():
     coordinates (what the wire carries): the mean is 0 everywhere else,
     and a replica without data is masked as on the whole tensor."""
     n = 4
-    attack = attacks.get({"class_name": "scale", "config": {"replicas": [3], "factor": 100.0}})
+    attack = attacks.get(
+        {"class_name": "scale", "config": {"replicas": [3], "factor": 100.0}}
+    )
     path = _random_k_path(aggregators.Mean().bind(n, 0), n, True, attack=attack)
     arrays, columns = _columns(5, n=n, shapes=((40,),))
     shares = [tf.constant(s) for s in (0.5, 0.25, 0.25, 0.0)]

@@ -188,7 +188,9 @@ def test_only_the_changes_cross_from_the_variables_device(cpu_devices, across_ta
     top_k = [index(op) for op in ops if op.type == "TopKV2"]
     assert top_k == [2, 2], top_k  # one per replica, on the ps device
     narrowing = [
-        index(op) for op in ops if op.type == "Cast" and op.get_attr("DstT") == tf.bfloat16
+        index(op)
+        for op in ops
+        if op.type == "Cast" and op.get_attr("DstT") == tf.bfloat16
     ]
     assert set(narrowing) == {2}, narrowing
 
@@ -222,3 +224,23 @@ def test_fit_trains_with_reads_by_change(cpu_devices, across_tasks, digits):
             assert len(strategy.extended.delta_reads.copies()) == 2
     assert accuracies["top_k(ratio=0.05)"] >= 0.85, accuracies
     assert abs(accuracies["top_k(ratio=0.05)"] - accuracies[None]) <= 0.03, accuracies
+
+
+def test_an_xla_step_reads_by_change_too(cpu_devices, across_tasks):
+    """`jit_compile=True`: the values each replica's compiled pass takes are
+    read (by their change) outside it, as without XLA; it trains."""
+    strategy = _strategy(cpu_devices, read_compression="top_k(ratio=0.05)")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 64)).astype(np.float32)
+    y = x[:, :32] * 0.5
+    history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    assert model.jit_compile is True
+    copies = strategy.extended.delta_reads.copies()
+    assert len(copies) == 2
+    # 8 steps an epoch, each replica read the kernel once a step.
+    assert [int(c.reads.numpy()) for c in copies] == [24, 24]
+    losses = history.history["loss"]
+    assert losses[2] < losses[1] < losses[0], losses

@@ -112,6 +112,7 @@ def test_the_top_level_holds_only_the_public_api_and_the_tf_gate():
         "evaluator",
         "families",
         "heterogeneity",
+        "membership",
         "partitioners",
         "placement",
         "registry",

@@ -9,7 +9,7 @@ run from ``benchmarks/``, as ``python benchmarks/NAME.py`` does):
   the argparse types `positive`, `positive_float`, `non_negative_float`,
   `int_list`, `seed_list`, `name_list`;
 * `configs`: the rule configurations of the robustness benchmarks,
-  ``[pre>...>]rule[+wm[BETA]]`` (`parse_config`, `config_names`);
+  ``[pre>...>]rule[+wm[BETA]]`` (`parse_config`, `compression_of`, `config_names`);
 * `rounds`: `interleaved_rounds` runs configurations in alternating rounds
   (A B, B A, ... or A B, A B, ...) and returns a `Rounds`: per-configuration
   samples, medians, ratios to a baseline paired round by round;
@@ -58,7 +58,7 @@ from .checkout import (
     prepare_tensorflow,
     use_checkout,
 )
-from .configs import config_names, parse_config
+from .configs import compression_of, config_names, parse_config
 from .machine import cpu_model, environment, git_commit, loadavg
 from .plotting import figure, pyplot
 from .processes import (
@@ -97,6 +97,7 @@ __all__ = [
     "attack_costs",
     "chance_gap",
     "command_line",
+    "compression_of",
     "config_names",
     "cpu_model",
     "ensure_importable",

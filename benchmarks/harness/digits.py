@@ -186,16 +186,20 @@ def reads_cross_devices() -> None:
     `across_tasks` fixture)."""
     from keras_psdist.variables import narrow_reads
 
-    narrow_reads.crosses_tasks = lambda variable_device, reading_device: bool(
-        reading_device
-    ) and tf.DeviceSpec.from_string(variable_device) != tf.DeviceSpec.from_string(
-        reading_device
+    narrow_reads.crosses_tasks = lambda variable_device, reading_device: (
+        bool(reading_device)
+        and tf.DeviceSpec.from_string(variable_device)
+        != tf.DeviceSpec.from_string(reading_device)
     )
 
 
 def rule_f(config: str, args) -> int:
     """The run's num_byzantine: 0 for the undefended mean, else --num-byzantine."""
-    return 0 if parse_config(config, allow_compression=True)[0] == "mean" else args.num_byzantine
+    return (
+        0
+        if parse_config(config, allow_compression=True)[0] == "mean"
+        else args.num_byzantine
+    )
 
 
 def condition_error(config: str, n: int, f: int) -> str | None:

@@ -132,6 +132,14 @@ flags.DEFINE_bool(
     "(keras_psdist.SidecarEvaluator); it never stops training.",
 )
 flags.DEFINE_integer(
+    "max_workers",
+    None,
+    "between-graph, asynchronous PSStrategy: workers may join and leave the "
+    "running job, up to this many; the launcher logs a control directory "
+    "where `touch add-worker` starts one and `touch remove-worker-K` asks "
+    "worker:K to leave.",
+)
+flags.DEFINE_integer(
     "port",
     8888,
     "slurm: the port of a node's first task (its other tasks use the next ones); k8s: every task's port.",
@@ -151,6 +159,7 @@ _MINIMUMS = {
     "num_workers": 1,
     "max_restarts": 0,
     "max_worker_failures": 0,
+    "max_workers": 1,
     "port": 1,
 }
 
@@ -177,6 +186,7 @@ _COMMAND_FLAGS = {
         "startup_timeout",
         "max_restarts",
         "max_worker_failures",
+        "max_workers",
         "evaluator",
         "verbose",
     ),
@@ -418,10 +428,15 @@ def serve_command(args: Sequence[str] = ()) -> int:
 def launch_command(args: Sequence[str] = ()) -> int:
     """Run a command on a parameter-server cluster of local processes."""
     from keras_psdist.cluster.launcher import launch
-    from keras_psdist.cluster.launcher.arguments import check_fault_tolerance
+    from keras_psdist.cluster.launcher.arguments import (
+        check_fault_tolerance,
+        check_max_workers,
+    )
 
     for name in ("num_ps", "num_workers", "max_restarts", "max_worker_failures"):
         _check_minimum(name)
+    if FLAGS.max_workers is not None:
+        _check_minimum("max_workers")
     for name in ("timeout", "startup_timeout"):
         value = getattr(FLAGS, name)
         if value is not None and not value > 0:
@@ -439,6 +454,7 @@ def launch_command(args: Sequence[str] = ()) -> int:
             FLAGS.max_worker_failures,
             as_flags=True,
         )
+        check_max_workers(mode, FLAGS.num_workers, FLAGS.max_workers, as_flags=True)
         return launch(
             list(args),
             num_ps=FLAGS.num_ps,
@@ -451,6 +467,7 @@ def launch_command(args: Sequence[str] = ()) -> int:
             max_worker_failures=FLAGS.max_worker_failures,
             verbose=FLAGS.verbose,
             evaluator=FLAGS.evaluator,
+            max_workers=FLAGS.max_workers,
         )
     except ValueError as e:
         raise _CliError(str(e)) from e

@@ -4,7 +4,9 @@
 runs one task's `tf.distribute.Server` (`keras-psdist serve`), and `launcher`
 starts a whole cluster on this machine (`keras-psdist launch`); `mode_names`
 holds the names of the execution modes and the one rule that reads them
-(`PSStrategy(mode=...)`, `launch --mode`, `keras_psdist.modes`). No transport
+(`PSStrategy(mode=...)`, `launch --mode`, `keras_psdist.modes`); `elastic`
+keeps who trains in an async job whose workers join and leave
+(`max_workers`, imported on use: it needs TensorFlow). No transport
 of our own: tasks talk through TensorFlow's runtime. None of them imports
 TensorFlow at import time (`serve` does when it starts the server), so the
 command line answers a bad TF_CONFIG, or `--help`, at once.

@@ -33,6 +33,12 @@ LAUNCH_MODE_ENV = "KERAS_PSDIST_LAUNCH_MODE"
 # file the launcher creates once every training task has ended
 # (`keras_psdist.SidecarEvaluator` then evaluates what is left and returns).
 EVALUATOR_STOP_FILE_ENV = "KERAS_PSDIST_EVALUATOR_STOP_FILE"
+# Elastic membership (`keras-psdist launch --max-workers`,
+# `keras_psdist.cluster.elastic`): the most workers of the job, the
+# launcher's control directory, and the file that asks a worker to leave.
+MAX_WORKERS_ENV = "KERAS_PSDIST_MAX_WORKERS"
+CONTROL_DIR_ENV = "KERAS_PSDIST_CONTROL_DIR"
+LEAVE_FILE_ENV = "KERAS_PSDIST_LEAVE_FILE"
 
 # Job names in the order they are listed.
 JOB_NAMES = ("chief", "ps", "worker")

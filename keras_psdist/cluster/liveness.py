@@ -77,6 +77,7 @@ class Heartbeats(_Background):
             they fail.
         names: The workers' task names by index (`"chief:0"`, `"worker:0"`,
             ...), for messages (`Topology.training_task_names`).
+        start: Whether to start beating now; else `start()` does.
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class Heartbeats(_Background):
         *,
         names: Sequence[str],
         server_watch: task_loss.ServerWatch | None = None,
+        start: bool = True,
     ):
         self.worker = worker
         self.names = tuple(names)
@@ -110,6 +112,14 @@ class Heartbeats(_Background):
         self._cached = None
         self._lost: list[int] = []
         self._callbacks: list[Callable[[list[int], list[int]], None]] = []
+        # Elastic membership: the slots to watch (members), else every one.
+        self.members: Callable[[], Sequence[int]] | None = None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Starts beating (at construction, unless `start=False`: an
+        elastic worker beats once it is admitted)."""
         self._start_thread(self._beat_forever, "keras_psdist-heartbeat")
 
     @property
@@ -154,8 +164,14 @@ class Heartbeats(_Background):
             if self._cached is not None and now - self._cached[0] < self.period / 2:
                 return list(self._cached[1])
             counts = self.beats.numpy()
+            watched = None if self.members is None else set(self.members())
             lost = []
             for w, count in enumerate(counts.tolist()):
+                if watched is not None and w not in watched:
+                    # Not a member (free, or left cleanly): not lost.
+                    self._last_count[w] = count
+                    self._last_change[w] = now
+                    continue
                 if count != self._last_count[w]:
                     self._last_count[w] = count
                     self._last_change[w] = now
@@ -178,6 +194,8 @@ class Heartbeats(_Background):
         """Workers (other than this one) that have not beaten once, as of the
         last `lost()`."""
         with self._lock:
+            if self.members is not None:
+                return []  # Elastic: a slot nobody took is not missing.
             return [
                 w
                 for w, count in enumerate(self._last_count)

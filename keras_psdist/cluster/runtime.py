@@ -62,6 +62,10 @@ class Topology:
     input_workers: tuple[tuple[str, tuple[str, ...]], ...]
     client_device: str
     config: ClusterConfig | None = None
+    # Between-graph with elastic membership: the most worker processes the
+    # run may have (`keras_psdist.cluster.elastic`), which sizes every
+    # per-worker structure; else None (the TF_CONFIG's workers).
+    max_workers: int | None = None
 
     @property
     def is_chief(self) -> bool:
@@ -109,6 +113,8 @@ class Topology:
         """How many processes run the training script."""
         if not self.between_graph:
             return 1
+        if self.max_workers is not None:
+            return self.max_workers
         return num_training_tasks(self.config)
 
     @property
@@ -117,6 +123,11 @@ class Topology:
         `"worker:0"`, ...), for messages."""
         if not self.between_graph:
             return ("chief:0",) if self.config is not None else ("this process",)
+        if self.max_workers is not None:
+            chief = self.config.has_chief
+            return ("chief:0",) * chief + tuple(
+                f"worker:{i}" for i in range(self.max_workers - chief)
+            )
         return training_task_names(self.config)
 
 

@@ -23,6 +23,7 @@ replica and each updates its own copy.
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ from keras_psdist._tf import (
 )
 from keras_psdist.aggregators import Aggregator
 from keras_psdist.attacks.harness import corrupting_batches
-from keras_psdist.cluster import task_loss
+from keras_psdist.cluster import elastic, task_loss
 from keras_psdist.cluster.liveness import Heartbeats, LossReporter
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
@@ -179,7 +180,19 @@ class PSExtended(
         # others' (`keras_psdist.cluster.liveness`); the chief logs losses.
         self.heartbeats = None
         self.loss_reporter = None
+        # Elastic membership (`max_workers`): who trains, and on the chief
+        # its log of each change (`keras_psdist.cluster.elastic`).
+        self.registry = None
+        self.membership = None
         if topology.between_graph:
+            if topology.max_workers is not None:
+                self.registry = elastic.Registry(
+                    self._shared,
+                    topology.parameter_devices[0],
+                    topology.worker_index,
+                    topology.max_workers,
+                    names=topology.training_task_names,
+                )
             self.heartbeats = Heartbeats(
                 self._shared,
                 topology.parameter_devices[0],
@@ -188,7 +201,19 @@ class PSExtended(
                 run.heartbeat_timeout,
                 server_watch=self.server_watch,
                 names=topology.training_task_names,
+                start=self.registry is None,
             )
+            if self.registry is not None:
+                # Admitted before it beats: a refused joiner leaves no trace.
+                self.registry.admit(
+                    self.heartbeats.beats,
+                    self.heartbeats.period,
+                    run.heartbeat_timeout,
+                )
+                self.heartbeats.members = self.registry.members
+                self.heartbeats.start()
+                if topology.is_chief:
+                    self.membership = elastic.MembershipWatcher(self.registry)
             if topology.is_chief and run.mode.reports_lost_workers:
                 self.loss_reporter = LossReporter(self.heartbeats)
         # This process's part in the mode's training beyond Keras's step (a
@@ -197,6 +222,11 @@ class PSExtended(
         self.sync_training = run.mode.training(
             container_strategy, topology, self._shared, self.heartbeats
         )
+        if self.registry is not None and self.sync_training is None:
+            # Elastic async: count each update, leave when asked.
+            self.sync_training = elastic.ElasticTraining(
+                self.registry, os.environ.get(elastic.LEAVE_FILE_ENV)
+            )
         # The rule's state, for checkpoints (see `training_state`).
         self._training_state = tf.Module(name="training_state")
         self._training_state.reduction = self._reduction.state

@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
-from keras_psdist import dense_choice, gradients
+from keras_psdist import dense_choice, gradients, membership
 from keras_psdist import devices as devices_lib
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
 from keras_psdist.aggregators.base import check_count
 from keras_psdist.aggregators.momentum import check_beta
 from keras_psdist.cluster import runtime
-from keras_psdist.cluster.config import ClusterConfig
+from keras_psdist.cluster.config import MAX_WORKERS_ENV, ClusterConfig
 from keras_psdist.variables import delta_reads, narrow_reads
 
 
@@ -38,7 +39,7 @@ class Arguments:
     parameter_devices: Sequence[str] | None = None
     placement: str | dict[str, Any] | placement_lib.PlacementFn = "greedy"
     aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean"
-    num_byzantine: int | None = None
+    num_byzantine: Any = None
     attack: Any = None
     worker_momentum: float = 0.0
     cluster_resolver: Any = None
@@ -49,11 +50,12 @@ class Arguments:
     partitioner: Any = None
     heartbeat_timeout: float = 30.0
     dense: str | dict[str, Any] | dense_choice.ChooserFn = dense_choice.PS
-    replicas_to_aggregate: int | None = None
+    replicas_to_aggregate: Any = None
     total_num_replicas: int | None = None
     compression: Any = None
     read_dtype: Any = None
     read_compression: Any = None
+    max_workers: int | None = None
 
     def checked(self) -> Arguments:
         """These arguments checked (`ValueError` naming the fix), with the
@@ -62,8 +64,12 @@ class Arguments:
         dense_choice.get(self.dense)
         devices_lib.canonical_names(self.devices, "devices")
         for name in ("replicas_to_aggregate", "total_num_replicas"):
-            if getattr(self, name) is not None:
-                check_count(name, getattr(self, name), minimum=1)
+            value = getattr(self, name)
+            if value is not None and (
+                name == "total_num_replicas"
+                or not isinstance(membership.get(value, name), membership.CountRule)
+            ):
+                check_count(name, value, minimum=1)
         devices_lib.canonical_names(self.parameter_devices, "parameter_devices")
         runtime.check_cluster_resolver(self.cluster_resolver)
         check_placement(self.placement)
@@ -75,7 +81,9 @@ class Arguments:
             init_timeout=self.init_timeout,
             heartbeat_timeout=self.heartbeat_timeout,
         )
-        if self.num_byzantine is not None:
+        if self.num_byzantine is not None and not isinstance(
+            membership.get(self.num_byzantine, "num_byzantine"), membership.CountRule
+        ):
             check_count("num_byzantine", self.num_byzantine, minimum=0)
         compression = gradients.configure_compression(self.aggregator, self.compression)
         read_dtype = narrow_reads.check_read_dtype(self.read_dtype)
@@ -85,6 +93,12 @@ class Arguments:
         )
         if self.max_staleness is not None:
             check_count("max_staleness", self.max_staleness, minimum=0)
+        max_workers = self.max_workers
+        if max_workers is None and os.environ.get(MAX_WORKERS_ENV):
+            # `keras-psdist launch --max-workers M` sets it for every worker.
+            max_workers = int(os.environ[MAX_WORKERS_ENV])
+        if max_workers is not None:
+            check_count("max_workers", max_workers, minimum=1)
         return dataclasses.replace(
             self,
             partitioner=partitioner,
@@ -93,6 +107,7 @@ class Arguments:
             compression=compression,
             read_dtype=read_dtype,
             read_compression=read_compression,
+            max_workers=max_workers,
         )
 
     @functools.cached_property

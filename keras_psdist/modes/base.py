@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import tensorflow as tf
 
-from keras_psdist import dense_choice
+from keras_psdist import dense_choice, membership
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.mode_names import spellings
 from keras_psdist.cluster.runtime import Topology
@@ -155,11 +155,26 @@ class Mode(abc.ABC):
                 f"on the ps tasks. Received: mode={self.launch!r}; leave dense= "
                 "out, or train in-graph."
             )
+        max_workers = self.arguments.max_workers
+        if max_workers is not None and not self.elastic:
+            raise ValueError(
+                f"max_workers={max_workers} lets workers join and leave a "
+                "running job, which only asynchronous between-graph training "
+                "does: PSStrategy(mode='between-graph', max_workers=M) without "
+                f"max_staleness. This run is {self.name!r} ({self.summary}); "
+                "leave max_workers out here (or launch without --max-workers, "
+                "which sets it for every worker)."
+            )
         if self.launch is None:
             return
         if self.config is None:
             raise self.without_cluster()
         runtime.check_launch_mode(self.config, self.launch, self.owner)
+        if max_workers is not None:
+            check_slot(self.config, max_workers)
+
+    # Whether workers may join and leave a running job (`max_workers`).
+    elastic: bool = False
 
     def without_cluster(self) -> ValueError:
         """The error for a cluster mode started without a cluster."""
@@ -186,7 +201,9 @@ class Mode(abc.ABC):
         per compute device, and the attack on them."""
         arguments = self.arguments
         n = len(topology.compute_devices)
-        aggregator = arguments.aggregator.bind(n, arguments.num_byzantine)
+        aggregator = arguments.aggregator.bind(
+            n, membership.count(arguments.num_byzantine, n, "num_byzantine")
+        )
         warn_if_undefended(aggregator, self.front)
         return Run(
             self,
@@ -229,3 +246,24 @@ class Mode(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(owner={self.owner!r})"
+
+
+def check_slot(config: Any, max_workers: int) -> None:
+    """Refuses (`JoinRefusedError`) a process whose worker index is not below
+    `max_workers`, or a cluster whose TF_CONFIG lists more workers than it,
+    before it connects."""
+    from keras_psdist.errors import JoinRefusedError
+
+    listed = runtime.num_training_tasks(config)
+    index = runtime.training_task_names(config).index(
+        f"{config.task_type}:{config.task_id}"
+    )
+    if index >= max_workers or listed > max_workers:
+        raise JoinRefusedError(
+            f"This process starts as {config.task_type}:{config.task_id} (worker "
+            f"index {index}) in a TF_CONFIG that lists {listed} training tasks, but "
+            f"the job takes at most max_workers={max_workers}. Start it with an "
+            f"index below {max_workers} that no live worker holds, or raise "
+            "max_workers in every process of the job (the ps tasks keep "
+            "running; the running workers need a restart to use a larger one)."
+        )

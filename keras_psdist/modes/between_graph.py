@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.mode_names import BETWEEN_GRAPH
 from keras_psdist.cluster.runtime import Topology
@@ -23,11 +25,17 @@ class BetweenGraphMode(Mode):
     selectable = True
     replicates_variables = False
 
+    # Workers may join and leave (`max_workers`, `keras_psdist.cluster.elastic`).
+    elastic = True
+
     def topology(self) -> Topology:
         arguments = self.arguments
-        return runtime.connect_between_graph(
+        topology = runtime.connect_between_graph(
             self.config,
             arguments.devices,
             arguments.parameter_devices,
             arguments.connect_timeout,
         )
+        if arguments.max_workers is not None:
+            topology = dataclasses.replace(topology, max_workers=arguments.max_workers)
+        return topology

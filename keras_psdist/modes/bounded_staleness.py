@@ -26,6 +26,8 @@ class BoundedStalenessMode(BetweenGraphMode):
     selectable = False
     refines = BETWEEN_GRAPH
     takes_max_staleness = True
+    # Its clocks count a fixed set of workers.
+    elastic = False
 
     @classmethod
     def refines_for(cls, arguments: Arguments) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from keras_psdist import membership
 from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.aggregators.mean import Mean
 from keras_psdist.cluster import runtime, task_loss
@@ -80,6 +81,8 @@ class SyncReplicasMode(BetweenGraphMode):
     selectable = False
     # The update service logs lost and returning workers.
     reports_lost_workers = False
+    # Its counts (replicas_to_aggregate, the queues) are fixed for a run.
+    elastic = False
 
     @property
     def owner(self) -> str:
@@ -117,8 +120,17 @@ class SyncReplicasMode(BetweenGraphMode):
                 "is one replica. Pass total_num_replicas="
                 f"{workers} or leave it out."
             )
-        to_aggregate = arguments.replicas_to_aggregate or total
-        rule = arguments.aggregator.bind(to_aggregate, arguments.num_byzantine)
+        # Counts stated as rules follow the number of workers.
+        to_aggregate = (
+            membership.count(
+                arguments.replicas_to_aggregate, total, "replicas_to_aggregate"
+            )
+            or total
+        )
+        rule = arguments.aggregator.bind(
+            to_aggregate,
+            membership.count(arguments.num_byzantine, total, "num_byzantine"),
+        )
         warn_if_undefended(rule, self.front)
         return SyncReplicaAggregation(
             rule, to_aggregate, total, arguments.worker_momentum

@@ -50,8 +50,9 @@ class PSStrategy(distribute_lib.Strategy):
         num_byzantine: How many replicas may be faulty (the papers' *f*);
             robust rules guard against this many, and each rule's condition
             on the replica count and f is checked when the strategy is
-            built. Defaults to the aggregator's own `num_byzantine` if it
-            has one, else 0.
+            built. A number, or a fraction of the replicas (`0.25`,
+            rounded down; `keras_psdist.membership`). Defaults to the
+            aggregator's own `num_byzantine` if it has one, else 0.
         attack: A simulated attack from `keras_psdist.attacks` (or its
             config dict), applied to the replicas it names every training
             step, to evaluate a rule: e.g. `attacks.SignFlip(replicas=[7])`.
@@ -92,6 +93,15 @@ class PSStrategy(distribute_lib.Strategy):
             this many steps behind the fastest worker is dropped, not
             applied (`keras_psdist.modes.bounded_staleness`). Defaults to
             `None` (unbounded).
+        max_workers: Between-graph and asynchronous: workers may join and
+            leave the running job, up to this many (`worker:0` to
+            `worker:max_workers-1`); each process of the job must pass the
+            same value. A worker joins by starting with its own index in its
+            TF_CONFIG (`keras-psdist launch --max-workers` starts them),
+            leaves at the end of its `fit` or when asked, and is refused
+            (`keras_psdist.errors.JoinRefusedError`) if a live worker holds
+            its index. See `keras_psdist.cluster.elastic` and
+            docs/cluster.md. Defaults to `None` (the workers of TF_CONFIG).
         step_timeout: With `max_staleness`, seconds a worker waits for the
             slowest before raising `TimeoutError`. Defaults to 300.
         connect_timeout: Seconds to wait for the cluster's tasks to accept
@@ -189,7 +199,7 @@ class PSStrategy(distribute_lib.Strategy):
         parameter_devices: Sequence[str] | None = None,
         placement: str | dict[str, Any] | placement_lib.PlacementFn = "greedy",
         aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean",
-        num_byzantine: int | None = None,
+        num_byzantine: Any = None,
         attack: Any = None,
         worker_momentum: float = 0.0,
         cluster_resolver: Any = None,
@@ -204,6 +214,7 @@ class PSStrategy(distribute_lib.Strategy):
         compression: Any = None,
         read_dtype: Any = None,
         read_compression: Any = None,
+        max_workers: int | None = None,
     ):
         arguments = modes.Arguments(
             devices=devices,
@@ -224,6 +235,7 @@ class PSStrategy(distribute_lib.Strategy):
             compression=compression,
             read_dtype=read_dtype,
             read_compression=read_compression,
+            max_workers=max_workers,
         ).checked()
         mode = modes.choose(mode, arguments, "PSStrategy")
         mode.validate()
@@ -259,6 +271,11 @@ class PSStrategy(distribute_lib.Strategy):
             + (
                 f", read_compression={ext.read_compression!r}"
                 if ext.read_compression is not None
+                else ""
+            )
+            + (
+                f", max_workers={ext.topology.max_workers}"
+                if ext.topology.max_workers is not None
                 else ""
             )
             + (

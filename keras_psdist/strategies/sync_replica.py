@@ -48,7 +48,10 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
     process fails (there is no chief failover).
 
     Args:
-        replicas_to_aggregate: Fresh gradients per update. Defaults to
+        replicas_to_aggregate: Fresh gradients per update: a number, or a
+            rule of the number of workers n (`keras_psdist.membership`):
+            `"all_but_one"` (one backup worker), a fraction such as `0.75`
+            (rounded up), `kpd.membership.Fraction(0.75)`. Defaults to
             `total_num_replicas`.
         total_num_replicas: The number of worker processes (tasks of jobs
             `chief` and `worker`); given, it is checked against the cluster.
@@ -57,8 +60,10 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             config dict or `keras_psdist.aggregators.Aggregator`. Its condition on n
             and f is checked with n = `replicas_to_aggregate`. Defaults to
             `"mean"`.
-        num_byzantine: How many workers may be faulty. Defaults to the
-            aggregator's own, else 0.
+        num_byzantine: How many workers may be faulty: a number, or a
+            fraction of the workers (`0.25`, rounded down; see
+            `keras_psdist.membership`). Defaults to the aggregator's own,
+            else 0.
         attack: A simulated attack (`keras_psdist.attacks`) whose `replicas`
             are worker indices: each attacked worker corrupts what it sends
             (a gradient attack forges its own gradient; a data attack
@@ -125,10 +130,10 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
 
     def __init__(
         self,
-        replicas_to_aggregate: int | None = None,
+        replicas_to_aggregate: Any = None,
         total_num_replicas: int | None = None,
         aggregator: str | dict[str, Any] | aggregators_lib.Aggregator = "mean",
-        num_byzantine: int | None = None,
+        num_byzantine: Any = None,
         attack: Any = None,
         worker_momentum: float = 0.0,
         placement: str | placement_lib.PlacementFn = "greedy",

@@ -134,24 +134,29 @@ class DeltaReads:
         if not readers:
             return
         name = variable.name.split(":")[0]
+
+        def make(device, suffix, initial, dtype=tf.float32):
+            with tf.device(None), tf.device(device):
+                return next_creator(
+                    initial_value=initial,
+                    dtype=dtype,
+                    trainable=False,
+                    name=f"{name}/{suffix}",
+                )
+
         copies = {}
         with tf.init_scope():
+            zeros = tf.zeros(variable.shape, tf.float32)
             for i, reader in enumerate(readers):
-
-                def make(device, suffix, initial, dtype=tf.float32):
-                    with tf.device(None), tf.device(device):
-                        return next_creator(
-                            initial_value=initial,
-                            dtype=dtype,
-                            trainable=False,
-                            name=f"{name}/read_copy_{i}/{suffix}",
-                        )
-
-                zeros = tf.zeros(variable.shape, tf.float32)
                 copies[reader] = _Copy(
-                    seen=make(variable.device, "seen", zeros),
-                    local=make(reader, "local", zeros),
-                    reads=make(reader, "reads", tf.constant(0, tf.int64), tf.int64),
+                    seen=make(variable.device, f"read_copy_{i}/seen", zeros),
+                    local=make(reader, f"read_copy_{i}/local", zeros),
+                    reads=make(
+                        reader,
+                        f"read_copy_{i}/reads",
+                        tf.constant(0, tf.int64),
+                        tf.int64,
+                    ),
                 )
         self._copies[id(variable)] = copies
 

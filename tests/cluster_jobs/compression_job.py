@@ -53,7 +53,8 @@ def main(out_dir, mode="in-graph"):
         "accuracy": accuracy,
         "compression": repr(strategy.extended.compression),
         "state_devices": [v.device for v in strategy.extended.training_state.variables],
-        "read_dtype": strategy.extended.read_dtype and strategy.extended.read_dtype.name,
+        "read_dtype": strategy.extended.read_dtype
+        and strategy.extended.read_dtype.name,
         # The reads a traced step narrowed, by the variable's device.
         "narrowed_reads": narrowed,
         # The copies of the variables read by their change: (ps side,

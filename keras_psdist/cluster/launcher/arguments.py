@@ -101,3 +101,26 @@ def check_fault_tolerance(
             f"{said('max_worker_failures', max_worker_failures)}, "
             f"{said('num_workers', num_workers)}."
         )
+
+
+def check_max_workers(
+    mode: str, num_workers: int, max_workers: int | None, *, as_flags: bool = False
+) -> None:
+    """Elastic membership: between-graph only, at least the starting workers."""
+    if max_workers is None:
+        return
+    name = "--max-workers" if as_flags else "max_workers"
+    if isinstance(max_workers, bool) or not isinstance(max_workers, int):
+        raise ValueError(f"`{name}` must be an integer. Received: {max_workers!r}")
+    if mode == IN_GRAPH:
+        raise ValueError(
+            f"`{name}` lets workers join and leave a between-graph run, where "
+            "each worker is its own training process; in-graph, the workers are "
+            f"the chief's replicas, fixed when it connects. Received: {name} "
+            f"{max_workers} with the in-graph mode. Use the between-graph mode."
+        )
+    if max_workers < num_workers:
+        raise ValueError(
+            f"`{name}` must be at least the starting number of workers "
+            f"({num_workers}). Received: {max_workers!r}"
+        )

@@ -23,14 +23,18 @@ from collections.abc import Sequence
 from typing import Protocol, TextIO
 
 from keras_psdist.cluster.config import (
+    CONTROL_DIR_ENV,
     EVALUATOR,
     EVALUATOR_STOP_FILE_ENV,
     LAUNCH_MODE_ENV,
+    LEAVE_FILE_ENV,
+    MAX_WORKERS_ENV,
     ClusterConfig,
 )
 from keras_psdist.cluster.launcher.arguments import (
     check_args,
     check_fault_tolerance,
+    check_max_workers,
 )
 from keras_psdist.cluster.launcher.banner import is_tf_banner
 from keras_psdist.cluster.launcher.processes import (
@@ -99,6 +103,7 @@ def launch(
     verbose: bool = False,
     hosts: TaskHosts | None = None,
     evaluator: bool = False,
+    max_workers: int | None = None,
 ) -> int:
     """Runs `command` on a parameter-server cluster of local processes.
 
@@ -184,6 +189,17 @@ def launch(
             training has ended (`KERAS_PSDIST_EVALUATOR_STOP_FILE`) and waits
             for it to evaluate the last checkpoints and exit. Defaults to
             `False`.
+        max_workers: Between-graph: workers may join and leave the running
+            job, up to this many (`PSStrategy(mode="between-graph")` reads it
+            from `KERAS_PSDIST_MAX_WORKERS`, which every training process
+            gets; see `keras_psdist.cluster.elastic`). The launcher makes a
+            control directory (`KERAS_PSDIST_CONTROL_DIR`, logged at start):
+            a file `add-worker` there starts a worker (on a new port, in the
+            lowest slot a removed worker freed, else the next task index) and
+            `remove-worker-K` asks `worker:K` to
+            leave after its current step (its leave file,
+            `KERAS_PSDIST_LEAVE_FILE`); a removed worker's exit 0 counts as
+            done. Defaults to `None`: the workers are fixed.
 
     Returns:
         The exit code: in-graph, the chief's; between-graph, 0 if every worker
@@ -209,6 +225,7 @@ def launch(
         command, num_ps, num_workers, mode, host, timeout_s, startup_timeout_s
     )
     check_fault_tolerance(mode, num_workers, max_restarts, max_worker_failures)
+    check_max_workers(mode, num_workers, max_workers)
     if hosts is not None and not (
         callable(getattr(hosts, "address", None))
         and callable(getattr(hosts, "command", None))
@@ -231,6 +248,7 @@ def launch(
         verbose,
         hosts,
         evaluator,
+        max_workers,
     )
     return run()
 
@@ -253,9 +271,11 @@ class _Launch:
         verbose: bool = False,
         hosts: TaskHosts | None = None,
         evaluator: bool = False,
+        max_workers: int | None = None,
     ):
         self.hosts = hosts
         self.evaluator = evaluator
+        self.max_workers = max_workers
         self.temporary: list[str] = []  # directories removed at the end
         self.command = command
         self.num_ps = num_ps
@@ -430,9 +450,15 @@ class _Launch:
             f"{job}:{i}": config.with_task(job, i)
             for job, i in self._training_tasks(config)
         }
+        membership = _Membership(self, config) if self.max_workers else None
         trainers = [
-            self._spawn(task_config, self.command, is_server=False)
-            for task_config in configs.values()
+            self._spawn(
+                task_config,
+                self.command,
+                is_server=False,
+                extra_env=None if membership is None else membership.env(name),
+            )
+            for name, task_config in configs.items()
         ]
         servers = [c for c in self.children if c.is_server]
         evaluation = _Evaluation(self, config) if self.evaluator else None
@@ -440,6 +466,8 @@ class _Launch:
             self.signals.check()
             if evaluation is not None:
                 evaluation.check()
+            if membership is not None:
+                membership.check(trainers, configs)
             for i, child in enumerate(trainers):
                 code = child.proc.poll()
                 if code in (None, 0):
@@ -633,6 +661,112 @@ class _Launch:
             group_alive(c.proc) for c in children
         ):
             time.sleep(0.02)
+
+
+class _Membership:
+    """The control directory of an elastic launch (`max_workers`): starts
+    the workers asked for, asks the ones to remove to leave."""
+
+    ADD = "add-worker"
+    REMOVE = "remove-worker-"
+
+    def __init__(self, launch: _Launch, config: ClusterConfig):
+        self.launch = launch
+        self.config = config
+        self.directory = tempfile.mkdtemp(prefix="keras-psdist-control-")
+        launch.temporary.append(self.directory)
+        self.addresses = list(config.addresses("worker"))
+        # Workers asked to leave, and the slots they freed by exiting 0:
+        # the next worker added takes the lowest freed slot.
+        self.asked: set[int] = set()
+        self.freed: set[int] = set()
+        # Workers asked for while every slot was taken but some worker was
+        # leaving: started once it has exited.
+        self.pending = 0
+        launch.log(
+            f"elastic membership (--max-workers {launch.max_workers}): add a "
+            f"worker with `touch {self.directory}/{self.ADD}`, remove worker:K "
+            f"with `touch {self.directory}/{self.REMOVE}K`."
+        )
+
+    def env(self, task: str) -> dict[str, str]:
+        """What a training process of `task` (`"worker:K"`) is given."""
+        index = task.rsplit(":", 1)[1]
+        return {
+            CONTROL_DIR_ENV: self.directory,
+            MAX_WORKERS_ENV: str(self.launch.max_workers),
+            LEAVE_FILE_ENV: os.path.join(self.directory, f"leave-worker-{index}"),
+        }
+
+    def check(self, trainers: list[Child], configs: dict) -> None:
+        """Acts on the requests in the control directory (each once)."""
+        for child in trainers:
+            index = int(child.name.rsplit(":", 1)[1])
+            if index in self.asked and child.proc.poll() == 0:
+                self.asked.discard(index)
+                self.freed.add(index)
+        while self.pending and (
+            self.freed or len(self.addresses) < self.launch.max_workers
+        ):
+            self.pending -= 1
+            self._add(trainers, configs)
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if name.startswith(self.ADD):
+                os.remove(path)
+                self._add(trainers, configs)
+            elif name.startswith(self.REMOVE):
+                os.remove(path)
+                index = name[len(self.REMOVE) :]
+                task = f"worker:{index}"
+                if task not in configs:
+                    self.launch.log(f"remove {task}: no such worker; ignored.")
+                    continue
+                with open(os.path.join(self.directory, f"leave-worker-{index}"), "w"):
+                    pass
+                self.asked.add(int(index))
+                self.launch.log(f"asked {task} to leave after its current step.")
+
+    def _add(self, trainers: list[Child], configs: dict) -> None:
+        index = min(self.freed) if self.freed else len(self.addresses)
+        if index >= self.launch.max_workers and self.asked:
+            self.pending += 1
+            self.launch.log(
+                "add-worker: every slot is taken; starting the worker once a "
+                "leaving one has exited."
+            )
+            return
+        if index >= self.launch.max_workers:
+            self.launch.log(
+                f"add-worker: the job has its --max-workers "
+                f"{self.launch.max_workers} workers already; ignored."
+            )
+            return
+        task = f"worker:{index}"
+        if self.launch.hosts is not None:
+            address = self.launch.hosts.address(task)
+        else:
+            port = pick_free_ports(1, self.launch.host)[0]
+            address = f"{self.launch._address_host()}:{port}"
+        if index in self.freed:
+            self.freed.discard(index)
+            self.addresses[index] = address
+            # A new leave file for the slot's new worker.
+            leave = os.path.join(self.directory, f"leave-worker-{index}")
+            if os.path.exists(leave):
+                os.remove(leave)
+        else:
+            self.addresses.append(address)
+        jobs = dict(self.config.jobs)
+        jobs["worker"] = tuple(self.addresses)
+        config = ClusterConfig(jobs).with_task("worker", index)
+        configs[task] = config
+        self.launch.log(f"adding {task} at {address}.")
+        trainers.append(
+            self.launch._spawn(
+                config, self.launch.command, is_server=False, extra_env=self.env(task)
+            )
+        )
 
 
 class _Evaluation:

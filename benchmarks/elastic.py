@@ -1,0 +1,116 @@
+"""Elastic membership: how long a join takes, and whether any update is lost.
+
+What it measures
+----------------
+An async ``PSStrategy(mode="between-graph")`` job on a local cluster of 1 ps
+and 2 workers, ``keras_psdist.cluster.launch(max_workers=3)`` (the job of
+``tests/cluster_jobs/elastic_job.py``: ``Dense(1)`` from zeros, ``SGD(2**-6)``,
+worker k's input the constant ``k + 1``, so each update of worker k
+subtracts exactly ``2**-6 * (k + 1)`` from every weight). After its 5th step
+the chief ``--cycles`` times asks the launcher for a worker
+(``add-worker``: a new process, a new port, the slot the last one freed)
+and waits for the joiner's first applied update, then asks it to leave
+(``remove-worker-2``) and waits until it has: 2 membership changes a cycle.
+
+Per join: the seconds from the request to the joiner's first applied update
+(the launcher starting a Python process that imports TensorFlow, connects
+to the ps, is admitted and takes a step); per leave: from the request to
+the slot marked left. At the end: the updates each slot counted, and the
+final weights against the weights those counts give, in updates of worker:0
+(2**-6 each): 0 means no update was lost or counted twice.
+
+How to run
+----------
+From the repository root::
+
+    python benchmarks/elastic.py --cycles 10 \\
+        --json benchmarks/results/elastic.json     # ~3 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+from harness import log as _log
+from harness import read_reports, run_dir
+
+harness.prepare_tensorflow()
+
+JOB = (
+    Path(__file__).resolve().parent.parent / "tests" / "cluster_jobs" / "elastic_job.py"
+)
+LR = 2.0**-6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.BenchmarkParser(
+        "Elastic membership: join time and lost updates over membership changes.",
+        seed=False,
+    )
+    parser.add_argument(
+        "--cycles", type=harness.positive, default=10,
+        help="add-then-remove cycles: 2 membership changes each (default 10)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="elastic-") as work:
+        out, log = run_dir(Path(work), "run")
+        code = harness.launch_logged(
+            [sys.executable, str(JOB), str(out), str(args.cycles)],
+            log,
+            num_ps=1,
+            num_workers=2,
+            mode="between-graph",
+            max_workers=3,
+            timeout_s=120 + 60 * args.cycles,
+        )
+        reports = read_reports(out, 2 + args.cycles, log, code)
+    chief = next(r for r in reports if "join_s" in r)
+    applied = chief["applied"]
+    expected = -LR * sum((k + 1) * a for k, a in enumerate(applied))
+    discrepancy = max(abs(w - expected) for w in chief["weights"]) / LR
+    join, leave = chief["join_s"], chief["leave_s"]
+    summary = {
+        "changes": 2 * args.cycles,
+        "join_s_median": statistics.median(join),
+        "join_s_min": min(join),
+        "join_s_max": max(join),
+        "leave_s_median": statistics.median(leave),
+        "leave_s_max": max(leave),
+        "applied": applied,
+        "weight_discrepancy_in_updates": discrepancy,
+    }
+    _log(
+        f"{summary['changes']} membership changes; join (request -> first applied "
+        f"update) median {summary['join_s_median']:.2f} s "
+        f"({summary['join_s_min']:.2f} to {summary['join_s_max']:.2f}); leave "
+        f"median {summary['leave_s_median']:.2f} s (max {summary['leave_s_max']:.2f}); "
+        f"updates applied per slot {applied}; final weights vs the counted updates: "
+        f"{discrepancy:g} updates apart (0: none lost or counted twice)"
+    )
+    if args.json:
+        harness.write_results(
+            args.json,
+            {
+                "benchmark": "elastic",
+                "command": "python benchmarks/elastic.py "
+                + " ".join(argv or sys.argv[1:]),
+                "wall_s": time.perf_counter() - start,
+                "environment": harness.environment(),
+                "summary": summary,
+                "join_s": join,
+                "leave_s": leave,
+                "chief": chief,
+            },
+        )
+        _log(f"wrote {args.json}")
+    return 0 if discrepancy == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""Workers that join and leave a running between-graph async job:
+`PSStrategy(mode="between-graph", max_workers=M)`.
+
+TensorFlow's runtime fixes nothing here: a ps task's server knows only its
+own address, and each worker connects to the ps tasks and itself, so a
+worker at a new address can reach the variables at any time. What fixed
+the set of workers was ours: every per-worker structure (heartbeats, the
+pieces of each batch) was sized by the TF_CONFIG's worker list. With
+`max_workers=M` they are sized by M, and who trains is data on the first
+ps task, the `Registry`:
+
+- `state[M]`: each slot (`worker:k`) free, a member, or left;
+- `applied[M]`: the updates each slot has applied (counted in the same step
+  function as the update, so the count is the update's);
+- `version`: one more at every change.
+
+A process joins by starting with a TF_CONFIG that lists its own address as
+`worker:k` (k < M; the workers before it may be listed with any address,
+they are not dialled). Before it beats or touches any shared state, it is
+admitted (`Registry.admit`): refused with a `JoinRefusedError` naming why
+if k >= M, if the registry was made for another M, or if slot k (the chief's
+slot included) belongs to a worker whose heartbeat still moves; a slot
+whose holder left or stopped beating is taken over. It then reads the
+current variables (they live on the ps tasks) and trains; each step it
+takes its piece of the batch as piece k of M, so a worker's batch does not
+change as others come and go.
+
+A worker leaves at the end of its `fit` (`state[k]` = left), or when asked
+to: the file named by `KERAS_PSDIST_LEAVE_FILE` (the launcher sets it) exists,
+or `Registry.ask_to_leave(k)` ran; its `fit` then stops after the step it is
+in. A worker that dies is lost, as before (the chief logs it from the
+heartbeats), and its slot may be taken over.
+
+The chief's `MembershipWatcher` logs every change with the slots it finds
+members, and `keras_psdist.callbacks.MembershipReport` writes the number of
+workers to the `fit` history and to TensorBoard at the step of each change.
+
+Not elastic: in-graph runs (their replicas are fixed when the client
+connects), `SyncReplicaStrategy` and bounded staleness (their counts are
+fixed for a run); each refuses `max_workers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from keras_psdist.cluster.config import LEAVE_FILE_ENV, MAX_WORKERS_ENV
+from keras_psdist.cluster.shared_variables import SharedVariables
+from keras_psdist.errors import JoinRefusedError
+
+__all__ = ["LEAVE_FILE_ENV", "MAX_WORKERS_ENV"]
+
+FREE, MEMBER, LEFT = 0, 1, 2
+_STATES = {FREE: "free", MEMBER: "member", LEFT: "left"}
+
+
+class Registry:
+    """Who trains, on the first ps task (see the module doc).
+
+    Args:
+        shared: Opens (or, on the chief, creates) the shared variables.
+        device: The first parameter device.
+        slot: This process's slot (its worker index).
+        max_workers: M.
+        names: The slots' task names, for messages.
+    """
+
+    def __init__(
+        self,
+        shared: SharedVariables,
+        device: str,
+        slot: int,
+        max_workers: int,
+        *,
+        names: Sequence[str],
+    ):
+        self.slot = slot
+        self.max_workers = max_workers
+        self.names = tuple(names)
+        self._device = device
+        try:
+            self.state = shared.create_int64(
+                device, "keras_psdist/membership/state", [FREE] * max_workers
+            )
+        except ValueError as e:
+            if "shape" not in str(e):
+                raise
+            raise JoinRefusedError(
+                f"This process runs with max_workers={max_workers}, but the job "
+                "it joins was started with another max_workers (the ps tasks "
+                "hold its membership for that many). Every process of a job "
+                "must pass the same max_workers (`keras-psdist launch "
+                "--max-workers` gives every worker the same)."
+            ) from None
+        self.applied = shared.create_int64(
+            device, "keras_psdist/membership/applied", [0] * max_workers
+        )
+        self.version = shared.create_int64(device, "keras_psdist/membership/version", 0)
+        self.leave = shared.create_int64(
+            device, "keras_psdist/membership/leave", [0] * max_workers
+        )
+
+    # ------------------------------------------------------------ reads
+
+    def states(self) -> list[int]:
+        """Each slot's state (`FREE`, `MEMBER`, `LEFT`)."""
+        return self.state.numpy().tolist()
+
+    def members(self) -> list[int]:
+        """The slots that are members now."""
+        return [k for k, s in enumerate(self.states()) if s == MEMBER]
+
+    def applied_counts(self) -> list[int]:
+        """The updates each slot has applied."""
+        return self.applied.numpy().tolist()
+
+    # ----------------------------------------------------------- changes
+
+    def admit(self, beats: tf.Variable, period: float, timeout: float) -> None:
+        """Takes this process's slot, or raises `JoinRefusedError`.
+
+        Args:
+            beats: The heartbeat vector (not yet beaten by this process).
+            period: Seconds between two beats of a live process.
+            timeout: Seconds to wait for a beat before the holder of a
+                member slot counts as gone.
+        """
+        slot, name = self.slot, self.names[self.slot]
+        if self.states()[slot] == MEMBER:
+            # A member slot: taken over only if its holder stopped beating.
+            before = int(beats.numpy()[slot])
+            deadline = time.monotonic() + min(timeout, max(3 * period, 1.0))
+            while time.monotonic() < deadline:
+                time.sleep(period / 2)
+                if int(beats.numpy()[slot]) != before:
+                    raise JoinRefusedError(
+                        f"This process starts as {name}, but {name} is already "
+                        "training in this job (its heartbeat moves). A joining "
+                        "worker needs a slot of its own: give it the next free "
+                        f"worker index below max_workers={self.max_workers} in "
+                        "its TF_CONFIG (`keras-psdist launch --max-workers` "
+                        "does), or stop the other process first."
+                    )
+        # The slot's count goes on from its last holder's.
+        self._set(slot, MEMBER)
+        logging.warning("keras_psdist: %s joined the job (elastic membership).", name)
+
+    def left(self) -> None:
+        """Marks this process's slot as left."""
+        self._set(self.slot, LEFT)
+        with tf.device(self._device):
+            tf.raw_ops.ResourceScatterUpdate(
+                resource=self.leave.handle,
+                indices=tf.constant([self.slot]),
+                updates=tf.constant([0], tf.int64),
+            )
+
+    def rejoin(self) -> None:
+        """Marks this process's slot a member again (a new `fit`)."""
+        if self.states()[self.slot] != MEMBER:
+            self._set(self.slot, MEMBER)
+
+    def ask_to_leave(self, slot: int) -> None:
+        """Asks the worker in `slot` to leave after its current step."""
+        with tf.device(self._device):
+            tf.raw_ops.ResourceScatterUpdate(
+                resource=self.leave.handle,
+                indices=tf.constant([slot]),
+                updates=tf.constant([1], tf.int64),
+            )
+
+    def asked_to_leave(self) -> bool:
+        """Whether this process was asked to leave (`ask_to_leave`)."""
+        return bool(self.leave.numpy()[self.slot])
+
+    def count_applied(self) -> None:
+        """One more update applied by this process; call it in the step
+        function that applies the update."""
+        with tf.device(self._device):
+            tf.raw_ops.ResourceScatterAdd(
+                resource=self.applied.handle,
+                indices=tf.constant([self.slot]),
+                updates=tf.constant([1], tf.int64),
+            )
+
+    def _set(self, slot: int, state: int) -> None:
+        with tf.device(self._device):
+            tf.raw_ops.ResourceScatterUpdate(
+                resource=self.state.handle,
+                indices=tf.constant([slot]),
+                updates=tf.constant([state], tf.int64),
+            )
+            self.version.assign_add(1)
+
+
+class ElasticTraining:
+    """One worker's part in an elastic async run (a `keras_psdist.modes.Training`):
+    counts each update it applies, leaves when its `fit` ends or when asked.
+
+    Args:
+        registry: The run's `Registry`.
+        leave_file: A path whose existence asks this worker to leave
+            (`KERAS_PSDIST_LEAVE_FILE`), or None.
+    """
+
+    def __init__(self, registry: Registry, leave_file: str | None = None):
+        self.registry = registry
+        self._leave_file = leave_file
+        self._in_session = False
+
+    def worker_apply(self, optimizer, apply, grads, variables) -> Any:
+        result = apply(grads, variables)
+        # In the step function, after the update (automatic control
+        # dependencies order the stateful ops).
+        self.registry.count_applied()
+        return result
+
+    @contextlib.contextmanager
+    def session(self, model=None):
+        self.registry.rejoin()
+        self._in_session = True
+        try:
+            yield
+        finally:
+            self._in_session = False
+            self.registry.left()
+
+    def check_steps(self, steps: int) -> None:
+        return None
+
+    def before_step(self) -> None:
+        return None
+
+    def progress(self, *args, **kwargs) -> bool:
+        """True (stop the `fit`) once this worker is asked to leave."""
+        if self._leave_file and os.path.exists(self._leave_file):
+            return True
+        return self.registry.asked_to_leave()
+
+    def counts(self) -> dict[str, Any]:
+        """The updates every slot has applied, and the members now."""
+        return {
+            "applied": self.registry.applied_counts(),
+            "members": self.registry.members(),
+        }
+
+    def checkpointed(self) -> dict[str, tf.Module]:
+        return {}
+
+
+class MembershipWatcher:
+    """On the chief: logs every change of the registry, and keeps them.
+
+    Args:
+        registry: The run's `Registry`.
+        every: Seconds between looks.
+    """
+
+    def __init__(self, registry: Registry, every: float = 0.5):
+        self._registry = registry
+        self._every = every
+        self._lock = threading.Lock()
+        # (monotonic time, version, members) of each change seen.
+        self.changes: list[tuple[float, int, list[int]]] = []
+        self._version = None
+        self._members: list[int] = []
+        self._listeners: list[Callable[[int, list[int]], None]] = []
+        self._stop = threading.Event()
+        self.look()
+        self._thread = threading.Thread(
+            target=self._watch, name="keras_psdist-membership", daemon=True
+        )
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self.look()
+            except Exception as e:  # noqa: BLE001 - a dead ps is reported elsewhere
+                logging.warning("keras_psdist membership check failed: %s", e)
+
+    def look(self) -> list[int]:
+        """Reads the registry; logs and keeps a change. Returns the members."""
+        with self._lock:
+            version = int(self._registry.version.numpy())
+            if version == self._version:
+                return list(self._members)
+            members = self._registry.members()
+            names = self._registry.names
+            joined = [k for k in members if k not in self._members]
+            gone = [k for k in self._members if k not in members]
+            if self._version is not None and (joined or gone):
+                logging.warning(
+                    "keras_psdist membership (version %d): %s; %d worker%s: %s.",
+                    version,
+                    ", ".join(
+                        [f"{names[k]} joined" for k in joined]
+                        + [f"{names[k]} left" for k in gone]
+                    ),
+                    len(members),
+                    "" if len(members) == 1 else "s",
+                    ", ".join(names[k] for k in members),
+                )
+            self._version, self._members = version, members
+            self.changes.append((time.monotonic(), version, list(members)))
+            return list(members)
+
+    @property
+    def members(self) -> list[int]:
+        """The members as of the last look."""
+        with self._lock:
+            return list(self._members)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def state_names(states: Sequence[int]) -> list[str]:
+    """`Registry.states()` as words."""
+    return [_STATES[int(s)] for s in np.asarray(states).tolist()]

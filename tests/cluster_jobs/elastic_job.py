@@ -1,0 +1,245 @@
+"""An elastic async job: workers join and leave during one `fit` of the chief.
+
+Run by `tests/test_elastic.py` under `keras-psdist launch --mode
+between-graph --num-workers 2 --max-workers 4`:
+
+    python elastic_job.py OUT_DIR [CYCLES]
+
+Every worker trains `Dense(1, use_bias=False)` from zeros with `SGD(2**-6)`
+on a constant input `k + 1` (k: its worker index), loss `mean(prediction)`:
+each update it applies subtracts exactly `2**-6 * (k + 1)` from every
+weight, so the final weights say how many updates each worker applied. The
+others train until asked to leave.
+
+The chief (worker:0), during its `fit`:
+
+1. after its step 5, asks the launcher for two more workers
+   (`add-worker`) and waits until worker:2 and worker:3 are members and
+   have each applied an update (the time from the request to that first
+   update is the join time);
+2. starts two joiners with bad TF_CONFIGs and checks that each is refused
+   (one claims live worker:1, one index 4 of max_workers 4) and that the
+   membership did not change;
+3. removes worker:3 (`remove-worker-3`) and waits until it has left;
+4. trains 5 more steps, asks worker:1 and worker:2 to leave, waits until
+   they have, and ends its `fit`.
+
+With CYCLES (`benchmarks/elastic.py`), the chief instead adds and removes
+a third worker CYCLES times (2 changes each), timing each join (the request
+to the joiner's first applied update) and leave.
+
+It writes `OUT_DIR/chief.json`: the final weights, the updates each slot
+applied, the membership events of `MembershipReport`, the join times, the
+refused joiners' exit codes and output tails; each other worker writes
+`OUT_DIR/worker_<k>.json`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+LR = 2.0**-6
+WAIT_S = 120
+DIM = 4
+
+
+def _wait(what, condition):
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"elastic_job: waited {WAIT_S} s for {what}")
+        time.sleep(0.05)
+
+
+def _touch(name):
+    with open(os.path.join(os.environ["KERAS_PSDIST_CONTROL_DIR"], name), "w"):
+        pass
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _bad_joiner(index, num_listed):
+    """Starts this script as worker:`index` with `num_listed` workers listed;
+    returns (exit code, the last lines of its output)."""
+    config = json.loads(os.environ["TF_CONFIG"])
+    workers = list(config["cluster"]["worker"])
+    while len(workers) < num_listed:
+        # Not dialled: async workers call nobody.
+        workers.append(f"127.0.0.1:{len(workers) + 1}")
+    # Its own address is a new one (a new host or port): only the slot
+    # clashes, which the registry decides.
+    workers = workers[:num_listed]
+    workers[index] = f"127.0.0.1:{_free_port()}"
+    config["cluster"]["worker"] = workers
+    config["task"] = {"type": "worker", "index": index}
+    env = dict(os.environ, TF_CONFIG=json.dumps(config))
+    env.pop("KERAS_PSDIST_LEAVE_FILE", None)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--joiner"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+
+
+class Cycles(keras.callbacks.Callback):
+    """The chief's part in `benchmarks/elastic.py`: `cycles` times, add a
+    worker (the launcher reuses the slot the last one freed) and wait for
+    its first update, then remove it and wait until it has left; then ask
+    worker:1 to leave and end."""
+
+    def __init__(self, registry, out, cycles):
+        super().__init__()
+        self.registry = registry
+        self.out = out
+        self.cycles = cycles
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.steps != 5:
+            return
+        registry = self.registry
+        join_s, leave_s = [], []
+        for _ in range(self.cycles):
+            before = registry.applied_counts()
+            requested = time.monotonic()
+            _touch("add-worker")
+            _wait(
+                "a worker to join and apply",
+                lambda before=before: registry.applied_counts()[2] > before[2],
+            )
+            join_s.append(time.monotonic() - requested)
+            requested = time.monotonic()
+            _touch("remove-worker-2")
+            _wait("worker:2 to leave", lambda: registry.states()[2] == 2)
+            leave_s.append(time.monotonic() - requested)
+            # The launcher frees the slot once the process has exited.
+            time.sleep(0.5)
+        self.out["join_s"] = join_s
+        self.out["leave_s"] = leave_s
+        _touch("remove-worker-1")
+        _wait("worker:1 to leave", lambda: registry.states()[1] == 2)
+        self.model.stop_training = True
+
+
+class Choreography(keras.callbacks.Callback):
+    """The chief's part: grow to 4, refuse bad joiners, shrink to 3, end."""
+
+    def __init__(self, registry, out):
+        super().__init__()
+        self.registry = registry
+        self.out = out
+        self.steps = 0
+        self.phase = "grow"
+        self.after_shrink = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        registry = self.registry
+        if self.phase == "grow" and self.steps == 5:
+            requested = time.monotonic()
+            before = registry.applied_counts()
+            _touch("add-worker")
+            _touch("add-worker-2")
+            joined = {}
+
+            def both_applied():
+                applied = registry.applied_counts()
+                for k in (2, 3):
+                    if k not in joined and applied[k] > before[k]:
+                        joined[k] = time.monotonic() - requested
+                return len(joined) == 2 and registry.members() == [0, 1, 2, 3]
+
+            _wait("worker:2 and worker:3 to join and apply", both_applied)
+            self.out["join_s"] = joined
+            version = int(registry.version.numpy())
+            self.out["refused"] = [_bad_joiner(1, 2), _bad_joiner(4, 5)]
+            self.out["members_after_refusals"] = registry.members()
+            self.out["version_unchanged"] = int(registry.version.numpy()) == version
+            _touch("remove-worker-3")
+            _wait("worker:3 to leave", lambda: registry.states()[3] == 2)
+            self.phase = "shrunk"
+        elif self.phase == "shrunk":
+            self.after_shrink += 1
+            if self.after_shrink == 5:
+                _touch("remove-worker-1")
+                _touch("remove-worker-2")
+                _wait(
+                    "worker:1 and worker:2 to leave",
+                    lambda: registry.states()[1:3] == [2, 2],
+                )
+                self.model.stop_training = True
+                self.phase = "done"
+
+
+def main(out_dir, cycles=0):
+    import keras_psdist as kpd
+
+    strategy = kpd.PSStrategy(mode="between-graph")
+    extended = strategy.extended
+    k = extended.topology.worker_index
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((DIM,)),
+                keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros"),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(LR),
+            loss=lambda y, prediction: tf.reduce_mean(prediction),
+        )
+    # 4 rows a step per worker: each global batch of 16 splits into
+    # max_workers = 4 pieces; worker k trains on piece k.
+    x = np.full((16 * 50000, DIM), float(k + 1), np.float32)
+    y = np.zeros((len(x), 1), np.float32)
+    report = kpd.callbacks.MembershipReport()
+    out = {"worker": k}
+    callbacks = [report]
+    if extended.topology.is_chief:
+        callbacks.append(
+            Cycles(extended.registry, out, int(cycles))
+            if int(cycles)
+            else Choreography(extended.registry, out)
+        )
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=callbacks)
+    out["applied"] = extended.registry.applied_counts()
+    out["states"] = extended.registry.states()
+    out["weights"] = model.get_weights()[0].ravel().tolist()
+    out["events"] = report.events
+    out["counts"] = extended.sync_training.counts()
+    name = "chief.json" if extended.topology.is_chief else f"worker_{k}.json"
+    if os.path.exists(os.path.join(out_dir, name)):  # a slot's later worker
+        name = name.replace(".json", f"_{time.time_ns()}.json")
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(out, f)
+    print(f"elastic_job: worker:{k} done, applied {out['applied']}", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--joiner":
+        # A joiner the chief starts with a bad TF_CONFIG: it must be refused.
+        import keras_psdist as kpd
+
+        kpd.PSStrategy(mode="between-graph")
+        print("elastic_job: the bad joiner was admitted", flush=True)
+        sys.exit(0)
+    main(*sys.argv[1:])

@@ -1,0 +1,155 @@
+"""Elastic membership (`PSStrategy(mode="between-graph", max_workers=M)`,
+`keras-psdist launch --max-workers`): workers join and leave a running async
+job during one `fit` of the chief, every update counted; bad joiners are
+refused without touching the job.
+
+`cluster_jobs/elastic_job.py` says what each process does. One launch:
+2 workers grow to 4, two bad joiners are refused, 4 shrink to 3, then the
+chief ends the run.
+"""
+
+import json
+
+import launching  # tests/cluster_jobs, see conftest.py
+import numpy as np
+import pytest
+
+from keras_psdist.cluster.launcher.arguments import check_max_workers
+
+pytestmark = pytest.mark.multiprocess
+
+JOB = launching.Path(__file__).parent / "cluster_jobs" / "elastic_job.py"
+LR = 2.0**-6
+
+
+@pytest.fixture(scope="module")
+def elastic_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("elastic")
+    code, log = launching.launch_job(
+        JOB,
+        [out],
+        num_ps=1,
+        num_workers=2,
+        mode="between-graph",
+        max_workers=4,
+        timeout_s=400,
+    )
+    assert code == 0, (
+        f"launch exited {code}:\n{launching.without_progress(log)[-8000:]}"
+    )
+    chief = json.loads((out / "chief.json").read_text())
+    workers = {k: json.loads((out / f"worker_{k}.json").read_text()) for k in (1, 2, 3)}
+    return chief, workers, log
+
+
+def test_the_final_weights_are_the_updates_every_worker_applied(elastic_run):
+    """Each update of worker k subtracts exactly 2**-6 * (k + 1) from every
+    weight: the weights account for every counted update, none lost or
+    counted twice."""
+    chief, _, _ = elastic_run
+    applied = chief["applied"]
+    assert all(a > 0 for a in applied), applied
+    expected = -LR * sum((k + 1) * a for k, a in enumerate(applied))
+    np.testing.assert_array_equal(chief["weights"], [expected] * 4)
+
+
+def test_workers_join_and_leave_during_one_fit(elastic_run):
+    chief, workers, log = elastic_run
+    # Grown to 4 (both joiners applied updates), shrunk to 3, then ended.
+    assert set(chief["join_s"]) == {"2", "3"}
+    assert chief["states"] == [2, 2, 2, 2]  # every slot left cleanly at the end
+    # What each worker counted of itself is what the chief read.
+    for k, report in workers.items():
+        assert report["applied"][k] == chief["applied"][k]
+    # The chief's report saw 2, then 4, then 3 workers, in that order.
+    counts = [n for _, n in chief["events"]]
+    sequence = [n for i, n in enumerate(counts) if i == 0 or counts[i - 1] != n]
+    position = 0
+    for wanted in (2, 4, 3):
+        position = sequence.index(wanted, position) + 1
+    assert "worker:2 joined" in log and "worker:3 joined" in log
+    assert "worker:3 left" in log
+    assert "is lost" not in log  # a worker that left is not lost
+    assert "adding worker:2" in log and "asked worker:3 to leave" in log
+
+
+def test_a_joiner_with_a_bad_tf_config_is_refused_without_disturbing_the_job(
+    elastic_run,
+):
+    chief, _, _ = elastic_run
+    (live_code, live_out), (beyond_code, beyond_out) = chief["refused"]
+    assert live_code != 0 and "JoinRefusedError" in live_out, live_out
+    assert "worker:1 is already training in this job" in live_out
+    assert beyond_code != 0 and "JoinRefusedError" in beyond_out, beyond_out
+    assert "max_workers=4" in beyond_out
+    assert "the bad joiner was admitted" not in live_out + beyond_out
+    assert chief["members_after_refusals"] == [0, 1, 2, 3]
+    assert chief["version_unchanged"] is True
+
+
+@pytest.mark.parametrize(
+    "mode, num_workers, max_workers, message",
+    [
+        ("in-graph", 2, 4, "between-graph run"),
+        ("between-graph", 3, 2, "at least the starting number"),
+        ("between-graph", 2, True, "must be an integer"),
+    ],
+)
+def test_the_launcher_refuses_a_bad_max_workers(
+    mode, num_workers, max_workers, message
+):
+    with pytest.raises(ValueError, match=message):
+        check_max_workers(mode, num_workers, max_workers)
+
+
+FOUR = {"ps": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{p}" for p in (2, 3, 4, 5)]}
+
+
+@pytest.mark.parametrize(
+    "mode_class, extra",
+    [
+        ("SyncReplicasMode", {}),
+        ("BoundedStalenessMode", {"max_staleness": 2}),
+    ],
+)
+def test_modes_that_are_not_elastic_refuse_max_workers(monkeypatch, mode_class, extra):
+    from keras_psdist import cluster, modes
+    from keras_psdist.cluster.config import LAUNCH_MODE_ENV
+
+    monkeypatch.delenv(LAUNCH_MODE_ENV, raising=False)
+    config = cluster.ClusterConfig(FOUR, "worker", 1)
+    arguments = modes.Arguments(
+        cluster_resolver=config, max_workers=4, **extra
+    ).checked()
+    with pytest.raises(ValueError, match="max_workers=4 lets workers join"):
+        getattr(modes, mode_class)(arguments, "PSStrategy").validate()
+
+
+def test_one_host_refuses_max_workers():
+    import keras_psdist as kpd
+
+    with pytest.raises(ValueError, match="only asynchronous between-graph"):
+        kpd.PSStrategy(max_workers=4)
+
+
+def test_a_slot_beyond_max_workers_is_refused_before_connecting(monkeypatch):
+    from keras_psdist import cluster, modes
+    from keras_psdist.cluster.config import LAUNCH_MODE_ENV
+    from keras_psdist.errors import JoinRefusedError
+
+    monkeypatch.delenv(LAUNCH_MODE_ENV, raising=False)
+    config = cluster.ClusterConfig(FOUR, "worker", 3)
+    arguments = modes.Arguments(cluster_resolver=config, max_workers=3).checked()
+    mode = modes.BetweenGraphMode(arguments, "PSStrategy")
+    with pytest.raises(JoinRefusedError, match=r"worker index 3.*max_workers=3"):
+        mode.validate()
+
+
+def test_the_launcher_gives_max_workers_to_the_strategy(monkeypatch):
+    from keras_psdist import modes
+    from keras_psdist.cluster.config import MAX_WORKERS_ENV
+
+    monkeypatch.setenv(MAX_WORKERS_ENV, "6")
+    assert modes.Arguments().checked().max_workers == 6
+    monkeypatch.delenv(MAX_WORKERS_ENV)
+    assert modes.Arguments().checked().max_workers is None
