@@ -23,8 +23,8 @@ How to run
 ----------
 From the repository root::
 
-    python benchmarks/elastic.py --cycles 10 \\
-        --json benchmarks/results/elastic.json     # ~3 min on 2 cores
+    python benchmarks/elastic.py --cycles 10    # ~3 min on 2 cores; writes
+                                                # benchmarks/results/elastic.json
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ LR = 2.0**-6
 def main(argv: list[str] | None = None) -> int:
     parser = harness.BenchmarkParser(
         "Elastic membership: join time and lost updates over membership changes.",
+        name="elastic",
         seed=False,
     )
     parser.add_argument(
@@ -93,22 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         f"updates applied per slot {applied}; final weights vs the counted updates: "
         f"{discrepancy:g} updates apart (0: none lost or counted twice)"
     )
-    if args.json:
-        harness.write_results(
-            args.json,
-            {
-                "benchmark": "elastic",
-                "command": "python benchmarks/elastic.py "
-                + " ".join(argv or sys.argv[1:]),
-                "wall_s": time.perf_counter() - start,
-                "environment": harness.environment(),
-                "summary": summary,
-                "join_s": join,
-                "leave_s": leave,
-                "chief": chief,
-            },
-        )
-        _log(f"wrote {args.json}")
+    harness.write_results(
+        args.json,
+        {
+            "benchmark": "elastic",
+            "wall_s": time.perf_counter() - start,
+            "summary": summary,
+            "join_s": join,
+            "leave_s": leave,
+            "chief": chief,
+        },
+    )
+    _log(f"wrote {args.json}")
     return 0 if discrepancy == 0 else 1
 
 

@@ -39,6 +39,15 @@ def elastic_run(tmp_path_factory):
     )
     chief = json.loads((out / "chief.json").read_text())
     workers = {k: json.loads((out / f"worker_{k}.json").read_text()) for k in (1, 2, 3)}
+    tensorboard = {}
+    for path in (out / "tensorboard").glob("events.out.tfevents.*"):
+        import tensorflow as tf
+
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                number = tf.make_ndarray(value.tensor).item()
+                tensorboard.setdefault(value.tag, []).append((event.step, number))
+    chief["tensorboard"] = tensorboard
     return chief, workers, log
 
 
@@ -67,6 +76,9 @@ def test_workers_join_and_leave_during_one_fit(elastic_run):
     position = 0
     for wanted in (2, 4, 3):
         position = sequence.index(wanted, position) + 1
+    # TensorBoard has the same changes, at the chief's steps.
+    written = chief["tensorboard"]["membership/num_workers"]
+    assert [[step, n] for step, n in written] == [list(e) for e in chief["events"]]
     assert "worker:2 joined" in log and "worker:3 joined" in log
     assert "worker:3 left" in log
     assert "is lost" not in log  # a worker that left is not lost

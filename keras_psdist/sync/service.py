@@ -184,8 +184,12 @@ class UpdateService:
             self._serve()
         except BaseException as e:  # noqa: BLE001 - reported to every worker
             self.error = e
+            # With its message and stack: a TF error's repr has neither.
             logging.error(
-                "keras_psdist sync-replicas: the update service failed: %r", e
+                "keras_psdist sync-replicas: the update service failed: %r: %s",
+                e,
+                e,
+                exc_info=True,
             )
             self._sync.poison(range(self._sync.config.total_num_replicas))
         finally:

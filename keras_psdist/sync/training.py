@@ -387,7 +387,8 @@ class SyncTraining:
             if isinstance(service.error, WorkerLostError):
                 return WorkerLostError(str(service.error))
             return RuntimeError(
-                f"The sync-replica update service failed: {service.error!r}"
+                f"The sync-replica update service failed: {service.error!r}: "
+                f"{service.error}"
             )
         try:
             lost = self.sync.lost_workers()

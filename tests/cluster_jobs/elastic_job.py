@@ -211,7 +211,11 @@ def main(out_dir, cycles=0):
     # max_workers = 4 pieces; worker k trains on piece k.
     x = np.full((16 * 50000, DIM), float(k + 1), np.float32)
     y = np.zeros((len(x), 1), np.float32)
-    report = kpd.callbacks.MembershipReport()
+    report = kpd.callbacks.MembershipReport(
+        log_dir=os.path.join(out_dir, "tensorboard")
+        if extended.topology.is_chief
+        else None
+    )
     out = {"worker": k}
     callbacks = [report]
     if extended.topology.is_chief:
