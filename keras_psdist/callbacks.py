@@ -397,6 +397,8 @@ class MembershipReport(_ReportCallback):
         watcher = self._watcher()
         if watcher is None:
             return
+        # One scalar read of the ps a step, on the chief only: the thread's
+        # looks (twice a second) can miss a membership that lasts less.
         watcher.look()
         changes = watcher.changes
         if len(changes) == self._seen:

@@ -34,6 +34,7 @@ from keras_psdist.cluster.mode_names import spellings
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.distribute.run import Run
+from keras_psdist.errors import JoinRefusedError
 from keras_psdist.modes.arguments import (
     Arguments,
     resolve_attack,
@@ -252,8 +253,6 @@ def check_slot(config: Any, max_workers: int) -> None:
     """Refuses (`JoinRefusedError`) a process whose worker index is not below
     `max_workers`, or a cluster whose TF_CONFIG lists more workers than it,
     before it connects."""
-    from keras_psdist.errors import JoinRefusedError
-
     listed = runtime.num_training_tasks(config)
     index = runtime.training_task_names(config).index(
         f"{config.task_type}:{config.task_id}"

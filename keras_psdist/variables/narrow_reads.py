@@ -100,16 +100,6 @@ def reads_across_tasks(variable: Any) -> bool:
     return crosses_tasks(variable.device, device_util.current())
 
 
-def narrow_dtype(variable: Any) -> tf.DType | None:
-    """The dtype a read of the parameter-device `variable` (a `PSVariable`)
-    travels in here and now, or `None` for an exact read (narrow only where
-    `reads_across_tasks`)."""
-    dtype = getattr(variable.distribute_strategy.extended, "read_dtype", None)
-    if dtype is None or not reads_across_tasks(variable):
-        return None
-    return dtype
-
-
 def narrowed_read(variable: tf.Variable, dtype: tf.DType) -> tf.Tensor:
     """`variable`'s value, cast to `dtype` on its own device and back to its
     dtype on the current one; the gradient passes through unchanged."""

@@ -72,14 +72,21 @@ class PSVariable(ps_values.AggregatingVariable):
         # `keras_psdist.variables.narrow_reads`); every other read is exact.
         # A large one may be read by its change since this replica's last
         # read (`keras_psdist.variables.delta_reads`).
-        if not as_ref and (dtype is None or tf.as_dtype(dtype) == self.dtype):
+        if (
+            not as_ref
+            and (dtype is None or tf.as_dtype(dtype) == self.dtype)
+            and narrow_reads.reads_across_tasks(self)
+        ):
             extended = self._distribute_strategy.extended
             delta = getattr(extended, "delta_reads", None)
-            if delta is not None and narrow_reads.reads_across_tasks(self):
-                copy = delta.copy_for(self._v, device_util.current())
-                if copy is not None:
-                    return delta.read(self._v, copy, extended.read_dtype)
-            narrow = narrow_reads.narrow_dtype(self)
+            copy = (
+                None
+                if delta is None
+                else delta.copy_for(self._v, device_util.current())
+            )
+            if copy is not None:
+                return delta.read(self._v, copy, extended.read_dtype)
+            narrow = getattr(extended, "read_dtype", None)
             if narrow is not None:
                 return narrow_reads.narrowed_read(self._v, narrow)
         return super()._dense_var_to_tensor(dtype, name, as_ref)
