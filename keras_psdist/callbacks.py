@@ -10,6 +10,7 @@ line. The progress bar gets one short summary line per epoch instead.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -349,16 +350,19 @@ class MembershipReport(_ReportCallback):
     """Records, on the chief of an elastic run, the workers at each change.
 
     For models built under `PSStrategy(mode="between-graph", max_workers=M)`
-    (`keras_psdist.cluster.elastic`). After each batch it looks at the changes
-    the chief's watcher saw; at the end of each epoch it records in the
-    `History` that `fit` returns:
+    or `SyncReplicaStrategy(max_workers=M)` (`keras_psdist.cluster.elastic`).
+    After each batch it looks at the changes the chief's watcher saw; at the
+    end of each epoch it records in the `History` that `fit` returns:
 
     - `membership/num_workers`: the workers training at the epoch's end;
-    - `membership/changes`: the changes seen during the epoch.
+    - `membership/changes`: the changes seen during the epoch;
+    - sync replicas: `membership/replicas_to_aggregate`, `/backups` and
+      `/num_byzantine`, the counts updates are made with at the epoch's end.
 
     With `log_dir`, it writes `membership/num_workers` as a TensorBoard
     scalar at the optimizer step of every change it sees (and at the first
-    step), so the plot shows each join and leave where it happened. On the
+    step), so the plot shows each join and leave where it happened, and under
+    sync replicas the counts at the step of each of their changes. On the
     other workers it records nothing.
 
     Args:
@@ -367,14 +371,18 @@ class MembershipReport(_ReportCallback):
 
     Attributes:
         events: `(optimizer step, number of workers)` at each change seen.
+        count_events: Sync replicas: `(optimizer step, resizing.Counts)` at
+            each change of the counts seen.
     """
 
     def __init__(self, log_dir: str | None = None):
         super().__init__()
         self.log_dir = log_dir
         self.events: list[tuple[int, int]] = []
+        self.count_events: list[tuple[int, Any]] = []
         self._writer = None
         self._seen = 0
+        self._counts_seen = 0
         self._epoch_changes = 0
 
     def _watcher(self):
@@ -383,8 +391,9 @@ class MembershipReport(_ReportCallback):
         if getattr(extended, "registry", None) is None:
             raise ValueError(
                 "MembershipReport needs a model built under "
-                "PSStrategy(mode='between-graph', max_workers=M) (elastic "
-                "membership). Received a model whose strategy is "
+                "PSStrategy(mode='between-graph', max_workers=M) or "
+                "SyncReplicaStrategy(max_workers=M) (elastic membership). "
+                "Received a model whose strategy is "
                 f"{type(strategy).__name__} without max_workers."
             )
         return extended.membership  # None on workers other than the chief
@@ -401,31 +410,57 @@ class MembershipReport(_ReportCallback):
         # looks (twice a second) can miss a membership that lasts less.
         watcher.look()
         changes = watcher.changes
-        if len(changes) == self._seen:
+        count_changes = self._count_changes()
+        if len(changes) == self._seen and len(count_changes) == self._counts_seen:
             return
         step = int(self.model.optimizer.iterations.numpy())
         for _, _, members in changes[self._seen :]:
             self.events.append((step, len(members)))
             self._epoch_changes += 1
-            if self._writer is not None:
-                with self._writer.as_default(step=step):
-                    tf.summary.scalar("membership/num_workers", len(members))
+            self._scalars(step, {"membership/num_workers": len(members)})
+        for _, counts in count_changes[self._counts_seen :]:
+            self.count_events.append((step, counts))
+            self._scalars(step, _counts_scalars(counts))
         self._seen = len(changes)
+        self._counts_seen = len(count_changes)
         if self._writer is not None:
             self._writer.flush()
+
+    def _count_changes(self) -> list:
+        """Sync replicas: the chief's `(global step, counts)` changes."""
+        extended = self.model.distribute_strategy.extended
+        return list(getattr(extended.sync_training, "count_changes", ()))
+
+    def _scalars(self, step: int, scalars: dict[str, float]) -> None:
+        if self._writer is None:
+            return
+        with self._writer.as_default(step=step):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value)
 
     def on_epoch_end(self, epoch, logs=None):
         watcher = self._watcher()
         if watcher is None:
             return
         members = watcher.look()
-        self._record(
-            {
-                "membership/num_workers": float(len(members)),
-                "membership/changes": float(self._epoch_changes),
-            }
-        )
+        record = {
+            "membership/num_workers": float(len(members)),
+            "membership/changes": float(self._epoch_changes),
+        }
+        count_changes = self._count_changes()
+        if count_changes:
+            record.update(_counts_scalars(count_changes[-1][1]))
+        self._record(record)
         self._epoch_changes = 0
+
+
+def _counts_scalars(counts) -> dict[str, float]:
+    """A sync run's `resizing.Counts` as the report's scalars."""
+    return {
+        "membership/replicas_to_aggregate": float(counts.replicas_to_aggregate),
+        "membership/backups": float(counts.backups),
+        "membership/num_byzantine": float(counts.num_byzantine or 0),
+    }
 
 
 def _summary_writer(callback: keras.callbacks.Callback, log_dir: str):

@@ -1,11 +1,11 @@
 """Elastic membership (`PSStrategy(mode="between-graph", max_workers=M)`,
-`keras-psdist launch --max-workers`): workers join and leave a running async
-job during one `fit` of the chief, every update counted; bad joiners are
-refused without touching the job.
+`SyncReplicaStrategy(max_workers=M)`, `keras-psdist launch --max-workers`):
+workers join and leave a running job during one `fit` of the chief, every
+update counted; bad joiners are refused without touching the job.
 
-`cluster_jobs/elastic_job.py` says what each process does. One launch:
-2 workers grow to 4, two bad joiners are refused, 4 shrink to 3, then the
-chief ends the run.
+`cluster_jobs/elastic_job.py` says what each process does. One launch per
+kind (async, sync): 2 workers grow to 4, two bad joiners are refused, 4
+shrink to 3, then the chief ends the run.
 """
 
 import json
@@ -22,12 +22,11 @@ JOB = launching.Path(__file__).parent / "cluster_jobs" / "elastic_job.py"
 LR = 2.0**-6
 
 
-@pytest.fixture(scope="module")
-def elastic_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("elastic")
+def _run(tmp_path_factory, kind):
+    out = tmp_path_factory.mktemp(f"elastic_{kind}")
     code, log = launching.launch_job(
         JOB,
-        [out],
+        [out, 0, kind],
         num_ps=1,
         num_workers=2,
         mode="between-graph",
@@ -51,31 +50,45 @@ def elastic_run(tmp_path_factory):
     return chief, workers, log
 
 
-def test_the_final_weights_are_the_updates_every_worker_applied(elastic_run):
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+    return _run(tmp_path_factory, "async")
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    return _run(tmp_path_factory, "sync")
+
+
+def test_the_final_weights_are_the_updates_every_worker_applied(async_run):
     """Each update of worker k subtracts exactly 2**-6 * (k + 1) from every
     weight: the weights account for every counted update, none lost or
     counted twice."""
-    chief, _, _ = elastic_run
+    chief, _, _ = async_run
     applied = chief["applied"]
     assert all(a > 0 for a in applied), applied
     expected = -LR * sum((k + 1) * a for k, a in enumerate(applied))
     np.testing.assert_array_equal(chief["weights"], [expected] * 4)
 
 
-def test_workers_join_and_leave_during_one_fit(elastic_run):
-    chief, workers, log = elastic_run
+def _grew_to_4_then_shrank_to_3(chief):
+    """The chief's report saw 2, then 4, then 3 workers, in that order."""
+    counts = [n for _, n in chief["events"]]
+    sequence = [n for i, n in enumerate(counts) if i == 0 or counts[i - 1] != n]
+    position = 0
+    for wanted in (2, 4, 3):
+        position = sequence.index(wanted, position) + 1
+
+
+def test_workers_join_and_leave_during_one_fit(async_run):
+    chief, workers, log = async_run
     # Grown to 4 (both joiners applied updates), shrunk to 3, then ended.
     assert set(chief["join_s"]) == {"2", "3"}
     assert chief["states"] == [2, 2, 2, 2]  # every slot left cleanly at the end
     # What each worker counted of itself is what the chief read.
     for k, report in workers.items():
         assert report["applied"][k] == chief["applied"][k]
-    # The chief's report saw 2, then 4, then 3 workers, in that order.
-    counts = [n for _, n in chief["events"]]
-    sequence = [n for i, n in enumerate(counts) if i == 0 or counts[i - 1] != n]
-    position = 0
-    for wanted in (2, 4, 3):
-        position = sequence.index(wanted, position) + 1
+    _grew_to_4_then_shrank_to_3(chief)
     # TensorBoard has the same changes, at the chief's steps.
     written = chief["tensorboard"]["membership/num_workers"]
     assert [[step, n] for step, n in written] == [list(e) for e in chief["events"]]
@@ -85,10 +98,13 @@ def test_workers_join_and_leave_during_one_fit(elastic_run):
     assert "adding worker:2" in log and "asked worker:3 to leave" in log
 
 
+@pytest.mark.parametrize("kind", ["async", "sync"])
 def test_a_joiner_with_a_bad_tf_config_is_refused_without_disturbing_the_job(
-    elastic_run,
+    kind, request
 ):
-    chief, _, _ = elastic_run
+    chief, _, _ = request.getfixturevalue(
+        f"{kind}_run" if kind == "sync" else "async_run"
+    )
     (live_code, live_out), (beyond_code, beyond_out) = chief["refused"]
     assert live_code != 0 and "JoinRefusedError" in live_out, live_out
     assert "worker:1 is already training in this job" in live_out
@@ -97,6 +113,68 @@ def test_a_joiner_with_a_bad_tf_config_is_refused_without_disturbing_the_job(
     assert "the bad joiner was admitted" not in live_out + beyond_out
     assert chief["members_after_refusals"] == [0, 1, 2, 3]
     assert chief["version_unchanged"] is True
+
+
+# ------------------------------------------------------------ sync replicas
+
+
+def test_sync_the_final_weights_are_the_updates_the_chief_made(sync_run):
+    """Each update subtracts exactly 2**-6 (the mean of gradients that are
+    all 1), whatever its counts: the weights say how many updates were
+    applied, none lost or applied twice."""
+    chief, _, _ = sync_run
+    np.testing.assert_array_equal(chief["weights"], [-LR * chief["global_step"]] * 4)
+
+
+def test_sync_every_gradient_is_applied_or_dropped_once(sync_run):
+    """Per slot, what its worker sent is what the chief applied plus what it
+    dropped; and the gradients applied are, update by update, the counts in
+    force (`replicas_to_aggregate` at each change)."""
+    chief, workers, _ = sync_run
+    for k, report in [(0, chief), *workers.items()]:
+        assert report["sent"] == chief["applied"][k] + chief["dropped"][k], k
+    changes = chief["count_changes"]  # [global step from which, n, R]
+
+    def in_force(update):
+        return [r for step, _, r in changes if step <= update][-1]
+
+    assert sum(chief["applied"]) == sum(map(in_force, range(chief["global_step"])))
+    assert all(a > 0 for a in chief["applied"][1:]), chief["applied"]
+
+
+def test_sync_counts_follow_the_workers_at_step_boundaries(sync_run):
+    """ "all_but_one": 1 of 2 workers, 2 of 3, 3 of 4, 2 of 3 again; said in
+    the log and written to TensorBoard at the chief's steps."""
+    chief, _, log = sync_run
+    _grew_to_4_then_shrank_to_3(chief)
+    seen = [(n, r) for _, n, r in chief["count_changes"]]
+    position = 0
+    for wanted in [(2, 1), (3, 2), (4, 3), (3, 2)]:
+        position = seen.index(wanted, position) + 1
+    assert all(r == max(1, n - 1) for n, r in seen)
+    assert "4 workers: replicas_to_aggregate=3, backups=1, num_byzantine=0" in log
+    assert "worker:2 joined at global step" in log
+    assert "is lost" not in log
+    written = [n for _, n in chief["tensorboard"]["membership/replicas_to_aggregate"]]
+    assert 3 in written and written[0] == 1
+
+
+def test_sync_refuses_more_replicas_to_aggregate_than_workers_when_elastic(
+    monkeypatch,
+):
+    from keras_psdist import cluster, modes
+    from keras_psdist.cluster.config import LAUNCH_MODE_ENV
+
+    monkeypatch.delenv(LAUNCH_MODE_ENV, raising=False)
+    config = cluster.ClusterConfig(FOUR, "worker", 1)
+    arguments = modes.Arguments(
+        cluster_resolver=config, max_workers=6, replicas_to_aggregate=5
+    ).checked()
+    with pytest.raises(
+        ValueError,
+        match=r"replicas_to_aggregate=5 is more than the 4 workers.*'all_but_one'",
+    ):
+        modes.SyncReplicasMode(arguments, "SyncReplicaStrategy").validate()
 
 
 @pytest.mark.parametrize(
@@ -118,11 +196,7 @@ FOUR = {"ps": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{p}" for p in (2, 3, 4, 5)
 
 
 @pytest.mark.parametrize(
-    "mode_class, extra",
-    [
-        ("SyncReplicasMode", {}),
-        ("BoundedStalenessMode", {"max_staleness": 2}),
-    ],
+    "mode_class, extra", [("BoundedStalenessMode", {"max_staleness": 2})]
 )
 def test_modes_that_are_not_elastic_refuse_max_workers(monkeypatch, mode_class, extra):
     from keras_psdist import cluster, modes
@@ -140,7 +214,7 @@ def test_modes_that_are_not_elastic_refuse_max_workers(monkeypatch, mode_class, 
 def test_one_host_refuses_max_workers():
     import keras_psdist as kpd
 
-    with pytest.raises(ValueError, match="only asynchronous between-graph"):
+    with pytest.raises(ValueError, match="max_workers=4 lets workers join"):
         kpd.PSStrategy(max_workers=4)
 
 

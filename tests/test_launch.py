@@ -543,6 +543,30 @@ def test_a_command_that_does_not_exist_exits_127(tmp_path, processes, monkeypatc
             {"num_workers": 2, "mode": "between-graph", "max_worker_failures": 2},
             "at most num_workers - 1 = 1",
         ),
+        (
+            ["python"],
+            {"mode": "between-graph", "min_workers": 1},
+            "min_workers` applies to a job whose workers join and leave",
+        ),
+        (
+            ["python"],
+            {
+                "num_workers": 2,
+                "mode": "between-graph",
+                "max_workers": 4,
+                "min_workers": 3,
+            },
+            r"from 1 \(the chief\) to the starting number of workers \(2\)",
+        ),
+        (
+            ["python"],
+            {
+                "mode": "between-graph",
+                "max_workers": 2,
+                "host_discovery": "/no/such/discover.sh",
+            },
+            "host discovery script must be an executable file.*does not exist",
+        ),
     ],
     ids=[
         "num_ps",
@@ -554,6 +578,9 @@ def test_a_command_that_does_not_exist_exits_127(tmp_path, processes, monkeypatc
         "max_restarts",
         "max_worker_failures_in_graph",
         "max_worker_failures_all",
+        "min_workers_without_max",
+        "min_workers_above_start",
+        "discovery_script_missing",
     ],
 )
 def test_invalid_arguments_fail_fast(command, kwargs, message):
@@ -908,3 +935,142 @@ def test_cli_help_per_command(cli, capsys):
     assert cli._parse_flags(["keras-psdist", "launch", "--", "x", "--help"])[-1] == (
         "--help"
     )
+
+
+# ------------------------------------------------------ elastic launches
+
+
+def _in_thread(tmp_path, processes, **kwargs):
+    """`_launch` of the `elastic` fake trainer in a thread; returns the
+    thread, its result dict and the output."""
+    out, result = _Lines(), {}
+
+    def run():
+        result["code"], _ = _launch(tmp_path, processes, "elastic", out=out, **kwargs)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result, out
+
+
+def _address(tmp_path, task):
+    report = json.loads((tmp_path / "reports" / f"{task}.json").read_text())
+    config = cluster_config.from_tf_config(report["tf_config"])
+    return config.addresses("worker")[config.task_id]
+
+
+@pytest.mark.timeout(120)
+def test_host_discovery_starts_and_stops_workers_as_hosts_come_and_go(
+    tmp_path, processes
+):
+    hosts = ["127.0.0.1"]
+    thread, result, out = _in_thread(
+        tmp_path,
+        processes,
+        num_ps=1,
+        num_workers=1,
+        mode="between-graph",
+        max_workers=3,
+        host_discovery=lambda: list(hosts),
+    )
+    reports = tmp_path / "reports"
+    _wait_until(lambda: (reports / "worker:0.json").exists(), 60, "worker:0")
+    hosts[:] = ["127.0.0.1", "127.0.0.2", "127.0.0.3:1"]
+    _wait_until(
+        lambda: (
+            (reports / "worker:1.json").exists()
+            and (reports / "worker:2.json").exists()
+        ),
+        30,
+        "workers on the two new hosts",
+    )
+    assert _address(tmp_path, "worker:1").startswith("127.0.0.2:")
+    assert _address(tmp_path, "worker:2").startswith("127.0.0.3:")
+    hosts[:] = ["127.0.0.1", "127.0.0.3"]  # 127.0.0.2 is taken back
+    _wait_until(
+        lambda: (
+            "asked worker:1 to leave after its current step (127.0.0.2 is no "
+            "longer discovered)." in out.text
+        ),
+        30,
+        "worker:1 asked to leave",
+    )
+    hosts[:] = ["127.0.0.1", "127.0.0.3", "127.0.0.4"]  # slot 1 taken again
+    _wait_until(
+        lambda: "adding worker:1 at 127.0.0.4:" in out.text, 30, "a new worker:1"
+    )
+    _wait_until(
+        lambda: _address(tmp_path, "worker:1").startswith("127.0.0.4:"),
+        30,
+        "its report",
+    )
+    (reports / "stop").touch()
+    thread.join(timeout=60)
+    assert result["code"] == 0, out.text
+    assert out.text.count("adding worker:") == 3, out.text
+    processes.assert_all_gone()
+
+
+@pytest.mark.timeout(120)
+def test_min_workers_keeps_the_job_through_a_loss_and_stops_below_it(
+    tmp_path, processes
+):
+    thread, result, out = _in_thread(
+        tmp_path,
+        processes,
+        num_ps=1,
+        num_workers=3,
+        mode="between-graph",
+        max_workers=3,
+        min_workers=2,
+    )
+    reports = tmp_path / "reports"
+    _wait_until(
+        lambda: all((reports / f"worker:{k}.json").exists() for k in range(3)),
+        60,
+        "three workers",
+    )
+    (reports / "fail-worker:2").touch()
+    _wait_until(lambda: "the job goes on with 2 workers" in out.text, 30, "a loss")
+    (control,) = re.findall(r"`touch (\S+)/add-worker`", out.text)
+    open(os.path.join(control, "remove-worker-1"), "w").close()
+    _wait_until(
+        lambda: "fewer than --min-workers 2 workers; it stays" in out.text,
+        30,
+        "a refusal",
+    )
+    (reports / "fail-worker:1").touch()
+    thread.join(timeout=60)
+    assert result["code"] == 1, out.text
+    assert (
+        "worker:1 exited with exit code 3; 1 workers are left, fewer than "
+        "--min-workers 2: stopping every task." in out.text
+    )
+    processes.assert_all_gone()
+
+
+@pytest.mark.parametrize(
+    "lines, hosts",
+    [
+        (["a", "b:2", " ", "# c"], ["a", "b", "b"]),
+        (["[::1]", "[::1]:2"], ["[::1]", "[::1]", "[::1]"]),
+    ],
+)
+def test_discovered_hosts_are_one_entry_per_slot(lines, hosts):
+    from keras_psdist.cluster.launcher.discovery import parse_hosts
+
+    assert parse_hosts(lines) == hosts
+
+
+def test_a_discovery_script_s_bad_line_or_failure_is_named(tmp_path, monkeypatch):
+    from keras_psdist.cluster.launcher.discovery import parse_hosts, script_discovery
+
+    with pytest.raises(ValueError, match=r"cannot read 'a:b'.*host:slots"):
+        parse_hosts(["a:b"])
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho 10.0.0.1:2\necho broken >&2\nexit ${FAIL:-0}\n")
+    script.chmod(0o755)
+    assert script_discovery(str(script))() == ["10.0.0.1", "10.0.0.1"]
+    monkeypatch.setenv("FAIL", "4")
+    with pytest.raises(RuntimeError, match="exited with 4: broken"):
+        script_discovery(str(script))()

@@ -10,8 +10,11 @@ processes is tested in `test_sync_replicas.py`.
 import numpy as np
 import pytest
 
+from keras_psdist import aggregators, membership
+from keras_psdist.errors import WorkerLostError
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncConfig
+from keras_psdist.sync.resizing import Counts, Resizing
 from keras_psdist.sync.service import FIT_FINISHED, UpdateService, counts_summary
 
 
@@ -24,8 +27,10 @@ class _Step:
 
 
 class _FakeSync:
-    def __init__(self, replicas_to_aggregate, total_num_replicas):
-        self.config = SyncConfig(replicas_to_aggregate, total_num_replicas, 60.0)
+    def __init__(self, replicas_to_aggregate, total_num_replicas, max_workers=None):
+        self.config = SyncConfig(
+            replicas_to_aggregate, total_num_replicas, 60.0, max_workers=max_workers
+        )
         self.worker = 0  # the service runs on the chief, worker 0
         self.global_step = _Step(0)
         self.layout = protocol.Layout(("dense",), (None,))
@@ -58,11 +63,23 @@ class _Staging:
 class _Recorder(UpdateService):
     """The service with its side effects recorded instead of sent."""
 
-    def __init__(self, replicas_to_aggregate, total_num_replicas):
+    def __init__(self, replicas_to_aggregate, total_num_replicas, resizing=None):
         self.updates = []
+        # Per update: (its gradients, the counts it was made with).
+        self.made_with = []
+
+        def update(members, counts):
+            self.updates.append(sum(members) / len(members))
+            self.made_with.append((len(members), counts))
+
         super().__init__(
-            _FakeSync(replicas_to_aggregate, total_num_replicas),
-            update=lambda members: self.updates.append(sum(members) / len(members)),
+            _FakeSync(
+                replicas_to_aggregate,
+                total_num_replicas,
+                max_workers=None if resizing is None else 8,
+            ),
+            update=update,
+            resizing=resizing,
         )
         self.staging = _Staging()
         self.woken = []
@@ -294,3 +311,166 @@ def test_the_summary_explains_only_the_drops_there_are():
     assert summary.endswith(
         "applied [5, 5]; dropped as stale [0, 0]; dropped at the end [0, 0]"
     )
+
+
+# ------------------------------------------------- workers join and leave
+
+
+def _resizing(members, replicas_to_aggregate="all_but_one", aggregator="mean", f=None):
+    """The run's members (a list the test changes) and its count rule."""
+    return Resizing(
+        replicas_to_aggregate, f, aggregators.get(aggregator), lambda: members
+    )
+
+
+def _elastic(members, **kwargs):
+    resizing = _resizing(members, **kwargs)
+    start = resizing.counts(len(members))
+    return _Recorder(start.replicas_to_aggregate, len(members), resizing=resizing)
+
+
+@pytest.mark.timeout(60)
+def test_a_joiner_s_first_gradient_changes_the_counts_when_no_update_waits():
+    service = _elastic([0, 1])  # all but one of 2: 1 per update
+    service.gradient(0, 0, 1.0)
+    assert service.made_with[-1] == (1, Counts(2, 1, 0))
+    # Worker 2's first gradient: it joins; nothing pending, so the counts
+    # change at once and its gradient is the first of the next update.
+    service.gradient(2, 1, 3.0)
+    # (The first change is the session's start.)
+    assert service.changes == [(0, Counts(2, 1, 0)), (1, Counts(3, 2, 0))]
+    assert service.updates == [1.0]
+    service.gradient(0, 1, 1.0)
+    assert service.updates == [1.0, 2.0]
+    assert service.made_with[-1] == (2, Counts(3, 2, 0))
+    assert service.counts(protocol.APPLIED)[:3] == [2, 0, 1]
+
+
+@pytest.mark.timeout(60)
+def test_a_join_while_an_update_waits_changes_the_counts_after_it():
+    """The pending update is made with the counts it began with (the
+    joiner's fresh gradient is one of them); the released workers step
+    under the new counts."""
+    service = _elastic([0, 1, 2])  # 2 per update
+    service.gradient(0, 0, 1.0)
+    service.gradient(3, 0, 3.0)  # joins; its gradient completes the update
+    assert service.made_with == [(2, Counts(3, 2, 0))]
+    assert service.changes[1:] == [(1, Counts(4, 3, 0))]
+    assert service.releases == [1]  # released after the change
+    for worker in (0, 1):
+        service.gradient(worker, 1, 1.0)
+    assert service.updates == [2.0]  # 3 wanted now
+    service.gradient(2, 1, 1.0)
+    assert service.made_with[-1] == (3, Counts(4, 3, 0))
+
+
+@pytest.mark.timeout(60)
+def test_a_leave_changes_the_counts_after_the_pending_update_it_can_wait_for():
+    service = _elastic([0, 1, 2, 3])  # 3 per update
+    service.gradient(0, 0, 1.0)
+    service.gradient(1, 0, 3.0)
+    service.leave(3)  # 3 remain: the pending update still gets its 3
+    assert service.updates == []
+    service.gradient(2, 0, 5.0)
+    assert service.made_with == [(3, Counts(4, 3, 0))]
+    assert service.changes[1:] == [(1, Counts(3, 2, 0))]
+    service.lose(2)  # nothing pending: at once
+    assert service.changes[-1] == (1, Counts(2, 1, 0))
+    assert service.staged == []
+
+
+@pytest.mark.timeout(60)
+def test_a_leave_the_pending_update_cannot_wait_out_changes_the_counts_at_once():
+    service = _elastic([0, 1, 2])  # 2 per update
+    service.gradient(0, 0, 1.0)
+    service.leave(2)  # 2 remain: still 2 for the pending update
+    service.lose(1)  # 1 remains: 1 per update, and worker 0's is there
+    assert service.made_with == [(1, Counts(1, 1, 0))]
+    assert service.changes[-1] == (0, Counts(1, 1, 0))
+    assert service.releases == [1]
+    assert service.staged == []
+
+
+class _AllOrOne(membership.CountRule):
+    """A user's rule: every worker from 4 on, else one."""
+
+    def count(self, n, round_up):
+        return n if n >= 4 else 1
+
+
+@pytest.mark.timeout(60)
+def test_a_shrink_below_the_gradients_waiting_updates_with_the_first_ones():
+    service = _elastic([0, 1, 2, 3], replicas_to_aggregate=_AllOrOne())
+    for worker, value in [(0, 1.0), (1, 2.0), (2, 3.0)]:
+        service.gradient(worker, 0, value)
+    service.lose(3)  # 1 per update now: worker 0's is it, the others a backup's
+    assert service.updates == [1.0]
+    assert service.counts(protocol.APPLIED)[:4] == [1, 0, 0, 0]
+    assert service.counts(protocol.DROPPED_STALE)[:4] == [0, 1, 1, 0]
+    assert (1, 1) in service.woken and (2, 1) in service.woken
+    assert service.staged == []
+
+
+@pytest.mark.timeout(60)
+def test_num_byzantine_follows_the_workers_and_a_rule_that_cannot_run_stops():
+    service = _elastic(
+        [0, 1, 2, 3, 4, 5], replicas_to_aggregate="all", aggregator="krum", f=0.2
+    )
+    assert service.counts_now == Counts(6, 6, 1)
+    service.leave(5)
+    assert service.counts_now == Counts(5, 5, 1)  # Krum: n >= 2f + 3
+    service.leave(4)  # 4 workers, f = 0.2 * 4 rounded down: 0
+    assert service.counts_now == Counts(4, 4, 0)
+    service = _elastic(
+        [0, 1, 2, 3, 4], replicas_to_aggregate="all", aggregator="krum", f=1
+    )
+    with pytest.raises(
+        WorkerLostError,
+        match=r"replicas_to_aggregate=4, num_byzantine=1.*--min-workers",
+    ):
+        service.leave(4)
+
+
+@pytest.mark.timeout(60)
+def test_twenty_changes_lose_no_gradient_and_count_none_twice():
+    """Random joins, leaves and losses between random gradients: every
+    gradient sent is applied or dropped exactly once, every update has the
+    counts in force when it was made, and the final "weights" (the sum of
+    update means, all gradients 1) equal the updates made."""
+    rng = np.random.default_rng(1)
+    members = [0, 1]
+    service = _elastic(members)
+    out = [2, 3, 4, 5]  # slots free to join
+    sent = np.zeros(8, int)
+    tags = {}
+    changes = 0
+    while changes < 20 or service._members:
+        if changes < 20 and rng.random() < 0.1:
+            if out and (len(service._active) <= 2 or rng.random() < 0.5):
+                worker = out.pop(int(rng.integers(len(out))))
+                tags[worker] = service._step  # joins with its first gradient
+                service.gradient(worker, tags[worker], 1.0)
+                sent[worker] += 1
+            else:
+                worker = int(rng.choice(sorted(service._active - {0})))
+                (service.leave if rng.random() < 0.5 else service.lose)(worker)
+                out.append(worker)
+                tags.pop(worker, None)
+            changes += 1
+            continue
+        active = sorted(service._active)
+        worker = int(rng.choice(active))
+        tags.setdefault(worker, service._step)
+        service.gradient(worker, tags[worker], 1.0)
+        sent[worker] += 1
+        tags[worker] = service._step
+    total = sum(np.array(service.counts(row)) for row in range(3))
+    np.testing.assert_array_equal(total, sent)
+    assert (
+        len(service.updates) == service._step
+        and service.updates == [1.0] * service._step
+    )
+    assert all(n == counts.replicas_to_aggregate for n, counts in service.made_with)
+    assert sum(n for n, _ in service.made_with) == sum(service.counts(protocol.APPLIED))
+    assert len(service.changes) >= 10
+    assert service.staged == []

@@ -134,10 +134,24 @@ flags.DEFINE_bool(
 flags.DEFINE_integer(
     "max_workers",
     None,
-    "between-graph, asynchronous PSStrategy: workers may join and leave the "
-    "running job, up to this many; the launcher logs a control directory "
-    "where `touch add-worker` starts one and `touch remove-worker-K` asks "
-    "worker:K to leave.",
+    "between-graph (PSStrategy without max_staleness, SyncReplicaStrategy): "
+    "workers may join and leave the running job, up to this many; the "
+    "launcher logs a control directory where `touch add-worker` starts one "
+    "and `touch remove-worker-K` asks worker:K to leave.",
+)
+flags.DEFINE_integer(
+    "min_workers",
+    None,
+    "with --max-workers: the fewest workers the job keeps; a failed worker "
+    "(not the chief) is lost and the job goes on while at least this many "
+    "train; removals below it are refused.",
+)
+flags.DEFINE_string(
+    "host_discovery_script",
+    None,
+    "with --max-workers: an executable printing the hosts that may run "
+    "workers now (`host` or `host:slots`, one per line), polled every 2 s: "
+    "workers start on hosts that appear and leave hosts that go.",
 )
 flags.DEFINE_integer(
     "port",
@@ -160,6 +174,7 @@ _MINIMUMS = {
     "max_restarts": 0,
     "max_worker_failures": 0,
     "max_workers": 1,
+    "min_workers": 1,
     "port": 1,
 }
 
@@ -187,6 +202,8 @@ _COMMAND_FLAGS = {
         "max_restarts",
         "max_worker_failures",
         "max_workers",
+        "min_workers",
+        "host_discovery_script",
         "evaluator",
         "verbose",
     ),
@@ -435,8 +452,9 @@ def launch_command(args: Sequence[str] = ()) -> int:
 
     for name in ("num_ps", "num_workers", "max_restarts", "max_worker_failures"):
         _check_minimum(name)
-    if FLAGS.max_workers is not None:
-        _check_minimum("max_workers")
+    for name in ("max_workers", "min_workers"):
+        if getattr(FLAGS, name) is not None:
+            _check_minimum(name)
     for name in ("timeout", "startup_timeout"):
         value = getattr(FLAGS, name)
         if value is not None and not value > 0:
@@ -454,7 +472,14 @@ def launch_command(args: Sequence[str] = ()) -> int:
             FLAGS.max_worker_failures,
             as_flags=True,
         )
-        check_max_workers(mode, FLAGS.num_workers, FLAGS.max_workers, as_flags=True)
+        check_max_workers(
+            mode,
+            FLAGS.num_workers,
+            FLAGS.max_workers,
+            min_workers=FLAGS.min_workers,
+            host_discovery=FLAGS.host_discovery_script,
+            as_flags=True,
+        )
         return launch(
             list(args),
             num_ps=FLAGS.num_ps,
@@ -468,6 +493,8 @@ def launch_command(args: Sequence[str] = ()) -> int:
             verbose=FLAGS.verbose,
             evaluator=FLAGS.evaluator,
             max_workers=FLAGS.max_workers,
+            min_workers=FLAGS.min_workers,
+            host_discovery=FLAGS.host_discovery_script,
         )
     except ValueError as e:
         raise _CliError(str(e)) from e

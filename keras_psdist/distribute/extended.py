@@ -220,7 +220,7 @@ class PSExtended(
         # `keras_psdist.modes.Training`: sync replicas, bounded staleness),
         # else None.
         self.sync_training = run.mode.training(
-            container_strategy, topology, self._shared, self.heartbeats
+            container_strategy, topology, self._shared, self.heartbeats, self.registry
         )
         if self.registry is not None and self.sync_training is None:
             # Elastic async: count each update, leave when asked.

@@ -160,9 +160,10 @@ class Mode(abc.ABC):
         if max_workers is not None and not self.elastic:
             raise ValueError(
                 f"max_workers={max_workers} lets workers join and leave a "
-                "running job, which only asynchronous between-graph training "
-                "does: PSStrategy(mode='between-graph', max_workers=M) without "
-                f"max_staleness. This run is {self.name!r} ({self.summary}); "
+                "running job, which asynchronous between-graph training "
+                "(PSStrategy(mode='between-graph', max_workers=M) without "
+                "max_staleness) and SyncReplicaStrategy(max_workers=M) do. "
+                f"This run is {self.name!r} ({self.summary}); "
                 "leave max_workers out here (or launch without --max-workers, "
                 "which sets it for every worker)."
             )
@@ -228,6 +229,7 @@ class Mode(abc.ABC):
         topology: Topology,
         shared: SharedVariables | None,
         heartbeats: Any,
+        registry: Any = None,
     ) -> Training | None:
         """This process's part in training beyond Keras's own step.
 
@@ -239,6 +241,8 @@ class Mode(abc.ABC):
             topology: The run's devices.
             shared: Opens (on the chief, creates) variables on the ps tasks.
             heartbeats: This process's `cluster.liveness.Heartbeats`.
+            registry: Who trains (`cluster.elastic.Registry`) when workers
+                join and leave (`max_workers`), else None.
 
         Returns:
             None (the default): Keras's step runs as it is.

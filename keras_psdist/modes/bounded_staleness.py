@@ -33,7 +33,9 @@ class BoundedStalenessMode(BetweenGraphMode):
     def refines_for(cls, arguments: Arguments) -> bool:
         return arguments.max_staleness is not None
 
-    def training(self, strategy, topology, shared, heartbeats) -> BoundedStaleness:
+    def training(
+        self, strategy, topology, shared, heartbeats, registry=None
+    ) -> BoundedStaleness:
         """This worker's clock on the ps, its wait before a step and its
         check of each gradient's staleness."""
         return BoundedStaleness(

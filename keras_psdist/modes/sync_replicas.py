@@ -9,17 +9,20 @@ step, to the chief's update service, which drops stale gradients, combines
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 from keras_psdist import membership
 from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.aggregators.mean import Mean
 from keras_psdist.cluster import runtime, task_loss
+from keras_psdist.cluster.config import LEAVE_FILE_ENV
 from keras_psdist.cluster.shared_variables import run_namespace
 from keras_psdist.distribute.run import Run
 from keras_psdist.modes.arguments import resolve_attack, warn_if_undefended
 from keras_psdist.modes.between_graph import BetweenGraphMode
 from keras_psdist.sync.protocol import SyncConfig, SyncReplicas
+from keras_psdist.sync.resizing import Resizing
 from keras_psdist.sync.training import SyncTraining
 
 
@@ -81,8 +84,9 @@ class SyncReplicasMode(BetweenGraphMode):
     selectable = False
     # The update service logs lost and returning workers.
     reports_lost_workers = False
-    # Its counts (replicas_to_aggregate, the queues) are fixed for a run.
-    elastic = False
+    # Workers may join and leave (`max_workers`): the counts follow them
+    # (`keras_psdist.sync.resizing`).
+    elastic = True
 
     @property
     def owner(self) -> str:
@@ -127,6 +131,15 @@ class SyncReplicasMode(BetweenGraphMode):
             )
             or total
         )
+        if arguments.max_workers is not None and to_aggregate > total:
+            raise ValueError(
+                f"replicas_to_aggregate={to_aggregate} is more than the "
+                f"{total} workers, so each would send several batches' gradients "
+                "per update; a run whose workers join and leave (max_workers="
+                f"{arguments.max_workers}) sends one per update. Pass a "
+                "replicas_to_aggregate of at most the workers, or a rule such as "
+                "'all_but_one' or 0.75 that follows them."
+            )
         rule = arguments.aggregator.bind(
             to_aggregate,
             membership.count(arguments.num_byzantine, total, "num_byzantine"),
@@ -142,7 +155,7 @@ class SyncReplicasMode(BetweenGraphMode):
         aggregation = self.aggregation
         return resolve_worker_attack(
             self.arguments.attack,
-            aggregation.total_num_replicas,
+            self.arguments.max_workers or aggregation.total_num_replicas,
             aggregation.num_byzantine,
         )
 
@@ -166,18 +179,22 @@ class SyncReplicasMode(BetweenGraphMode):
             read_compression=arguments.read_compression,
         )
 
-    def training(self, strategy, topology, shared, heartbeats) -> SyncTraining:
+    def training(
+        self, strategy, topology, shared, heartbeats, registry=None
+    ) -> SyncTraining:
         """This process's steps, `fit`s and watchdog, and on the chief the
         update service."""
         from keras_psdist.attacks.base import GradientAttack
 
         aggregation = self.aggregation
+        arguments = self.arguments
         sync = SyncReplicas(
             SyncConfig(
                 aggregation.replicas_to_aggregate,
                 aggregation.total_num_replicas,
-                float(self.arguments.step_timeout),
+                float(arguments.step_timeout),
                 worker_names=topology.training_task_names,
+                max_workers=topology.max_workers,
             ),
             worker=topology.worker_index,
             is_chief=topology.is_chief,
@@ -204,6 +221,16 @@ class SyncReplicasMode(BetweenGraphMode):
             heartbeats=heartbeats,
             config=topology.config,
             worker_momentum=aggregation.worker_momentum,
+            resizing=None
+            if registry is None
+            else Resizing(
+                arguments.replicas_to_aggregate,
+                arguments.num_byzantine,
+                arguments.aggregator,
+                registry.members,
+            ),
+            registry=registry,
+            leave_file=os.environ.get(LEAVE_FILE_ENV),
         )
 
 

@@ -107,6 +107,14 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         read_compression: `"top_k(ratio=0.05)"`: each worker reads only the
             largest changes of each large variable since its last read (see
             `PSStrategy`). Defaults to `None` (every read whole).
+        max_workers: Workers may join and leave the running job, up to this
+            many (tasks `worker:0` to `worker:max_workers-1`); every process
+            of the job must pass the same (`keras-psdist launch
+            --max-workers` sets it for every worker through the environment).
+            `replicas_to_aggregate` and `num_byzantine` stated as rules
+            (`"all_but_one"`, `0.75`) are derived again at each change,
+            between two updates (see `keras_psdist.sync.resizing`). Defaults
+            to `None` (the TF_CONFIG's workers, fixed).
 
     Raises:
         ValueError: without a cluster, for a `cluster_resolver` that is not
@@ -147,6 +155,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
         compression: Any = None,
         read_dtype: Any = None,
         read_compression: Any = None,
+        max_workers: int | None = None,
     ):
         arguments = modes.Arguments(
             replicas_to_aggregate=replicas_to_aggregate,
@@ -166,6 +175,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             compression=compression,
             read_dtype=read_dtype,
             read_compression=read_compression,
+            max_workers=max_workers,
         ).checked()
         mode = modes.SyncReplicasMode(arguments, "SyncReplicaStrategy")
         mode.validate()
@@ -220,6 +230,11 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             + (
                 f", read_compression={self.extended.read_compression!r}"
                 if self.extended.read_compression is not None
+                else ""
+            )
+            + (
+                f", max_workers={self.extended.topology.max_workers}"
+                if self.extended.topology.max_workers is not None
                 else ""
             )
             + ")"

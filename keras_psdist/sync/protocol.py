@@ -111,6 +111,9 @@ class SyncConfig:
     # The workers' task names by index ("chief:0", "worker:0", ...), for
     # messages; `worker:<index>` when empty.
     worker_names: tuple[str, ...] = ()
+    # Workers join and leave (`SyncReplicaStrategy(max_workers=M)`, see
+    # `resizing.py`): the per-worker state has M slots; None: fixed workers.
+    max_workers: int | None = None
 
     def name(self, worker: int) -> str:
         """The task name of worker `worker`, e.g. `"worker:1"`."""
@@ -123,8 +126,16 @@ class SyncConfig:
         return ", ".join(self.name(int(w)) for w in workers)
 
     @property
+    def slots(self) -> int:
+        """Workers the shared per-worker state has room for."""
+        return self.max_workers or self.total_num_replicas
+
+    @property
     def pushes_per_update(self) -> int:
-        """Gradients each worker sends before it waits for an update."""
+        """Gradients each worker sends before it waits for an update (1 when
+        workers join and leave: their counts never ask for more)."""
+        if self.max_workers is not None:
+            return 1
         return math.ceil(self.replicas_to_aggregate / self.total_num_replicas)
 
 
@@ -261,13 +272,20 @@ class SyncReplicas:
         self.is_chief = is_chief
         self.device = device
         self.local_device = local_device
-        num_workers = config.total_num_replicas
+        num_workers = config.slots
         self.global_step = shared.create_int64(device, f"{namespace}/global_step", 0)
         self.counts = shared.create_int64(
             device, f"{namespace}/counts", [[0] * num_workers] * 3
         )
         self.lost = shared.create_int64(device, f"{namespace}/lost", [0] * num_workers)
         self.finished = shared.create_int64(device, f"{namespace}/finished_session", 0)
+        # Workers that join a running job take the chief's current session
+        # (its `fit`), whatever `fit`s they ran before.
+        self.current_session = (
+            shared.create_int64(device, f"{namespace}/current_session", 0)
+            if config.max_workers is not None
+            else None
+        )
         with tf.init_scope(), tf.device(device):
             self.token_queues = [
                 _fifo_queue([tf.int64], f"{namespace}/tokens_{w}")
@@ -430,6 +448,15 @@ class SyncReplicas:
     def begin_session(self) -> int:
         """Resets this worker for a new `fit`; returns the session number."""
         session = int(self._session.assign_add(1).numpy())
+        if self.current_session is not None:
+            if self.is_chief:
+                with tf.device(self.device):
+                    self.current_session.assign(session)
+            else:
+                # A worker that joins a running job trains in the chief's
+                # current `fit`: its elements carry that session.
+                session = max(session, int(self.current_session.numpy()))
+                self._session.assign(session)
         self._local_step.assign(self.global_step.read_value())
         self._pushes.assign(0)
         self._skipped.assign(0)

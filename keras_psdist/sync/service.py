@@ -32,6 +32,11 @@ the shared queue (see `protocol.py`) and, per element:
 Sessions: each `fit` is a session; the service finishes a session when every
 worker has left it, and keeps elements of a later session (a fast worker
 already in its next `fit`) for that session.
+
+Workers that join and leave (`SyncReplicaStrategy(max_workers=M)`, see
+`resizing.py`): a gradient from a worker the session does not know is its
+join; a `LEAVE` or `LOST` its leave. Each changes the counts
+(`replicas_to_aggregate`, backups, `num_byzantine`) between two updates.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from absl import logging
 from keras_psdist.errors import WorkerLostError  # noqa: F401 (re-exported)
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncReplicas
+from keras_psdist.sync.resizing import Counts, Resizing
 from keras_psdist.sync.staging import GradientStaging
 
 # How often the service logs its counts, in seconds.
@@ -104,19 +110,36 @@ class UpdateService:
 
     Args:
         sync: The run's shared state.
-        update: `members -> None`: one update from the members' gradients,
-            the strategy's rule over them, applied with the Keras optimizer.
+        update: `(members, counts) -> None`: one update from the members'
+            gradients, the strategy's rule over them (bound to `counts`, a
+            `resizing.Counts`), applied with the Keras optimizer.
             `members[m]` is member m's staged gradient (its slot's variables,
             on the ps task): inside the update's `tf.function`,
             `service.staging.read(members[m])[v]` is its gradient of variable
             v (true scale, `None` where a variable has no gradient). The
             gradients stay on the ps task: see `staging.py`.
+        resizing: Derives the counts as workers join and leave, or None
+            (the workers are fixed).
     """
 
-    def __init__(self, sync: SyncReplicas, update: Callable[[list[list]], None]):
+    def __init__(
+        self,
+        sync: SyncReplicas,
+        update: Callable[[list[list], Counts], None],
+        resizing: Resizing | None = None,
+    ):
         self._sync = sync
         self._update_model = update
-        workers = sync.config.total_num_replicas
+        self._resizing = resizing
+        config = sync.config
+        # The counts updates are made with now, and each change of them:
+        # `(global step from which they hold, counts)`.
+        self.counts_now = Counts(
+            config.total_num_replicas, config.replicas_to_aggregate, None
+        )
+        self.changes: list[tuple[int, Counts]] = []
+        self._pending_change = False
+        workers = config.slots
         self._counts = np.zeros([3, workers], np.int64)
         self._step = int(sync.global_step.numpy())
         self._session = 0
@@ -191,7 +214,7 @@ class UpdateService:
                 e,
                 exc_info=True,
             )
-            self._sync.poison(range(self._sync.config.total_num_replicas))
+            self._sync.poison(range(self._sync.config.slots))
         finally:
             with self._session_done:
                 self._session_done.notify_all()
@@ -266,6 +289,17 @@ class UpdateService:
                 "keras_psdist sync-replicas: %s is back and sends gradients again.",
                 self._sync.config.name(worker),
             )
+            self._membership_changed()
+        elif self._resizing is not None and worker not in self._active:
+            if not self._at_end:
+                # Its first gradient of this session: it joins.
+                self._active.add(worker)
+                logging.warning(
+                    "keras_psdist sync-replicas: %s joined at global step %d.",
+                    self._sync.config.name(worker),
+                    self._step,
+                )
+                self._membership_changed()
         if self._at_end:
             self._drop(protocol.DROPPED_AT_END, worker, slot)
             self._free(worker)
@@ -286,17 +320,59 @@ class UpdateService:
                 "parameter servers? Start each run on fresh ps tasks."
             )
         self._members.append((worker, slot))
-        if len(self._members) == self._sync.config.replicas_to_aggregate:
+        if len(self._members) == self.counts_now.replicas_to_aggregate:
             self._update()
 
     def _update(self) -> None:
-        self._update_model([self.staging.variables(s) for _, s in self._members])
+        self._update_model(
+            [self.staging.variables(s) for _, s in self._members], self.counts_now
+        )
         for worker, slot in self._members:
             self._count(protocol.APPLIED, worker)
             self.staging.give_back(slot)
         self._members = []
         self._step += 1
+        if self._pending_change:
+            # Between two updates: the workers released next step under
+            # the new counts.
+            self._derive_counts()
         self._release(self._step, self._counts)
+
+    # ------------------------------------------------ workers join, leave
+
+    def _membership_changed(self) -> None:
+        """The active workers changed: the counts follow at the next step
+        boundary (see `resizing.py`)."""
+        if self._resizing is None or self._at_end:
+            return
+        self._pending_change = True
+        if self._members and len(self._active) >= self.counts_now.replicas_to_aggregate:
+            return  # After the pending update, which can still be made.
+        self._derive_counts()
+        to_aggregate = self.counts_now.replicas_to_aggregate
+        if self._members and len(self._members) >= to_aggregate:
+            # A shrink the pending update cannot wait out: it is made from
+            # the first gradients it has; the others are a backup's.
+            extra = self._members[to_aggregate:]
+            self._members = self._members[:to_aggregate]
+            self._update()
+            for worker, slot in extra:
+                self._drop(protocol.DROPPED_STALE, worker, slot)
+                self._wake(worker, self._step)
+
+    def _derive_counts(self) -> None:
+        if not self._active:
+            return  # Nobody trains (the session is over): nothing to count.
+        self._pending_change = False
+        counts = self._resizing.counts(len(self._active))
+        if counts == self.counts_now:
+            return
+        self.counts_now = counts
+        self.changes.append((self._step, counts))
+        say(
+            f"keras_psdist sync-replicas: from global step {self._step}, "
+            f"{counts.describe()} ({self._sync.config.names(sorted(self._active))})."
+        )
 
     def _lose(self, worker: int) -> None:
         if worker not in self._active:
@@ -313,28 +389,30 @@ class UpdateService:
         )
         if self._at_end:
             return
-        if len(self._active) * config.pushes_per_update < config.replicas_to_aggregate:
+        self._membership_changed()
+        to_aggregate = self.counts_now.replicas_to_aggregate
+        if len(self._active) * config.pushes_per_update < to_aggregate:
             raise WorkerLostError(
                 f"{config.name(worker)} was lost (its heartbeat stopped), and the "
                 f"remaining workers ({config.names(sorted(self._active))}) cannot "
                 "make an update "
-                f"of replicas_to_aggregate={config.replicas_to_aggregate}. "
+                f"of replicas_to_aggregate={to_aggregate}. "
                 "Restart it (`keras-psdist launch --max-restarts`), or train with "
                 "backup workers (replicas_to_aggregate < total_num_replicas) to "
                 "go on without a lost worker."
             )
 
     def _publish_lost(self) -> None:
-        mask = [
-            int(w in self._lost) for w in range(self._sync.config.total_num_replicas)
-        ]
+        mask = [int(w in self._lost) for w in range(self._sync.config.slots)]
         with tf.device(self._sync.device):
             self._sync.lost.assign(tf.constant(mask, tf.int64))
 
     def _check_end(self) -> None:
         config = self._sync.config
+        self._membership_changed()
+        to_aggregate = self.counts_now.replicas_to_aggregate
         if self._at_end or len(self._active) * config.pushes_per_update >= (
-            config.replicas_to_aggregate
+            to_aggregate
         ):
             return
         self._at_end = True
@@ -344,7 +422,7 @@ class UpdateService:
                 "fewer than replicas_to_aggregate=%d: their remaining gradients "
                 "are dropped and they are released at once.",
                 sorted(self._active),
-                config.replicas_to_aggregate,
+                to_aggregate,
             )
         self._drop_pending()
         # Whoever is waiting now may be waiting for an update that will not
@@ -387,12 +465,18 @@ class UpdateService:
     def _begin(self, session: int) -> None:
         self._session = session
         # A lost worker counts again once its gradients come again.
-        self._active = set(range(self._sync.config.total_num_replicas)) - self._lost
+        if self._resizing is None:
+            self._active = set(range(self._sync.config.total_num_replicas)) - self._lost
+        else:
+            # The registry's members; one that comes later joins then.
+            self._active = set(self._resizing.members()) - self._lost
         for _, slot in self._members:  # (none: a session ends with none pending)
             self.staging.give_back(slot)
         self._members = []
         self._at_end = False
         self._closed = False
+        if self._resizing is not None:
+            self._derive_counts()
 
     def _end_session(self) -> None:
         self._publish()

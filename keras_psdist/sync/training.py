@@ -55,6 +55,7 @@ but the service runs in the chief's process only.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Any
@@ -92,6 +93,12 @@ class SyncTraining:
         worker_momentum: This worker sends `m <- beta * m + (1 - beta) * g`
             of its gradients instead of `g` (see `aggregators.momentum`); 0
             sends gradients.
+        resizing: Workers join and leave (`max_workers`): derives the
+            counts for the workers the run has (`resizing.py`); None: fixed.
+        registry: The elastic registry (`keras_psdist.cluster.elastic`)
+            this process is a member of, or None.
+        leave_file: A path whose existence asks this worker to leave after
+            its current step (`KERAS_PSDIST_LEAVE_FILE`), or None.
     """
 
     def __init__(
@@ -104,8 +111,14 @@ class SyncTraining:
         heartbeats=None,
         config=None,
         worker_momentum: float = 0.0,
+        resizing=None,
+        registry=None,
+        leave_file: str | None = None,
     ):
         self._strategy = strategy
+        self._resizing = resizing
+        self._registry = registry
+        self._leave_file = leave_file
         # This process's cluster and task (e.g. "worker:1"), for errors.
         self._config = (
             config if config is not None else strategy.extended.topology.config
@@ -137,6 +150,9 @@ class SyncTraining:
             if sync.is_chief
             else None
         )
+        # With workers joining and leaving: the rule for each counts the
+        # run has had, `(replicas_to_aggregate, num_byzantine) -> reduction`.
+        self._reductions: dict[tuple[int, int], GradientReduction] = {}
         self._update_fn = None
         self._session = 0
         self._in_session = False
@@ -225,6 +241,8 @@ class SyncTraining:
         if self._in_session:
             yield  # nested (fit inside `strategy.training`)
             return
+        if self._registry is not None:
+            self._registry.rejoin()
         self._session = self.sync.begin_session()
         self._said_end = False
         self._stall = None
@@ -290,6 +308,8 @@ class SyncTraining:
             once, with why and the steps not run (see the module docstring).
         """
         self._last_progress = time.monotonic()
+        if self._asked_to_leave():
+            return True
         if self.sync.is_chief or not self.sync.session_ended(self._session):
             return False
         if not self._said_end:
@@ -297,6 +317,15 @@ class SyncTraining:
             if steps_planned is None or steps_run is None or steps_run < steps_planned:
                 say(self._stopped_early(steps_run, steps_planned))
         return True
+
+    def _asked_to_leave(self) -> bool:
+        """Whether this worker is asked to leave a job whose workers join
+        and leave (its leave file, or `Registry.ask_to_leave`)."""
+        if self._registry is None:
+            return False
+        if self._leave_file and os.path.exists(self._leave_file):
+            return True
+        return self._registry.asked_to_leave()
 
     def _stopped_early(self, steps_run, steps_planned) -> str:
         # No update comes after the chief's end: this is the step it ended at.
@@ -328,22 +357,36 @@ class SyncTraining:
     def counts(self) -> dict[str, Any]:
         """The run's counts so far, as published by the chief."""
         step, counts = self.sync.read_counts()
-        return {
+        out = {
             "global_step": step,
             "applied": counts[protocol.APPLIED],
             "dropped_stale": counts[protocol.DROPPED_STALE],
             "dropped_at_end": counts[protocol.DROPPED_AT_END],
         }
+        if self._resizing is not None and self._service is not None:
+            # The chief's: `(global step, counts)` at each change.
+            out["changes"] = list(self._service.changes)
+        return out
+
+    @property
+    def count_changes(self) -> list:
+        """On the chief of a run whose workers join and leave: `(global
+        step, resizing.Counts)` at each change of the counts; else []."""
+        if self._service is None:
+            return []
+        return list(self._service.changes)
 
     def _end(self, failed: bool) -> None:
         sync = self.sync
         if failed and sync.is_chief:
             # Without the chief no update can come: stop everyone now.
-            sync.poison(range(sync.config.total_num_replicas))
+            sync.poison(range(sync.config.slots))
             sync.send_marker(protocol.SHUTDOWN)
             self._service = None
             return
         sync.send_marker(protocol.LEAVE)
+        if self._registry is not None:
+            self._registry.left()
         if not sync.is_chief:
             skipped = 0 if failed or self._said_end else sync.steps_skipped()
             if skipped:
@@ -471,7 +514,7 @@ class SyncTraining:
             self._stall = self._stall_reason(idle)
             logging.error("keras_psdist sync-replicas: %s", self._stall)
             if self.sync.is_chief:
-                self.sync.poison(range(self.sync.config.total_num_replicas))
+                self.sync.poison(range(self.sync.config.slots))
             else:
                 self.sync.poison([self.sync.worker])
             return
@@ -504,14 +547,32 @@ class SyncTraining:
 
     def _ensure_service(self) -> UpdateService:
         if self._service is None:
-            self._service = UpdateService(self.sync, self._update_model)
+            self._service = UpdateService(self.sync, self._update_model, self._resizing)
         return self._service
 
-    def _update_model(self, members) -> None:
+    def _reduction_for(self, key) -> GradientReduction:
+        """The chief's rule for `(replicas_to_aggregate, num_byzantine)`: the
+        run's own, or, once the workers have changed, the one bound to the
+        new counts."""
+        if self._resizing is None:
+            return self.reduction
+        if not self._reductions:
+            first = self.reduction.aggregator
+            self._reductions[(first.num_replicas, first.num_byzantine)] = self.reduction
+        if key not in self._reductions:
+            self._reductions[key] = GradientReduction(
+                self._resizing.rule(*key),
+                None,
+                self.sync.device,
+                key[0],
+                spread_devices=self._parameter_devices,
+            )
+        return self._reductions[key]
+
+    def _update_model(self, members, counts) -> None:
         """One update: the rule over the members' gradients, then Keras's
         own apply (one function call on the chief per update)."""
         if self._update_fn is None:
-            reduction = self.reduction
             apply, variables = self._apply, self._variables
 
             wire = self._strategy.extended.wire
@@ -519,7 +580,9 @@ class SyncTraining:
 
             device = self.sync.device
 
-            def update(slots):
+            def update(slots, key):
+                # `key`, a Python value, traces one function per counts.
+                reduction = self._reduction_for(key)
                 # Each member's gradient, read on the ps task that staged it,
                 # a compressed one decompressed there (on the chief, a dense
                 # gradient per member would cross back to the ps).
@@ -540,8 +603,9 @@ class SyncTraining:
                 apply(grads, variables)
 
             self._update_fn = tf.function(update, reduce_retracing=True)
+        key = (counts.replicas_to_aggregate, counts.num_byzantine)
         with self._strategy.scope():
-            self._update_fn(members)
+            self._update_fn(members, key)
 
 
 def _forge_own(attack, grads):

@@ -3,13 +3,16 @@
 Run by `tests/test_elastic.py` under `keras-psdist launch --mode
 between-graph --num-workers 2 --max-workers 4`:
 
-    python elastic_job.py OUT_DIR [CYCLES]
+    python elastic_job.py OUT_DIR [CYCLES] [async|sync]
 
 Every worker trains `Dense(1, use_bias=False)` from zeros with `SGD(2**-6)`
-on a constant input `k + 1` (k: its worker index), loss `mean(prediction)`:
-each update it applies subtracts exactly `2**-6 * (k + 1)` from every
-weight, so the final weights say how many updates each worker applied. The
-others train until asked to leave.
+and loss `mean(prediction)`. Async (`PSStrategy`), on a constant input
+`k + 1` (k: its worker index): each update it applies subtracts exactly
+`2**-6 * (k + 1)` from every weight, so the final weights say how many
+updates each worker applied. Sync (`SyncReplicaStrategy(replicas_to_aggregate=
+"all_but_one")`), on ones: each update subtracts exactly `2**-6`, whatever
+the gradients it combines, so the final weights say how many updates the
+chief made. The others train until asked to leave.
 
 The chief (worker:0), during its `fit`:
 
@@ -29,9 +32,10 @@ a third worker CYCLES times (2 changes each), timing each join (the request
 to the joiner's first applied update) and leave.
 
 It writes `OUT_DIR/chief.json`: the final weights, the updates each slot
-applied, the membership events of `MembershipReport`, the join times, the
-refused joiners' exit codes and output tails; each other worker writes
-`OUT_DIR/worker_<k>.json`.
+applied (sync: the gradients of each slot applied, dropped, and the counts
+at each change), the membership events of `MembershipReport`, the join
+times, the refused joiners' exit codes and output tails; each other worker
+writes `OUT_DIR/worker_<k>.json`, with the gradients it sent (sync).
 """
 
 import json
@@ -99,15 +103,33 @@ def _bad_joiner(index, num_listed):
     return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
 
 
+def _applied(extended):
+    """The updates (async) or gradients (sync) each slot has applied."""
+    return [int(a) for a in extended.sync_training.counts()["applied"]]
+
+
+class Sent(keras.callbacks.Callback):
+    """Counts this worker's steps (sync: each sent one gradient, unless the
+    chief had finished)."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+
+
 class Cycles(keras.callbacks.Callback):
     """The chief's part in `benchmarks/elastic.py`: `cycles` times, add a
     worker (the launcher reuses the slot the last one freed) and wait for
     its first update, then remove it and wait until it has left; then ask
     worker:1 to leave and end."""
 
-    def __init__(self, registry, out, cycles):
+    def __init__(self, extended, out, cycles):
         super().__init__()
-        self.registry = registry
+        self.registry = extended.registry
+        self.applied = lambda: _applied(extended)
         self.out = out
         self.cycles = cycles
         self.steps = 0
@@ -119,12 +141,12 @@ class Cycles(keras.callbacks.Callback):
         registry = self.registry
         join_s, leave_s = [], []
         for _ in range(self.cycles):
-            before = registry.applied_counts()
+            before = self.applied()
             requested = time.monotonic()
             _touch("add-worker")
             _wait(
                 "a worker to join and apply",
-                lambda before=before: registry.applied_counts()[2] > before[2],
+                lambda before=before: self.applied()[2] > before[2],
             )
             join_s.append(time.monotonic() - requested)
             requested = time.monotonic()
@@ -141,9 +163,10 @@ class Cycles(keras.callbacks.Callback):
 class Choreography(keras.callbacks.Callback):
     """The chief's part: grow to 4, refuse bad joiners, shrink to 3, end."""
 
-    def __init__(self, registry, out):
+    def __init__(self, extended, out):
         super().__init__()
-        self.registry = registry
+        self.registry = extended.registry
+        self.applied = lambda: _applied(extended)
         self.out = out
         self.steps = 0
         self.phase = "grow"
@@ -154,13 +177,13 @@ class Choreography(keras.callbacks.Callback):
         registry = self.registry
         if self.phase == "grow" and self.steps == 5:
             requested = time.monotonic()
-            before = registry.applied_counts()
+            before = self.applied()
             _touch("add-worker")
             _touch("add-worker-2")
             joined = {}
 
             def both_applied():
-                applied = registry.applied_counts()
+                applied = self.applied()
                 for k in (2, 3):
                     if k not in joined and applied[k] > before[k]:
                         joined[k] = time.monotonic() - requested
@@ -188,10 +211,16 @@ class Choreography(keras.callbacks.Callback):
                 self.phase = "done"
 
 
-def main(out_dir, cycles=0):
+def main(out_dir, cycles=0, kind="async"):
     import keras_psdist as kpd
 
-    strategy = kpd.PSStrategy(mode="between-graph")
+    sync = kind == "sync"
+    if sync:
+        strategy = kpd.SyncReplicaStrategy(
+            replicas_to_aggregate="all_but_one", step_timeout=WAIT_S * 2
+        )
+    else:
+        strategy = kpd.PSStrategy(mode="between-graph")
     extended = strategy.extended
     k = extended.topology.worker_index
     with strategy.scope():
@@ -207,7 +236,7 @@ def main(out_dir, cycles=0):
         )
     # 4 rows a step per worker: each global batch of 16 splits into
     # max_workers = 4 pieces; worker k trains on piece k.
-    x = np.full((16 * 50000, DIM), float(k + 1), np.float32)
+    x = np.full((16 * 50000, DIM), 1.0 if sync else float(k + 1), np.float32)
     y = np.zeros((len(x), 1), np.float32)
     report = kpd.callbacks.MembershipReport(
         log_dir=os.path.join(out_dir, "tensorboard")
@@ -215,19 +244,35 @@ def main(out_dir, cycles=0):
         else None
     )
     out = {"worker": k}
-    callbacks = [report]
+    sent = Sent()
+    callbacks = [report, sent]
     if extended.topology.is_chief:
         callbacks.append(
-            Cycles(extended.registry, out, int(cycles))
+            Cycles(extended, out, int(cycles))
             if int(cycles)
-            else Choreography(extended.registry, out)
+            else Choreography(extended, out)
         )
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=callbacks)
-    out["applied"] = extended.registry.applied_counts()
+    out["applied"] = _applied(extended)
+    if sync:
+        counts = extended.sync_training.counts()
+        out["global_step"] = int(counts["global_step"])
+        out["dropped"] = [
+            int(a) + int(b)
+            for a, b in zip(
+                counts["dropped_stale"], counts["dropped_at_end"], strict=True
+            )
+        ]
+        out["sent"] = sent.steps - extended.sync_training.sync.steps_skipped()
+        out["count_changes"] = [
+            [step, c.num_workers, c.replicas_to_aggregate]
+            for step, c in extended.sync_training.count_changes
+        ]
     out["states"] = extended.registry.states()
     out["weights"] = model.get_weights()[0].ravel().tolist()
     out["events"] = report.events
-    out["counts"] = extended.sync_training.counts()
+    if not sync:
+        out["counts"] = extended.sync_training.counts()
     name = "chief.json" if extended.topology.is_chief else f"worker_{k}.json"
     if os.path.exists(os.path.join(out_dir, name)):  # a slot's later worker
         name = name.replace(".json", f"_{time.time_ns()}.json")

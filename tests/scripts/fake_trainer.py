@@ -17,6 +17,9 @@ grandchild it may start, prints "TF_CONFIG=<json>" and "started", then:
   2 s.
 - listen_briefly: listens on its TF_CONFIG address for 2 s (as a training
   process's own server does), then exits 0.
+- elastic: (an elastic launch) trains until its leave file exists (exit 0),
+  REPORT_DIR/stop exists (exit 0) or REPORT_DIR/fail-<task> exists (exit 3);
+  after 120 s, exit 1.
 
 As the evaluator (`launch(evaluator=True)`, task `evaluator:0`): with `ok`
 it waits (up to 60 s) for the launcher's stop file and reports its scheduling policy
@@ -47,6 +50,8 @@ def main() -> int:
         action = "ok"
     if action in ("flaky_worker_1", "lose_worker_1"):
         return _faulty(action, name, report_dir)
+    if action == "elastic":
+        return _elastic(name, tf_config, report_dir)
     fails = (action, name) in (
         ("fail_worker_1", "worker:1"),
         ("fail_worker_0", "worker:0"),
@@ -133,6 +138,25 @@ def _faulty(action: str, name: str, report_dir: str) -> int:
             return 1
         time.sleep(0.05)
     return 0
+
+
+def _elastic(name: str, tf_config: str, report_dir: str) -> int:
+    path = os.path.join(report_dir, f"{name}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid(), "grandchild": None, "tf_config": tf_config}, f)
+    os.replace(path + ".tmp", path)
+    print("started", flush=True)
+    leave = os.environ["KERAS_PSDIST_LEAVE_FILE"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if os.path.exists(leave) or os.path.exists(os.path.join(report_dir, "stop")):
+            print("leaving", flush=True)
+            return 0
+        if os.path.exists(os.path.join(report_dir, f"fail-{name}")):
+            print("failing on purpose", file=sys.stderr)
+            return 3
+        time.sleep(0.05)
+    return 1
 
 
 if __name__ == "__main__":

@@ -104,12 +104,32 @@ def check_fault_tolerance(
 
 
 def check_max_workers(
-    mode: str, num_workers: int, max_workers: int | None, *, as_flags: bool = False
+    mode: str,
+    num_workers: int,
+    max_workers: int | None,
+    *,
+    min_workers: int | None = None,
+    host_discovery: object = None,
+    as_flags: bool = False,
 ) -> None:
-    """Elastic membership: between-graph only, at least the starting workers."""
-    if max_workers is None:
-        return
+    """Elastic membership: between-graph only, at least the starting workers;
+    `min_workers` between 1 and the starting workers."""
     name = "--max-workers" if as_flags else "max_workers"
+    if max_workers is None:
+        for given, what in (
+            (min_workers, "--min-workers" if as_flags else "min_workers"),
+            (
+                host_discovery,
+                "--host-discovery-script" if as_flags else "host_discovery",
+            ),
+        ):
+            if given is not None:
+                raise ValueError(
+                    f"`{what}` applies to a job whose workers join and leave, "
+                    f"which `{name}` makes. Received: {what} {given!r} without "
+                    f"{name}. Pass {name} M too (the most workers the job may have)."
+                )
+        return
     if isinstance(max_workers, bool) or not isinstance(max_workers, int):
         raise ValueError(f"`{name}` must be an integer. Received: {max_workers!r}")
     if mode == IN_GRAPH:
@@ -124,3 +144,15 @@ def check_max_workers(
             f"`{name}` must be at least the starting number of workers "
             f"({num_workers}). Received: {max_workers!r}"
         )
+    if min_workers is not None:
+        least = "--min-workers" if as_flags else "min_workers"
+        if (
+            isinstance(min_workers, bool)
+            or not isinstance(min_workers, int)
+            or not 1 <= min_workers <= num_workers
+        ):
+            raise ValueError(
+                f"`{least}` must be an integer from 1 (the chief) to the "
+                f"starting number of workers ({num_workers}). Received: "
+                f"{min_workers!r}"
+            )

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TextIO
 
 from keras_psdist.cluster.config import (
@@ -37,6 +37,7 @@ from keras_psdist.cluster.launcher.arguments import (
     check_max_workers,
 )
 from keras_psdist.cluster.launcher.banner import is_tf_banner
+from keras_psdist.cluster.launcher.discovery import DISCOVERY_EVERY_S, discovery_hook
 from keras_psdist.cluster.launcher.processes import (
     Child,
     Output,
@@ -104,6 +105,8 @@ def launch(
     hosts: TaskHosts | None = None,
     evaluator: bool = False,
     max_workers: int | None = None,
+    min_workers: int | None = None,
+    host_discovery: Callable[[], Sequence[str]] | str | None = None,
 ) -> int:
     """Runs `command` on a parameter-server cluster of local processes.
 
@@ -200,6 +203,18 @@ def launch(
             leave after its current step (its leave file,
             `KERAS_PSDIST_LEAVE_FILE`); a removed worker's exit 0 counts as
             done. Defaults to `None`: the workers are fixed.
+        min_workers: With `max_workers`: the fewest workers the job keeps.
+            A worker (not the chief) that fails is lost and its slot freed,
+            and the job goes on while at least this many train (instead of
+            `max_restarts` / `max_worker_failures`); a removal that would
+            leave fewer is refused. Defaults to `None`: failures as without
+            `max_workers`, removals down to the chief.
+        host_discovery: With `max_workers`: a callable returning the hosts
+            that may run workers now (`host` or `host:slots` each), or the
+            path of a script printing them one per line, polled every 2 s
+            (`keras_psdist.cluster.launcher.discovery`): workers are started
+            on hosts that appear and asked to leave from hosts that go.
+            Defaults to `None`.
 
     Returns:
         The exit code: in-graph, the chief's; between-graph, 0 if every worker
@@ -225,7 +240,14 @@ def launch(
         command, num_ps, num_workers, mode, host, timeout_s, startup_timeout_s
     )
     check_fault_tolerance(mode, num_workers, max_restarts, max_worker_failures)
-    check_max_workers(mode, num_workers, max_workers)
+    check_max_workers(
+        mode,
+        num_workers,
+        max_workers,
+        min_workers=min_workers,
+        host_discovery=host_discovery,
+    )
+    discover = discovery_hook(host_discovery)
     if hosts is not None and not (
         callable(getattr(hosts, "address", None))
         and callable(getattr(hosts, "command", None))
@@ -249,6 +271,8 @@ def launch(
         hosts,
         evaluator,
         max_workers,
+        min_workers,
+        discover,
     )
     return run()
 
@@ -272,10 +296,15 @@ class _Launch:
         hosts: TaskHosts | None = None,
         evaluator: bool = False,
         max_workers: int | None = None,
+        min_workers: int | None = None,
+        discover: Callable[[], list[str]] | None = None,
     ):
         self.hosts = hosts
         self.evaluator = evaluator
         self.max_workers = max_workers
+        self.min_workers = min_workers
+        self.discover = discover
+        self.membership: _Membership | None = None
         self.temporary: list[str] = []  # directories removed at the end
         self.command = command
         self.num_ps = num_ps
@@ -451,6 +480,7 @@ class _Launch:
             for job, i in self._training_tasks(config)
         }
         membership = _Membership(self, config) if self.max_workers else None
+        self.membership = membership
         trainers = [
             self._spawn(
                 task_config,
@@ -516,6 +546,8 @@ class _Launch:
         is_chief = child.name in ("chief:0", "worker:0")
         if self.mode == "in-graph" or is_chief:
             raise Stop(exit_code(code), f"{what}; stopping every task.")
+        if self.membership is not None and self.min_workers is not None:
+            return self.membership.lose(child, what)
         if self.restarts < self.max_restarts:
             self.restarts += 1
             self.log(
@@ -683,6 +715,10 @@ class _Membership:
         # Workers asked for while every slot was taken but some worker was
         # leaving: started once it has exited.
         self.pending = 0
+        # Every worker's slot: (its child process, the host it runs on).
+        self.running: dict[int, Child] = {}
+        self._next_look = 0.0
+        self._discovery_failed: str | None = None
         launch.log(
             f"elastic membership (--max-workers {launch.max_workers}): add a "
             f"worker with `touch {self.directory}/{self.ADD}`, remove worker:K "
@@ -699,9 +735,11 @@ class _Membership:
         }
 
     def check(self, trainers: list[Child], configs: dict) -> None:
-        """Acts on the requests in the control directory (each once)."""
+        """Acts on the requests in the control directory (each once), and
+        on the hosts discovered."""
         for child in trainers:
             index = int(child.name.rsplit(":", 1)[1])
+            self.running[index] = child
             if index in self.asked and child.proc.poll() == 0:
                 self.asked.discard(index)
                 self.freed.add(index)
@@ -722,29 +760,112 @@ class _Membership:
                 if task not in configs:
                     self.launch.log(f"remove {task}: no such worker; ignored.")
                     continue
-                with open(os.path.join(self.directory, f"leave-worker-{index}"), "w"):
-                    pass
-                self.asked.add(int(index))
-                self.launch.log(f"asked {task} to leave after its current step.")
+                self._remove(int(index), "")
+        if self.launch.discover is not None and time.monotonic() >= self._next_look:
+            self._next_look = time.monotonic() + DISCOVERY_EVERY_S
+            self._follow_hosts(trainers, configs)
 
-    def _add(self, trainers: list[Child], configs: dict) -> None:
+    def _training(self) -> list[int]:
+        """The slots whose worker trains and was not asked to leave."""
+        return sorted(
+            index
+            for index, child in self.running.items()
+            if child.proc.poll() is None and index not in self.asked
+        )
+
+    def _remove(self, index: int, why: str) -> bool:
+        """Asks `worker:index` to leave after its current step, unless the
+        job would then have fewer than `min_workers`."""
+        task = f"worker:{index}"
+        least = self.launch.min_workers
+        if least is not None and len(self._training()) - 1 < least:
+            self.launch.log(
+                f"remove {task}{why}: the job would have fewer than --min-workers "
+                f"{least} workers; it stays."
+            )
+            return False
+        with open(os.path.join(self.directory, f"leave-worker-{index}"), "w"):
+            pass
+        self.asked.add(index)
+        self.launch.log(f"asked {task} to leave after its current step{why}.")
+        return True
+
+    def lose(self, child: Child, what: str) -> None:
+        """A worker (not the chief) failed, in a job with `min_workers`: it
+        is lost and its slot freed, or, with too few left, `Stop`."""
+        index = int(child.name.rsplit(":", 1)[1])
+        self.running.pop(index, None)
+        self.asked.discard(index)
+        self.freed.add(index)
+        self.launch.lost.append(what)
+        left = len(self._training())
+        least = self.launch.min_workers
+        if left < least:
+            raise Stop(
+                1,
+                f"{what}; {left} workers are left, fewer than --min-workers "
+                f"{least}: stopping every task.",
+            )
+        self.launch.log(
+            f"{what}; lost it, its slot is free, and the job goes on with "
+            f"{left} workers (--min-workers {least})."
+        )
+
+    def _follow_hosts(self, trainers: list[Child], configs: dict) -> None:
+        """Starts workers on hosts that appeared, asks the ones on hosts
+        that went to leave (`discovery.py`)."""
+        try:
+            wanted = self.launch.discover()
+        except Exception as e:  # noqa: BLE001 - the job goes on as it is
+            if str(e) != self._discovery_failed:
+                self.launch.log(f"host discovery failed: {e}; keeping the workers.")
+            self._discovery_failed = str(e)
+            return
+        self._discovery_failed = None
+        training = self._training()
+        host_of = {i: self.addresses[i].rsplit(":", 1)[0].strip("[]") for i in training}
+        for host in dict.fromkeys(host_of.values()):
+            on_host = [i for i in training if host_of[i] == host and i != 0]
+            excess = sum(h == host for h in host_of.values()) - wanted.count(host)
+            for index in sorted(on_host, reverse=True)[: max(0, excess)]:
+                self._remove(index, f" ({host} is no longer discovered)")
+        for host in dict.fromkeys(wanted):
+            missing = wanted.count(host) - sum(h == host for h in host_of.values())
+            for _ in range(missing):
+                if not self._add(trainers, configs, host=host, quiet=True):
+                    return
+
+    def _add(
+        self,
+        trainers: list[Child],
+        configs: dict,
+        host: str | None = None,
+        quiet: bool = False,
+    ) -> bool:
+        """Starts a worker in the lowest free slot (on `host`, else the
+        launch's); returns whether it did."""
         index = min(self.freed) if self.freed else len(self.addresses)
+        if quiet and index >= self.launch.max_workers:
+            return False  # Discovery asks again at its next look.
         if index >= self.launch.max_workers and self.asked:
             self.pending += 1
             self.launch.log(
                 "add-worker: every slot is taken; starting the worker once a "
                 "leaving one has exited."
             )
-            return
+            return False
         if index >= self.launch.max_workers:
             self.launch.log(
                 f"add-worker: the job has its --max-workers "
                 f"{self.launch.max_workers} workers already; ignored."
             )
-            return
+            return False
         task = f"worker:{index}"
         if self.launch.hosts is not None:
             address = self.launch.hosts.address(task)
+        elif host is not None:
+            port = pick_free_ports(1, host)[0]
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         else:
             port = pick_free_ports(1, self.launch.host)[0]
             address = f"{self.launch._address_host()}:{port}"
@@ -762,11 +883,12 @@ class _Membership:
         config = ClusterConfig(jobs).with_task("worker", index)
         configs[task] = config
         self.launch.log(f"adding {task} at {address}.")
-        trainers.append(
-            self.launch._spawn(
-                config, self.launch.command, is_server=False, extra_env=self.env(task)
-            )
+        child = self.launch._spawn(
+            config, self.launch.command, is_server=False, extra_env=self.env(task)
         )
+        trainers.append(child)
+        self.running[index] = child
+        return True
 
 
 class _Evaluation:
