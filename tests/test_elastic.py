@@ -177,6 +177,35 @@ def test_sync_refuses_more_replicas_to_aggregate_than_workers_when_elastic(
         modes.SyncReplicasMode(arguments, "SyncReplicaStrategy").validate()
 
 
+# ---------------------------------------------------------------- in-graph
+
+INGRAPH_JOB = launching.Path(__file__).parent / "cluster_jobs" / "ingraph_resize_job.py"
+
+
+def test_in_graph_a_later_strategy_changes_the_workers_in_place(tmp_path):
+    """In-graph, the chief's replicas are fixed per strategy; between fits a
+    new strategy over more or fewer workers connects in place (TensorFlow's
+    `update_server_def`): 2 -> 3 -> 2 replicas, the weights carried over,
+    the first model's ps variables still there; moving a task is refused."""
+    code, log = launching.launch_job(
+        INGRAPH_JOB, [tmp_path], num_ps=1, num_workers=3, timeout_s=300
+    )
+    assert code == 0, (
+        f"launch exited {code}:\n{launching.without_progress(log)[-8000:]}"
+    )
+    report = json.loads((tmp_path / "report.json").read_text())
+    phases = report["phases"]
+    assert [p["replicas"] for p in phases] == [2, 3, 2]
+    for before, after in zip(phases, phases[1:], strict=False):
+        # The weights carried over: the next phase starts where this one ended.
+        assert after["before"] == pytest.approx(before["after"], rel=1e-5)
+    assert phases[-1]["after"] < phases[0]["before"] / 10
+    assert report["first_model_after"] == pytest.approx(phases[0]["after"], rel=1e-6)
+    assert "a later strategy puts worker:1 at" in report["moved_worker"]
+    assert "keep each worker's index and address" in report["moved_worker"]
+    assert report["other_ps"] != "accepted"
+
+
 @pytest.mark.parametrize(
     "mode, num_workers, max_workers, message",
     [

@@ -1,7 +1,8 @@
 """`keras-psdist slurm`: each rank of a Slurm job step runs its task.
 
-Slurm's environment is recorded here (these machines run no Slurm); the
-last test runs a step's three ranks as `srun` would, on this machine.
+Slurm's environment is recorded here; the last test runs a step's three
+ranks as `srun` would, on this machine. tests/test_slurm_real.py runs a step
+under a real Slurm.
 """
 
 import json
@@ -10,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
+import slurm_cluster  # tests/, beside this module
 
-from keras_psdist.cluster import pick_free_ports
 from keras_psdist.cluster.slurm import (
     expand_hostlist,
     expand_tasks_per_node,
@@ -136,30 +137,13 @@ def test_too_few_tasks_say_how_many_to_ask_for():
         from_slurm(1, "in-graph", environ=env)
 
 
-def _free_port_run(n):
-    """A port with the next `n - 1` free too."""
-    for _ in range(50):
-        (base,) = pick_free_ports(1)
-        try:
-            pick = [base + i for i in range(n)]
-            import socket
-
-            for port in pick:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no run of free ports")
-
-
 @pytest.mark.timeout(120)
 def test_a_step_s_ranks_run_their_tasks_and_the_ps_stops_after_training(tmp_path):
     """Three ranks on one node, as `srun --ntasks 3` starts them: rank 0
     serves ps:0 (a real `keras-psdist serve`), ranks 1 and 2 run the command
     as worker:0 and worker:1; once the workers have ended, the ps stops and
     every rank exits 0 (Slurm's step ends when every rank has)."""
-    port = _free_port_run(3)
+    port = slurm_cluster.free_port_run(3)
     reports = tmp_path / "reports"
     reports.mkdir()
     ranks = []

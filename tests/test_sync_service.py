@@ -365,29 +365,20 @@ def test_a_join_while_an_update_waits_changes_the_counts_after_it():
 
 
 @pytest.mark.timeout(60)
-def test_a_leave_changes_the_counts_after_the_pending_update_it_can_wait_for():
+def test_a_leave_changes_the_counts_at_once_and_makes_the_update_it_can():
+    """No update waits for a worker that is gone: with one fewer backup, the
+    pending update is made from the gradients it has when they are enough."""
     service = _elastic([0, 1, 2, 3])  # 3 per update
     service.gradient(0, 0, 1.0)
     service.gradient(1, 0, 3.0)
-    service.leave(3)  # 3 remain: the pending update still gets its 3
-    assert service.updates == []
-    service.gradient(2, 0, 5.0)
-    assert service.made_with == [(3, Counts(4, 3, 0))]
-    assert service.changes[1:] == [(1, Counts(3, 2, 0))]
-    service.lose(2)  # nothing pending: at once
-    assert service.changes[-1] == (1, Counts(2, 1, 0))
-    assert service.staged == []
-
-
-@pytest.mark.timeout(60)
-def test_a_leave_the_pending_update_cannot_wait_out_changes_the_counts_at_once():
-    service = _elastic([0, 1, 2])  # 2 per update
-    service.gradient(0, 0, 1.0)
-    service.leave(2)  # 2 remain: still 2 for the pending update
-    service.lose(1)  # 1 remains: 1 per update, and worker 0's is there
-    assert service.made_with == [(1, Counts(1, 1, 0))]
-    assert service.changes[-1] == (0, Counts(1, 1, 0))
+    service.leave(3)  # 3 remain: 2 per update, and 2 are there
+    assert service.made_with == [(2, Counts(3, 2, 0))]
+    assert service.changes[1:] == [(0, Counts(3, 2, 0))]
     assert service.releases == [1]
+    service.gradient(0, 1, 1.0)
+    service.lose(2)  # 2 remain: 1 per update, worker 0's is there
+    assert service.made_with[-1] == (1, Counts(2, 1, 0))
+    assert service.changes[-1] == (1, Counts(2, 1, 0))
     assert service.staged == []
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist import devices as devices_lib
-from keras_psdist._tf import device_util
+from keras_psdist._tf import context, device_util
 from keras_psdist.cluster.config import (
     LAUNCH_MODE_ENV,
     ClusterConfig,
@@ -296,17 +296,25 @@ def connect_in_graph(
         ConnectionError: if a task does not answer within `connect_timeout`.
         OSError: if this task's port is held by another process.
     """
+    global _connected_in_graph
     wait_reachable(_targets(config, ("ps", "worker")), connect_timeout)
-    if config.has_chief:
-        check_port_free(config.addresses("chief")[0])
-    # A ClusterSpec, not the resolver: with a resolver whose master() is
-    # local (every TFConfigClusterResolver's), TF silently does nothing.
-    tf.config.experimental_connect_to_cluster(
-        config.cluster_spec(),
-        job_name="chief",
-        task_index=0,
-        make_master_device_default=False,
-    )
+    key = repr(config.cluster_spec().as_dict())
+    if _connected_in_graph is not None and key != _connected_in_graph:
+        # A later strategy of this process over other workers (between
+        # fits): the connection changes in place, the ps variables stay.
+        _change_cluster(config)
+    else:
+        if _connected_in_graph is None and config.has_chief:
+            check_port_free(config.addresses("chief")[0])
+        # A ClusterSpec, not the resolver: with a resolver whose master() is
+        # local (every TFConfigClusterResolver's), TF silently does nothing.
+        tf.config.experimental_connect_to_cluster(
+            config.cluster_spec(),
+            job_name="chief",
+            task_index=0,
+            make_master_device_default=False,
+        )
+    _connected_in_graph = key
     input_workers = []
     for task in range(config.num_workers):
         host = config.device("worker", task)
@@ -326,6 +334,58 @@ def connect_in_graph(
 # a later strategy of the same script (a second run) connects no more (the
 # task's server already listens on its port).
 _connected_between_graph: tuple | None = None
+# The cluster this process's in-graph client is connected to (its spec's
+# repr), once connected.
+_connected_in_graph: str | None = None
+
+
+def _change_cluster(config: ClusterConfig) -> None:
+    """Connects this in-graph client to `config`'s cluster in place of the
+    one it is connected to (`context.update_server_def`): the tasks of both
+    keep what they hold (the ps variables), workers are added or dropped.
+
+    Raises:
+        ValueError: if the ps tasks or the chief's address differ (they hold
+            the run's state and this process's own server), or a worker
+            task keeps its index at another address.
+    """
+    current = context.get_server_def()
+    jobs = {job.name: dict(job.tasks) for job in current.cluster.job}
+    ps = dict(enumerate(config.addresses("ps")))
+    chief = dict(enumerate(config.addresses("chief"))) if config.has_chief else None
+    if jobs.get("ps") != ps or (chief is not None and jobs.get("chief") != chief):
+        raise ValueError(
+            "This process's in-graph client is connected to a cluster with ps "
+            f"tasks {jobs.get('ps')} and chief {jobs.get('chief')}; a later "
+            "strategy may change the worker tasks (between fits) but not "
+            f"those. Received: ps {ps}, chief {chief}. Keep the ps and chief "
+            "addresses, or start a new process for another cluster."
+        )
+    workers = dict(enumerate(config.addresses("worker")))
+    moved = {
+        k: (jobs["worker"][k], address)
+        for k, address in workers.items()
+        if k in jobs.get("worker", {}) and jobs["worker"][k] != address
+    }
+    if moved:
+        k, (was, now) = next(iter(moved.items()))
+        raise ValueError(
+            f"worker:{k} of this process's in-graph client is at {was}; a later "
+            f"strategy puts worker:{k} at {now}. TensorFlow names a task by its "
+            "index, so a connected client cannot move one: keep each worker's "
+            "index and address, add workers at the end and drop them from the "
+            "end (or start a new process for another cluster)."
+        )
+    spec = dict(config.cluster_spec().as_dict())
+    spec["chief"] = jobs["chief"]  # TF's own, when the config has none
+    server_def = tf.train.ServerDef(
+        cluster=tf.train.ClusterSpec(spec).as_cluster_def(),
+        job_name="chief",
+        task_index=0,
+        protocol=current.protocol,
+        default_session_config=current.default_session_config,
+    )
+    context.context().update_server_def(server_def)
 
 
 def connect_between_graph(

@@ -17,12 +17,13 @@ counts again from the rules the user stated (`keras_psdist.membership`):
 When the change takes effect (`keras_psdist.sync.service`): a worker joins
 with its first gradient and leaves with its `LEAVE` (or is found lost), each
 an element of the one gradient queue, so changes are ordered against the
-gradients. The counts change between two updates: at once when no fresh
-gradient waits, else right after the pending update, before its release, so
-every released worker steps under the new counts. A shrink that leaves fewer
-workers than the pending update waits for changes them at once (the update is
-made from the first gradients it has, the rest counted stale). No gradient is
-lost or counted twice: the service still classifies each element once.
+gradients. A join changes the counts right after the pending update (made
+with the counts it began with: it never waits for more gradients than
+that), or at once when none is pending. A leave changes them at once: no
+update waits for a worker that is gone, and the pending update is made now
+if it has the gradients the new counts ask for (the first ones; any others
+count as a backup's, stale). No gradient is lost or counted twice: the
+service still classifies each element once.
 
 The rule's own state (centered clipping's centre) is kept per count: after a
 change to counts seen before, the rule goes on from that state; to new

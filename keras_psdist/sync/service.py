@@ -289,7 +289,7 @@ class UpdateService:
                 "keras_psdist sync-replicas: %s is back and sends gradients again.",
                 self._sync.config.name(worker),
             )
-            self._membership_changed()
+            self._membership_changed(joined=True)
         elif self._resizing is not None and worker not in self._active:
             if not self._at_end:
                 # Its first gradient of this session: it joins.
@@ -299,7 +299,7 @@ class UpdateService:
                     self._sync.config.name(worker),
                     self._step,
                 )
-                self._membership_changed()
+                self._membership_changed(joined=True)
         if self._at_end:
             self._drop(protocol.DROPPED_AT_END, worker, slot)
             self._free(worker)
@@ -340,19 +340,24 @@ class UpdateService:
 
     # ------------------------------------------------ workers join, leave
 
-    def _membership_changed(self) -> None:
-        """The active workers changed: the counts follow at the next step
-        boundary (see `resizing.py`)."""
+    def _membership_changed(self, joined: bool = False) -> None:
+        """The active workers changed: the counts follow (see `resizing.py`).
+
+        A join changes them after the pending update (it never waits for
+        more gradients than it began with); a leave at once (it never waits
+        for a worker that is gone), the update made now if it has the
+        gradients the new counts ask for.
+        """
         if self._resizing is None or self._at_end:
             return
         self._pending_change = True
-        if self._members and len(self._active) >= self.counts_now.replicas_to_aggregate:
-            return  # After the pending update, which can still be made.
+        if joined and self._members:
+            return  # Right after the pending update.
         self._derive_counts()
         to_aggregate = self.counts_now.replicas_to_aggregate
         if self._members and len(self._members) >= to_aggregate:
-            # A shrink the pending update cannot wait out: it is made from
-            # the first gradients it has; the others are a backup's.
+            # The first gradients make the update; any others are a
+            # backup's.
             extra = self._members[to_aggregate:]
             self._members = self._members[:to_aggregate]
             self._update()
