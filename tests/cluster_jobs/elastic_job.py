@@ -20,9 +20,9 @@ The chief (worker:0), during its `fit`:
    (`add-worker`) and waits until worker:2 and worker:3 are members and
    have each applied an update (the time from the request to that first
    update is the join time);
-2. starts two joiners with bad TF_CONFIGs and checks that each is refused
-   (one claims live worker:1, one index 4 of max_workers 4) and that the
-   membership did not change;
+2. (async) starts two joiners with bad TF_CONFIGs and checks that each is
+   refused (one claims live worker:1, one index 4 of max_workers 4) and that
+   the membership did not change;
 3. removes worker:3 (`remove-worker-3`) and waits until it has left;
 4. trains 5 more steps, asks worker:1 and worker:2 to leave, waits until
    they have, and ends its `fit`.
@@ -77,9 +77,19 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+def _bad_joiners(*joiners):
+    """Starts this script as worker:`index` with `num_listed` workers listed,
+    for each `(index, num_listed)` at once; returns each one's (exit code,
+    the last lines of its output)."""
+    procs = [_bad_joiner(index, num_listed) for index, num_listed in joiners]
+    out = []
+    for proc in procs:
+        text, _ = proc.communicate(timeout=WAIT_S)
+        out.append((proc.returncode, text[-3000:]))
+    return out
+
+
 def _bad_joiner(index, num_listed):
-    """Starts this script as worker:`index` with `num_listed` workers listed;
-    returns (exit code, the last lines of its output)."""
     config = json.loads(os.environ["TF_CONFIG"])
     workers = list(config["cluster"]["worker"])
     while len(workers) < num_listed:
@@ -93,14 +103,13 @@ def _bad_joiner(index, num_listed):
     config["task"] = {"type": "worker", "index": index}
     env = dict(os.environ, TF_CONFIG=json.dumps(config))
     env.pop("KERAS_PSDIST_LEAVE_FILE", None)
-    proc = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, __file__, "--joiner"],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=WAIT_S,
     )
-    return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
 
 
 def _applied(extended):
@@ -163,8 +172,9 @@ class Cycles(keras.callbacks.Callback):
 class Choreography(keras.callbacks.Callback):
     """The chief's part: grow to 4, refuse bad joiners, shrink to 3, end."""
 
-    def __init__(self, extended, out):
+    def __init__(self, extended, out, refusals=True):
         super().__init__()
+        self.refusals = refusals
         self.registry = extended.registry
         self.applied = lambda: _applied(extended)
         self.out = out
@@ -191,10 +201,11 @@ class Choreography(keras.callbacks.Callback):
 
             _wait("worker:2 and worker:3 to join and apply", both_applied)
             self.out["join_s"] = joined
-            version = int(registry.version.numpy())
-            self.out["refused"] = [_bad_joiner(1, 2), _bad_joiner(4, 5)]
-            self.out["members_after_refusals"] = registry.members()
-            self.out["version_unchanged"] = int(registry.version.numpy()) == version
+            if self.refusals:
+                version = int(registry.version.numpy())
+                self.out["refused"] = _bad_joiners((1, 2), (4, 5))
+                self.out["members_after_refusals"] = registry.members()
+                self.out["version_unchanged"] = int(registry.version.numpy()) == version
             _touch("remove-worker-3")
             _wait("worker:3 to leave", lambda: registry.states()[3] == 2)
             self.phase = "shrunk"
@@ -250,7 +261,8 @@ def main(out_dir, cycles=0, kind="async"):
         callbacks.append(
             Cycles(extended, out, int(cycles))
             if int(cycles)
-            else Choreography(extended, out)
+            # (Admission is the same code in both; its test runs async.)
+            else Choreography(extended, out, refusals=not sync)
         )
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=callbacks)
     out["applied"] = _applied(extended)
