@@ -266,7 +266,7 @@ def centered_clipping(
     per_replica: Sequence[np.ndarray],
     *,
     f: int = 0,
-    radius: float = 1.0,
+    radius: float | str = 1.0,
     iterations: int = 3,
     center: Sequence[np.ndarray | None] | None = None,
     report: bool = False,
@@ -274,10 +274,13 @@ def centered_clipping(
     """Clipped steps from a center: the previous output, or the median.
 
     Args:
+        radius: A float, or "auto": in each iteration the distance of the
+            (n - f)-th closest finite replica to the center.
         center: One array per variable (`None` entries, or `None` for all: the
             coordinate-wise median of the zeroed inputs, as on a first step
             or for a sparse block).
     """
+    fixed = radius
     x = _as_float64(per_replica)
     n = x[0].shape[0]
     finite = _finite(x)
@@ -293,8 +296,11 @@ def centered_clipping(
     clipped = np.zeros(n)
     for _ in range(iterations):
         dist = np.linalg.norm(points - v, axis=1)
-        with np.errstate(divide="ignore"):
-            c = np.minimum(1.0, radius / dist)
+        if fixed == "auto":
+            finite_dist = np.sort(dist[finite])
+            radius = finite_dist[min(n - f, len(finite_dist)) - 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c = np.where(dist > 0, np.minimum(1.0, radius / dist), 1.0)
         c = np.where(finite, c, 0.0)
         clipped = np.where(dist > radius, 1.0, 0.0)
         clipped[np.abs(dist - radius) <= 1e-4 * radius] = np.nan

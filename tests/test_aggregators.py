@@ -65,6 +65,7 @@ VARIANTS = [
     ("multi_krum", {"m": 2}),
     ("geometric_median", {"iterations": 3, "smoothing": 1e-3}),
     ("centered_clipping", {"radius": 0.5, "iterations": 1}),
+    ("centered_clipping", {"radius": "auto", "iterations": 2}),
     ("nnm", {"aggregator": "krum"}),
     ("nnm", {"aggregator": "geometric_median"}),
     ("bucketing", {"aggregator": "median", "bucket_size": 3}),

@@ -13,6 +13,8 @@ from keras_psdist.aggregators.configs import check_bool
 from keras_psdist.aggregators.geometric_median import check_iterations
 
 REPORT_NAME = "clipped"
+# `radius="auto"`: the distance of the (n - f)-th closest replica.
+AUTO = "auto"
 
 
 class CenteredClippingState(NamedTuple):
@@ -62,7 +64,15 @@ class CenteredClipping(Aggregator):
             strategy's. Only checked against the condition. Defaults to
             `None`.
         radius: The clipping radius tau, a float > 0, in the units of the
-            true-scale gradient's norm. Defaults to 1.0.
+            true-scale gradient's norm, or `"auto"`: in each iteration, the
+            distance from the centre of the (n - f)-th closest replica, so
+            the n - f closest are not clipped and the others are clipped to
+            the honest replicas' own spread, whatever the gradients' (or worker
+            momenta's) scale. A fixed radius larger than the honest spread
+            lets each clipped attacker pull the centre by the whole radius in
+            every iteration: with worker momentum, whose honest spread is
+            several times smaller than the gradients', `radius=1.0` loses
+            where `"auto"` holds (docs/robustness.md). Defaults to 1.0.
         iterations: Clipping iterations per step, an int >= 1. Defaults to 3.
         jit_compile: Compile the median and the final sum with XLA. Defaults
             to `True`.
@@ -98,16 +108,18 @@ class CenteredClipping(Aggregator):
         jit_compile: bool = True,
     ):
         super().__init__(num_byzantine)
-        if (
+        if radius != AUTO and (
             isinstance(radius, bool)
             or not isinstance(radius, int | float)
             or not radius > 0
         ):
             raise ValueError(
-                f"CenteredClipping's `radius` must be a float > 0. Received: radius={radius!r}"
+                "CenteredClipping's `radius` must be a float > 0 or 'auto' (the "
+                "distance of the (n - f)-th closest replica). Received: "
+                f"radius={radius!r}"
             )
         check_iterations(self, iterations)
-        self.radius = float(radius)
+        self.radius = AUTO if radius == AUTO else float(radius)
         self.iterations = iterations
         self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 
@@ -143,9 +155,13 @@ class CenteredClipping(Aggregator):
         geom = distances.geometry(per_replica, center=start, finite=finite)
         coeffs = tf.zeros([n], tf.float32)  # v = v_0
         dist = tf.zeros([n], tf.float32)
+        radius = tf.constant(0.0)
         for _ in range(self.iterations):
             dist = tf.sqrt(distances.squared_distances_to(geom, coeffs))
-            clip = tf.where(geom.finite, tf.minimum(1.0, self.radius / dist), 0.0)
+            radius = self._radius(dist, geom.finite, n)
+            # (A replica at the centre adds nothing, whatever its weight.)
+            step = tf.where(dist > 0, tf.minimum(1.0, radius / dist), 1.0)
+            clip = tf.where(geom.finite, step, 0.0)
             coeffs = coeffs * (1.0 - tf.reduce_sum(clip) / n) + clip / n
         # v = v_0 + sum_j coeffs_j (x_j - v_0): v_0 joins as an (n+1)-th input.
         weights = tf.concat([coeffs, [1.0 - tf.reduce_sum(coeffs)]], 0)[None, :]
@@ -158,7 +174,7 @@ class CenteredClipping(Aggregator):
             tf.identity(v) if keep else tf.identity(old)
             for v, old, keep in zip(values, state.center, kept, strict=True)
         )
-        clipped = tf.cast(dist > self.radius, tf.float32)
+        clipped = tf.cast(dist > radius, tf.float32)
         new_state = CenteredClippingState(
             center, tf.ones_like(state.has_center, tf.bool)
         )
@@ -171,6 +187,17 @@ class CenteredClipping(Aggregator):
             "iterations": self.iterations,
             "jit_compile": self.jit_compile,
         }
+
+    def _radius(self, dist: tf.Tensor, finite: tf.Tensor, n: int) -> tf.Tensor:
+        """The fixed radius, or under "auto" the distance of the (n - f)-th
+        closest finite replica (non-finite ones are farthest)."""
+        if self.radius != AUTO:
+            return tf.constant(self.radius, dist.dtype)
+        ordered = tf.sort(tf.where(finite, dist, tf.constant(float("inf"), dist.dtype)))
+        kth = ordered[max(0, n - self.f - 1)]
+        # Fewer than n - f finite replicas: the farthest finite one.
+        farthest = tf.reduce_max(tf.where(finite, dist, tf.zeros_like(dist)))
+        return tf.where(tf.math.is_finite(kth), kth, farthest)
 
     def _start(self, per_replica, state, kept, finite):
         """v_0 per variable: the state's center, or the median (see class doc)."""
