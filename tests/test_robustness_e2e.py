@@ -166,6 +166,27 @@ def test_worker_momentum_recovers_most_of_the_optimal_attack(accuracy_of):
     assert with_momentum - raw >= 0.15
 
 
+@SHARED_RUNS
+def test_centered_clipping_with_worker_momentum_needs_a_radius_that_follows_the_spread(
+    accuracy_of,
+):
+    """The scaled sign flip (issue 39's case): with a fixed radius of 1,
+    worker momentum makes centered clipping lose to it (honest momenta are
+    several times shorter than the radius, so each clipped attacker pulls
+    the centre by the whole radius, the same way every step); with
+    `radius="auto"` (the (n - f)-th closest replica's distance) it holds, with
+    and without momentum."""
+    clean = accuracy_of("mean", "none")
+    fixed = accuracy_of("centered_clipping", "sign_flip")
+    fixed_momentum = accuracy_of("centered_clipping", "sign_flip", 0.9)
+    auto = accuracy_of("centered_clipping(radius=auto)", "sign_flip")
+    auto_momentum = accuracy_of("centered_clipping(radius=auto)", "sign_flip", 0.9)
+    assert fixed_momentum < fixed - TOLERANCE
+    assert auto >= clean - TOLERANCE
+    assert auto_momentum >= clean - TOLERANCE
+    assert auto_momentum >= fixed_momentum + TOLERANCE
+
+
 @pytest.mark.slow
 # The adaptive attack against every rule is benchmarks/robustness.py's table.
 @pytest.mark.parametrize("attack", [a for a in ATTACKS if a != "optimal_alie"])

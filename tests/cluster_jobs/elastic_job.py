@@ -3,7 +3,11 @@
 Run by `tests/test_elastic.py` under `keras-psdist launch --mode
 between-graph --num-workers 2 --max-workers 4`:
 
-    python elastic_job.py OUT_DIR [CYCLES] [async|sync]
+    python elastic_job.py OUT_DIR [CYCLES] [async|sync] [PACE_S]
+
+PACE_S (async): seconds each worker but the chief rests after each step, so
+that workers training flat out on 2 cores leave processes that join some CPU
+to start (the tests pass 0.01; the benchmark leaves it 0).
 
 Every worker trains `Dense(1, use_bias=False)` from zeros with `SGD(2**-6)`
 and loss `mean(prediction)`. Async (`PSStrategy`), on a constant input
@@ -119,14 +123,19 @@ def _applied(extended):
 
 class Sent(keras.callbacks.Callback):
     """Counts this worker's steps (sync: each sent one gradient, unless the
-    chief had finished)."""
+    chief had finished); with `pace`, rests that long after each, so that
+    async workers training flat out on 2 cores leave the processes that join
+    some CPU to start."""
 
-    def __init__(self):
+    def __init__(self, pace=0.0):
         super().__init__()
         self.steps = 0
+        self.pace = pace
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps += 1
+        if self.pace:
+            time.sleep(self.pace)
 
 
 class Cycles(keras.callbacks.Callback):
@@ -222,7 +231,7 @@ class Choreography(keras.callbacks.Callback):
                 self.phase = "done"
 
 
-def main(out_dir, cycles=0, kind="async"):
+def main(out_dir, cycles=0, kind="async", pace_s=0.0):
     import keras_psdist as kpd
 
     sync = kind == "sync"
@@ -255,7 +264,8 @@ def main(out_dir, cycles=0, kind="async"):
         else None
     )
     out = {"worker": k}
-    sent = Sent()
+    # (Sync workers wait for each update anyway.)
+    sent = Sent(pace=0.0 if sync or extended.topology.is_chief else float(pace_s))
     callbacks = [report, sent]
     if extended.topology.is_chief:
         callbacks.append(
