@@ -41,6 +41,7 @@ _RULES = {
     "bulyan": "keras_psdist.aggregators.bulyan:Bulyan",
     "geometric_median": "keras_psdist.aggregators.geometric_median:GeometricMedian",
     "centered_clipping": "keras_psdist.aggregators.centered_clipping:CenteredClipping",
+    "mda": "keras_psdist.aggregators.mda:MinimumDiameterAveraging",
 }
 
 # The pre-aggregations: each transforms the replicas' values for the rule

@@ -49,6 +49,7 @@ REPORT_NAMES: dict[str, tuple[str, ...]] = {
     "bulyan": ("selected",),
     "geometric_median": ("weight",),
     "centered_clipping": ("clipped",),
+    "mda": ("selected",),
 }
 
 
@@ -199,6 +200,27 @@ def multi_krum(
     chosen = np.argsort(scores, kind="stable")[:m]
     zeroed = _zero_non_finite(x, _finite(x))
     values = [v[chosen].mean(axis=0) for v in zeroed]
+    return _finish(values, {"selected": _one_hot(n, chosen)}, report)
+
+
+def mda(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
+    """The mean of the n - f replicas with the smallest diameter (the largest
+    distance between two of them; the first subset in lexicographic order
+    on ties), as ByzFL's MDA."""
+    x = _as_float64(per_replica)
+    n = x[0].shape[0]
+    d = squared_distances(x)
+    best, smallest = None, np.inf
+    for subset in itertools.combinations(range(n), n - f):
+        diameter = max(
+            (d[i, j] for i, j in itertools.combinations(subset, 2)), default=0.0
+        )
+        if best is None or diameter < smallest:
+            best, smallest = subset, diameter
+    finite = _finite(x)
+    chosen = [i for i in best if finite[i]]
+    zeroed = _zero_non_finite(x, finite)
+    values = [v[chosen].mean(axis=0) if chosen else np.zeros_like(v[0]) for v in zeroed]
     return _finish(values, {"selected": _one_hot(n, chosen)}, report)
 
 
@@ -428,6 +450,7 @@ REFERENCES: dict[str, Callable[..., Any]] = {
     "bulyan": bulyan,
     "geometric_median": geometric_median,
     "centered_clipping": centered_clipping,
+    "mda": mda,
     "nnm": nnm,
     "bucketing": bucketing,
     "clipping": clipping,
@@ -445,6 +468,8 @@ def condition(name: str, n: int, f: int, **config: Any) -> bool:
         return f == 0
     if name in ("median", "trimmed_mean", "geometric_median", "centered_clipping"):
         return n > 2 * f
+    if name == "mda":
+        return n > 2 * f and math.comb(n, f) <= 200_000
     if name == "krum":
         return n >= 2 * f + 3
     if name == "multi_krum":
