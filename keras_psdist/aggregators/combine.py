@@ -62,6 +62,29 @@ def weighted_sums(
     return _pick(columns, jit_compile, _sums, _sums_xla)(columns, weights)
 
 
+def mean_of_chosen(
+    per_replica: Sequence[Sequence[tf.Tensor]],
+    chosen: tf.Tensor,
+    jit_compile: bool = True,
+) -> list[tf.Tensor]:
+    """Each variable's mean over the replicas `chosen` (bool `[n]`); zeros
+    when none is.
+
+    Examples:
+
+    >>> import tensorflow as tf
+    >>> column = [tf.constant([v]) for v in (1.0, 2.0, 6.0)]
+    >>> [out] = mean_of_chosen([column], tf.constant([True, False, True]))
+    >>> out.numpy().tolist()
+    [3.5]
+    """
+    weight = tf.cast(chosen, tf.float32)
+    weight = weight / tf.maximum(tf.reduce_sum(weight), 1.0)
+    return [
+        rows[0] for rows in weighted_sums(per_replica, weight[None, :], jit_compile)
+    ]
+
+
 def zeroed_median(
     per_replica: Sequence[Sequence[tf.Tensor]],
     finite: tf.Tensor,

@@ -163,10 +163,7 @@ class MultiKrum(Aggregator):
         nonfinite = tf.logical_not(geom.finite)
         ranks = distances.stable_ranks(scores, last=nonfinite)
         chosen = tf.logical_and(ranks < m, geom.finite)
-        weight = tf.cast(chosen, tf.float32)
-        weight = weight / tf.maximum(tf.reduce_sum(weight), 1.0)
-        sums = combine.weighted_sums(per_replica, weight[None, :], self.jit_compile)
-        values = [rows[0] for rows in sums]
+        values = combine.mean_of_chosen(per_replica, chosen, self.jit_compile)
         return Aggregation(values, {REPORT_NAME: tf.cast(chosen, tf.float32)}, state)
 
     def get_config(self) -> dict[str, Any]:

@@ -102,10 +102,7 @@ class MinimumDiameterAveraging(Aggregator):
             _tightest(distances.squared_distances(geom), n, k),
         )
         chosen = tf.logical_and(chosen, geom.finite)
-        weight = tf.cast(chosen, tf.float32)
-        weight = weight / tf.maximum(tf.reduce_sum(weight), 1.0)
-        sums = combine.weighted_sums(per_replica, weight[None, :], self.jit_compile)
-        values = [rows[0] for rows in sums]
+        values = combine.mean_of_chosen(per_replica, chosen, self.jit_compile)
         return Aggregation(values, {REPORT_NAME: tf.cast(chosen, tf.float32)}, state)
 
     def get_config(self) -> dict[str, Any]:
