@@ -42,6 +42,7 @@ _RULES = {
     "geometric_median": "keras_psdist.aggregators.geometric_median:GeometricMedian",
     "centered_clipping": "keras_psdist.aggregators.centered_clipping:CenteredClipping",
     "mda": "keras_psdist.aggregators.mda:MinimumDiameterAveraging",
+    "meamed": "keras_psdist.aggregators.meamed:MeanAroundMedian",
 }
 
 # The pre-aggregations: each transforms the replicas' values for the rule

@@ -50,6 +50,7 @@ REPORT_NAMES: dict[str, tuple[str, ...]] = {
     "geometric_median": ("weight",),
     "centered_clipping": ("clipped",),
     "mda": ("selected",),
+    "meamed": ("excluded_fraction",),
 }
 
 
@@ -222,6 +223,23 @@ def mda(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
     zeroed = _zero_non_finite(x, finite)
     values = [v[chosen].mean(axis=0) if chosen else np.zeros_like(v[0]) for v in zeroed]
     return _finish(values, {"selected": _one_hot(n, chosen)}, report)
+
+
+def meamed(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
+    """Per coordinate, the mean of the n - f values closest to the median
+    (ties: lower replica index); NaN counts as +inf."""
+    out = []
+    for x in _as_float64(per_replica):
+        x = np.where(np.isnan(x), np.inf, x)
+        n = x.shape[0]
+        with np.errstate(invalid="ignore"):
+            distance = np.abs(x - np.median(x, axis=0))
+        ranks = np.argsort(
+            np.argsort(distance, axis=0, kind="stable"), axis=0, kind="stable"
+        )
+        kept = ranks < n - f
+        out.append(np.where(kept, x, 0.0).sum(axis=0) / (n - f))
+    return _finish(out, {}, report)
 
 
 def bulyan(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
@@ -451,6 +469,7 @@ REFERENCES: dict[str, Callable[..., Any]] = {
     "geometric_median": geometric_median,
     "centered_clipping": centered_clipping,
     "mda": mda,
+    "meamed": meamed,
     "nnm": nnm,
     "bucketing": bucketing,
     "clipping": clipping,
@@ -466,7 +485,13 @@ def condition(name: str, n: int, f: int, **config: Any) -> bool:
         return False
     if name == "mean":
         return f == 0
-    if name in ("median", "trimmed_mean", "geometric_median", "centered_clipping"):
+    if name in (
+        "median",
+        "trimmed_mean",
+        "geometric_median",
+        "centered_clipping",
+        "meamed",
+    ):
         return n > 2 * f
     if name == "mda":
         return n > 2 * f and math.comb(n, f) <= 200_000

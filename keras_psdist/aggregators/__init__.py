@@ -41,6 +41,7 @@ from keras_psdist.aggregators.clipping import Clipping
 from keras_psdist.aggregators.geometric_median import GeometricMedian
 from keras_psdist.aggregators.krum import Krum, MultiKrum
 from keras_psdist.aggregators.mda import MinimumDiameterAveraging
+from keras_psdist.aggregators.meamed import MeanAroundMedian
 from keras_psdist.aggregators.mean import Mean
 from keras_psdist.aggregators.median import Median
 from keras_psdist.aggregators.nnm import NearestNeighborMixing
@@ -159,6 +160,7 @@ __all__ = [
     "GeometricMedian",
     "Krum",
     "Mean",
+    "MeanAroundMedian",
     "Median",
     "MinimumDiameterAveraging",
     "MultiKrum",
