@@ -97,9 +97,10 @@ class MinimumDiameterAveraging(Aggregator):
         n = len(per_replica[0])
         k = n - self.f
         geom = distances.geometry(per_replica)
+        subsets = _subsets(n, k)
         chosen = tf.gather(
-            tf.constant(_subset_masks(n, k)),
-            _tightest(distances.squared_distances(geom), n, k),
+            tf.constant(_subset_masks(subsets, n)),
+            _tightest(distances.squared_distances(geom), subsets, n),
         )
         chosen = tf.logical_and(chosen, geom.finite)
         values = combine.mean_of_chosen(per_replica, chosen, self.jit_compile)
@@ -114,20 +115,19 @@ def _subsets(n: int, k: int) -> np.ndarray:
     return np.array(list(itertools.combinations(range(n), k)), np.int64).reshape(-1, k)
 
 
-def _subset_masks(n: int, k: int) -> np.ndarray:
-    """bool `[C(n, k), n]`: which replicas each subset holds."""
-    subsets = _subsets(n, k)
+def _subset_masks(subsets: np.ndarray, n: int) -> np.ndarray:
+    """bool `[C(n, k), n]`: which of n replicas each subset holds."""
     masks = np.zeros([len(subsets), n], bool)
     np.put_along_axis(masks, subsets, True, axis=1)
     return masks
 
 
-def _tightest(squared: tf.Tensor, n: int, k: int) -> tf.Tensor:
-    """The index of the first subset of k replicas with the smallest
-    diameter (squared distances order subsets as distances do)."""
+def _tightest(squared: tf.Tensor, subsets: np.ndarray, n: int) -> tf.Tensor:
+    """The index of the first of `subsets` with the smallest diameter
+    (squared distances order subsets as distances do)."""
+    k = subsets.shape[1]
     if k < 2:
         return tf.constant(0, tf.int64)
-    subsets = _subsets(n, k)
     first, second = np.triu_indices(k, 1)
     pairs = subsets[:, first] * n + subsets[:, second]  # [S, pairs]
     diameters = tf.reduce_max(tf.gather(tf.reshape(squared, [-1]), pairs), axis=1)

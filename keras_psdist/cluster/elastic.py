@@ -178,8 +178,11 @@ class Registry:
                 updates=tf.constant([1], tf.int64),
             )
 
-    def asked_to_leave(self) -> bool:
-        """Whether this process was asked to leave (`ask_to_leave`)."""
+    def asked_to_leave(self, leave_file: str | None = None) -> bool:
+        """Whether this process was asked to leave: `leave_file` (the
+        launcher's, `KERAS_PSDIST_LEAVE_FILE`) exists, or `ask_to_leave` ran."""
+        if leave_file and os.path.exists(leave_file):
+            return True
         return bool(self.leave.numpy()[self.slot])
 
     def count_applied(self) -> None:
@@ -242,9 +245,7 @@ class ElasticTraining:
 
     def progress(self, *args, **kwargs) -> bool:
         """True (stop the `fit`) once this worker is asked to leave."""
-        if self._leave_file and os.path.exists(self._leave_file):
-            return True
-        return self.registry.asked_to_leave()
+        return self.registry.asked_to_leave(self._leave_file)
 
     def counts(self) -> dict[str, Any]:
         """The updates every slot has applied, and the members now."""

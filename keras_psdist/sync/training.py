@@ -55,7 +55,6 @@ but the service runs in the chief's process only.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from typing import Any
@@ -308,7 +307,9 @@ class SyncTraining:
             once, with why and the steps not run (see the module docstring).
         """
         self._last_progress = time.monotonic()
-        if self._asked_to_leave():
+        if self._registry is not None and self._registry.asked_to_leave(
+            self._leave_file
+        ):
             return True
         if self.sync.is_chief or not self.sync.session_ended(self._session):
             return False
@@ -317,15 +318,6 @@ class SyncTraining:
             if steps_planned is None or steps_run is None or steps_run < steps_planned:
                 say(self._stopped_early(steps_run, steps_planned))
         return True
-
-    def _asked_to_leave(self) -> bool:
-        """Whether this worker is asked to leave a job whose workers join
-        and leave (its leave file, or `Registry.ask_to_leave`)."""
-        if self._registry is None:
-            return False
-        if self._leave_file and os.path.exists(self._leave_file):
-            return True
-        return self._registry.asked_to_leave()
 
     def _stopped_early(self, steps_run, steps_planned) -> str:
         # No update comes after the chief's end: this is the step it ended at.
