@@ -79,6 +79,8 @@ ATTACKS = Registry(
         "optimal_alie": "keras_psdist.attacks.adaptive:OptimalALIE",
         "optimal_ipm": "keras_psdist.attacks.adaptive:OptimalIPM",
         "mimic": "keras_psdist.attacks.crafted:Mimic",
+        "min_max": "keras_psdist.attacks.min_max:MinMax",
+        "min_sum": "keras_psdist.attacks.min_max:MinSum",
         "label_flip": "keras_psdist.attacks.data:LabelFlip",
     },
     base="keras_psdist.attacks.base:Attack",

@@ -24,6 +24,8 @@ CASES = {
     "optimal_alie": {"min_z": 0.2, "max_z": 5.0, "num_candidates": 8},
     "optimal_ipm": {"min_epsilon": 0.05, "max_epsilon": 50.0, "num_candidates": 8},
     "mimic": {},
+    "min_max": {"perturbation": "std"},
+    "min_sum": {"perturbation": "sign"},
     "label_flip": {"num_classes": 10},
 }
 EXTRA_CASES = [
@@ -33,6 +35,10 @@ EXTRA_CASES = [
     ("optimal_alie", {}),
     ("optimal_ipm", {}),
     ("mimic", {"target": 4}),
+    ("min_max", {}),
+    ("min_max", {"perturbation": "sign"}),
+    ("min_sum", {}),
+    ("min_sum", {"perturbation": "std"}),
 ]
 ALL_CASES = list(CASES.items()) + EXTRA_CASES
 # Matched value for value against their reference (noise only statistically).
@@ -70,6 +76,8 @@ def _expected(name, kwargs, stacked, replicas):
     if name in ref.ADAPTIVE:
         rule = ref_rules.reference_for(_tf_rule(len(stacked[0])))
         return ref.REFERENCES[name](stacked, replicas, rule, **kwargs)
+    if name in ref.WHOLE_MODEL:
+        return ref.REFERENCES[name](stacked, replicas, **kwargs)
     return [ref.REFERENCES[name](values, replicas, **kwargs) for values in stacked]
 
 
@@ -311,6 +319,8 @@ def test_attacking_every_replica_is_refused(name):
         (attacks.Mimic, {"target": "1"}, "target"),
         (attacks.Mimic, {"target": True}, "target"),
         (attacks.Mimic, {"target": 0}, r"target=0, replicas=\[0\]"),
+        (attacks.MinMax, {"perturbation": "unit"}, "perturbation='unit'"),
+        (attacks.MinSum, {"perturbation": None}, "perturbation=None"),
     ],
 )
 def test_bad_arguments(cls, kwargs, match):

@@ -74,6 +74,10 @@ ATTACKS: dict[str, AttackSpec] = {
     "optimal_alie": AttackSpec("opt. ALIE", lambda r, s: A.OptimalALIE(replicas=r)),
     "optimal_ipm": AttackSpec("opt. IPM", lambda r, s: A.OptimalIPM(replicas=r)),
     "mimic": AttackSpec("mimic", lambda r, s: A.Mimic(replicas=r)),
+    # The farthest forgery that still looks honest (Shejwalkar and
+    # Houmansadr, NDSS 2021), each with its authors' default perturbation.
+    "min_max": AttackSpec("Min-Max", lambda r, s: A.MinMax(replicas=r)),
+    "min_sum": AttackSpec("Min-Sum", lambda r, s: A.MinSum(replicas=r)),
 }
 
 

@@ -2,7 +2,7 @@
 
 An attack names the replicas it controls (`replicas=[6, 7]`) and what they
 do: gradient attacks (`SignFlip`, `Scale`, `GaussianNoise`, `NonFinite`,
-`ALIE`, `IPM`, `Mimic`) replace those replicas' gradients before
+`ALIE`, `IPM`, `Mimic`, `MinMax`, `MinSum`) replace those replicas' gradients before
 aggregation; adaptive attacks (`OptimalALIE`, `OptimalIPM`) do too, tuned
 each step against the rule in use; data attacks (`LabelFlip`) corrupt their
 batches. Attacks need their replicas, so `get` takes an instance or a config
@@ -30,6 +30,7 @@ from keras_psdist.attacks.crafted import ALIE, IPM, Mimic
 from keras_psdist.attacks.data import LabelFlip
 from keras_psdist.attacks.gradient import GaussianNoise, NonFinite, Scale, SignFlip
 from keras_psdist.attacks.harness import UnderAttack
+from keras_psdist.attacks.min_max import MinMax, MinSum
 from keras_psdist.families import ATTACKS
 
 
@@ -97,6 +98,8 @@ __all__ = [
     "GradientAttack",
     "LabelFlip",
     "Mimic",
+    "MinMax",
+    "MinSum",
     "NonFinite",
     "OptimalALIE",
     "OptimalIPM",
