@@ -81,6 +81,7 @@ ATTACKS = Registry(
         "mimic": "keras_psdist.attacks.crafted:Mimic",
         "min_max": "keras_psdist.attacks.min_max:MinMax",
         "min_sum": "keras_psdist.attacks.min_max:MinSum",
+        "rop": "keras_psdist.attacks.history:ROP",
         "label_flip": "keras_psdist.attacks.data:LabelFlip",
     },
     base="keras_psdist.attacks.base:Attack",

@@ -6,10 +6,11 @@ replica ids, and returns the array the aggregator should see. The TF attacks
 must match them. Written independently of `keras_psdist.attacks`: the ALIE
 z comes from scipy, not `statistics.NormalDist`.
 
-Min-Max and Min-Sum (`WHOLE_MODEL`) bound distances between whole
+Min-Max, Min-Sum and ROP (`WHOLE_MODEL`) work on distances between whole
 gradients, so their references take `per_replica`, one such array per
-variable, and return one array per variable; their factor is found by a
-search (as the authors' code), not by the TF attack's closed form.
+variable, and return one array per variable; Min-Max's and Min-Sum's factor
+is found by a search (as the authors' code), not by the TF attack's closed
+form; ROP's reference also takes the last aggregate, `previous`.
 
 The adaptive attacks (`ADAPTIVE`) search their factor over the whole model,
 so their references take `per_replica`, one such array per variable, and
@@ -236,6 +237,47 @@ def min_sum(per_replica, replicas, perturbation="unit_vector"):
     )
 
 
+def rop(
+    per_replica,
+    replicas,
+    z=None,
+    reference_weight=0.9,
+    location=1.0,
+    angle=90.0,
+    previous=None,
+):
+    """Ozfatura et al.'s ROP, as the authors' `reloc`: `previous`, the last
+    aggregate over the whole model (None: the first step, zeros)."""
+    rows, mu = _whole(per_replica, replicas)
+    n = len(per_replica[0])
+    z = alie_z(n, len(replicas)) if z is None else z
+    if previous is None:
+        prev, reference = np.zeros_like(mu), mu
+    else:
+        prev = np.concatenate([np.ravel(p) for p in previous]).astype(np.float64)
+        reference = reference_weight * prev + (1 - reference_weight) * mu
+    p = np.ones_like(mu)
+    if reference @ reference > 0:
+        p = p - reference * (p @ reference) / (reference @ reference)
+        unit_reference = reference / np.linalg.norm(reference)
+    else:
+        unit_reference = np.zeros_like(mu)
+    p = p / np.linalg.norm(p) if np.linalg.norm(p) > 0 else p
+    theta = np.radians(angle)
+    p = p * np.sin(theta) + unit_reference * np.cos(theta)
+    forged = location * prev + (1 - location) * mu
+    if np.linalg.norm(p) > 0:
+        forged = forged + z * p / np.linalg.norm(p)
+    out, start = [], 0
+    for x in per_replica:
+        size = int(np.prod(x.shape[1:]))
+        out.append(
+            _replace(x, replicas, forged[start : start + size].reshape(x.shape[1:]))
+        )
+        start += size
+    return out
+
+
 def label_flip(stacked, replicas, num_classes):
     """Gradients pass through: the attack is on the data (see `flip_labels`)."""
     return stacked.astype(np.float64)
@@ -263,10 +305,11 @@ REFERENCES = {
     "mimic": mimic,
     "min_max": min_max,
     "min_sum": min_sum,
+    "rop": rop,
     "label_flip": label_flip,
 }
 # References over the whole model (every variable's gradient joined).
-WHOLE_MODEL = {"min_max", "min_sum"}
+WHOLE_MODEL = {"min_max", "min_sum", "rop"}
 # References over the whole model that take the numpy `rule`.
 ADAPTIVE = {"optimal_alie", "optimal_ipm"}
 # Their candidate factors: `(n, f, **grid) -> ascending array`.

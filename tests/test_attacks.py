@@ -26,6 +26,7 @@ CASES = {
     "mimic": {},
     "min_max": {"perturbation": "std"},
     "min_sum": {"perturbation": "sign"},
+    "rop": {"z": 2.0, "reference_weight": 0.5, "location": 0.25, "angle": 60.0},
     "label_flip": {"num_classes": 10},
 }
 EXTRA_CASES = [
@@ -39,6 +40,7 @@ EXTRA_CASES = [
     ("min_max", {"perturbation": "sign"}),
     ("min_sum", {}),
     ("min_sum", {"perturbation": "std"}),
+    ("rop", {}),
 ]
 ALL_CASES = list(CASES.items()) + EXTRA_CASES
 # Matched value for value against their reference (noise only statistically).
@@ -321,6 +323,10 @@ def test_attacking_every_replica_is_refused(name):
         (attacks.Mimic, {"target": 0}, r"target=0, replicas=\[0\]"),
         (attacks.MinMax, {"perturbation": "unit"}, "perturbation='unit'"),
         (attacks.MinSum, {"perturbation": None}, "perturbation=None"),
+        (attacks.ROP, {"z": 0.0}, "z=0.0"),
+        (attacks.ROP, {"reference_weight": 1.5}, "reference_weight=1.5"),
+        (attacks.ROP, {"location": -0.1}, "location=-0.1"),
+        (attacks.ROP, {"angle": float("nan")}, "angle=nan"),
     ],
 )
 def test_bad_arguments(cls, kwargs, match):
@@ -568,6 +574,8 @@ def test_under_attack_hands_the_rule_its_state_of_the_step():
         attacks.OptimalIPM([3], num_candidates=4),
         attacks.OptimalALIE([3], num_candidates=4),
         attacks.Mimic([3]),
+        attacks.ROP([3]),
+        attacks.MinMax([3]),
     ],
     ids=repr,
 )
@@ -596,6 +604,60 @@ def test_runs_inside_a_strategy(cpu_devices, digits, attack):
 def test_sync_replicas_refuse_attacks_that_read_honest_gradients():
     from keras_psdist.modes.sync_replicas import resolve_worker_attack
 
-    for attack in (attacks.Mimic([1]), attacks.OptimalIPM([1])):
-        with pytest.raises(ValueError, match="cannot see"):
+    for attack in (
+        attacks.Mimic([1]),
+        attacks.OptimalIPM([1]),
+        attacks.ALIE([1]),
+        attacks.MinMax([1]),
+        attacks.MinSum([1]),
+        attacks.ROP([1]),
+    ):
+        with pytest.raises(ValueError, match="cannot see.*Use sign_flip, scale,"):
             resolve_worker_attack(attack, 4, 1)
+    # Those a faulty worker runs on its own gradient or data pass.
+    for name in ("sign_flip", "non_finite", "label_flip"):
+        config = {"class_name": name, "config": {"replicas": [1]}}
+        if name == "label_flip":
+            config["config"]["num_classes"] = 10
+        assert resolve_worker_attack(config, 4, 1) is not None
+
+
+@pytest.mark.parametrize("where", ["gradient_path", "under_attack"])
+def test_rop_remembers_each_aggregate(where):
+    """Three steps: each forgery is the reference's, from the aggregate of
+    the step before (the rule's output on what the attack left)."""
+    from keras_psdist.gradients import Replicas, gradient_path
+
+    attack = attacks.ROP([6, 7], z=1.5)
+    rule = aggregators.get("median").bind(N, 2)
+    specs = [tf.TensorSpec(shape, tf.float32) for shape in SHAPES]
+    if where == "gradient_path":
+        path = gradient_path(rule, num_replicas=N, attack=attack)
+        state = path.init(specs)
+    else:
+        wrapped = attacks.UnderAttack(rule, attack)
+        state = wrapped.initial_state(specs)
+    previous = None
+    for step in range(3):
+        stacked, per_replica = _inputs(seed=step, loc=1.0)
+        expected = ref.rop(stacked, [6, 7], z=1.5, previous=previous)
+        numpy_aggregate = ref_rules.median(expected, f=2)
+        if where == "gradient_path":
+            out, state = path.apply(Replicas(per_replica), state)
+            seen = state[0]
+        else:
+            out = wrapped.apply(per_replica, state)
+            state = out.state
+            seen = state[1]
+        for got, want in zip(out.values, numpy_aggregate, strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+        # What it keeps is that aggregate.
+        for kept, want in zip(seen.previous, numpy_aggregate, strict=True):
+            np.testing.assert_allclose(kept.numpy(), want, rtol=1e-5, atol=1e-5)
+        assert float(seen.steps) == step + 1
+        previous = numpy_aggregate
+
+
+def test_rop_refuses_sparse_gradients_with_the_reason():
+    with pytest.raises(ValueError, match="shape that changes between steps"):
+        attacks.ROP([1]).initial_state([tf.TensorSpec([None, 4], tf.float32)])

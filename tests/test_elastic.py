@@ -126,6 +126,9 @@ def test_sync_the_final_weights_are_the_updates_the_chief_made(sync_run):
     all 1), whatever its counts: the weights say how many updates were
     applied, none lost or applied twice."""
     chief, _, _ = sync_run
+    # Every update audited, each named with its inputs if it is not -LR.
+    assert chief["audited_updates"] == chief["global_step"]
+    assert chief["wrong_updates"] == []
     np.testing.assert_array_equal(chief["weights"], [-LR * chief["global_step"]] * 4)
 
 

@@ -4,7 +4,8 @@ An attack names the replicas it controls (`replicas=[6, 7]`) and what they
 do: gradient attacks (`SignFlip`, `Scale`, `GaussianNoise`, `NonFinite`,
 `ALIE`, `IPM`, `Mimic`, `MinMax`, `MinSum`) replace those replicas' gradients before
 aggregation; adaptive attacks (`OptimalALIE`, `OptimalIPM`) do too, tuned
-each step against the rule in use; data attacks (`LabelFlip`) corrupt their
+each step against the rule in use; attacks that learn from history (`ROP`)
+from the rule's previous aggregate; data attacks (`LabelFlip`) corrupt their
 batches. Attacks need their replicas, so `get` takes an instance or a config
 dict, not a bare string id.
 
@@ -30,6 +31,7 @@ from keras_psdist.attacks.crafted import ALIE, IPM, Mimic
 from keras_psdist.attacks.data import LabelFlip
 from keras_psdist.attacks.gradient import GaussianNoise, NonFinite, Scale, SignFlip
 from keras_psdist.attacks.harness import UnderAttack
+from keras_psdist.attacks.history import ROP, History, HistoryAttack
 from keras_psdist.attacks.min_max import MinMax, MinSum
 from keras_psdist.families import ATTACKS
 
@@ -96,6 +98,8 @@ __all__ = [
     "Attack",
     "GaussianNoise",
     "GradientAttack",
+    "History",
+    "HistoryAttack",
     "LabelFlip",
     "Mimic",
     "MinMax",
@@ -103,6 +107,7 @@ __all__ = [
     "NonFinite",
     "OptimalALIE",
     "OptimalIPM",
+    "ROP",
     "Scale",
     "SignFlip",
     "UnderAttack",

@@ -72,6 +72,10 @@ class Attack:
     """
 
     name = ATTACKS.id_attribute(default="attack")
+    # Whether it forges from the honest replicas' values of the step (the
+    # papers' omniscient attacker): a worker process of a sync run, which
+    # sees only its own gradient, cannot run it.
+    omniscient: bool = False
 
     def __init__(self, replicas: Sequence[int]):
         self.replicas: tuple[int, ...] = _check_replicas(replicas)
@@ -282,6 +286,8 @@ class AdaptiveAttack(GradientAttack):
         AISTATS 2023 (attacks that tune their factor against the rule in use,
         as ByzFL's `Optimal_ALittleIsEnough` / `Optimal_InnerProductManipulation`).
     """
+
+    omniscient = True
 
     def forge(
         self,

@@ -68,6 +68,8 @@ class ALIE(GradientAttack):
         statistics here are over the honest replicas only).
     """
 
+    omniscient = True
+
     def __init__(self, replicas: Sequence[int], z: float | None = None):
         super().__init__(replicas)
         self.z = None if z is None else check_finite_number("ALIE", "z", z)
@@ -140,6 +142,8 @@ class IPM(GradientAttack):
         the mean over the honest replicas).
     """
 
+    omniscient = True
+
     def __init__(self, replicas: Sequence[int], epsilon: float = 0.1):
         super().__init__(replicas)
         self.epsilon = check_finite_number("IPM", "epsilon", epsilon, positive=True)
@@ -198,6 +202,8 @@ class Mimic(GradientAttack):
         Datasets via Bucketing", ICLR 2022 (the mimic attack: the Byzantine
         workers all send one honest worker's gradient).
     """
+
+    omniscient = True
 
     def __init__(self, replicas: Sequence[int], target: int | None = None):
         super().__init__(replicas)

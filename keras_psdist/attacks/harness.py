@@ -32,6 +32,7 @@ import tensorflow as tf
 from keras_psdist._tf import distribute_lib
 from keras_psdist.aggregators.base import Aggregation, Aggregator
 from keras_psdist.attacks.base import AdaptiveAttack, Attack
+from keras_psdist.attacks.history import HistoryAttack
 
 
 class UnderAttack(Aggregator):
@@ -61,6 +62,13 @@ class UnderAttack(Aggregator):
     def apply(
         self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
     ) -> Aggregation:
+        if isinstance(self.attack, HistoryAttack):
+            # `(the rule's state, the attack's history)`.
+            rule_state, history = state
+            values = self.attack.apply(per_replica, history=history)
+            out = self.aggregator.apply(values, rule_state)
+            history = self.attack.remember(history, out.values)
+            return out._replace(state=(out.state, history))
         # The attack tries candidates against the rule as it will run this
         # step: same state, output values only.
         values = attacked(
@@ -71,6 +79,11 @@ class UnderAttack(Aggregator):
         return self.aggregator.apply(values, state)
 
     def initial_state(self, specs: Sequence[tf.TensorSpec]) -> Any:
+        if isinstance(self.attack, HistoryAttack):
+            return (
+                self.aggregator.initial_state(specs),
+                self.attack.initial_state(specs),
+            )
         return self.aggregator.initial_state(specs)
 
     def get_config(self) -> dict[str, Any]:

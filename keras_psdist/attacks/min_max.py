@@ -55,7 +55,7 @@ PERTURBATIONS = ("unit_vector", "std", "sign")
 class _DistanceBounded(GradientAttack):
     """`mu - gamma * p`, gamma the largest within the subclass's bound."""
 
-    _name = ""
+    omniscient = True
 
     def __init__(self, replicas: Sequence[int], perturbation: str = "unit_vector"):
         super().__init__(replicas)

@@ -13,6 +13,7 @@ from typing import Any
 
 from keras_psdist.attacks.base import Attack
 from keras_psdist.attacks.harness import attacked
+from keras_psdist.attacks.history import HistoryAttack
 from keras_psdist.gradients.stage import Downstream, Replicas, Stage
 
 
@@ -29,6 +30,12 @@ class Attacked(Stage):
     def __init__(self, attack: Attack):
         self.attack = attack
 
+    def init(self, specs):
+        # An attack that learns from history keeps the last aggregate.
+        if isinstance(self.attack, HistoryAttack):
+            return self.attack.initial_state(specs)
+        return ()
+
     def apply(
         self, replicas: Replicas, state: Any, *, downstream: Downstream | None = None
     ) -> tuple[Replicas, Any]:
@@ -37,6 +44,12 @@ class Attacked(Stage):
                 f"The attack {self.attack!r} needs a rule after it in the path."
             )
         dense = replicas.dense()
+        if isinstance(self.attack, HistoryAttack):
+            values = self.attack.apply(dense.values, history=state)
+            # The aggregate of this step, for the next: the rest of the path
+            # run on what the attack left, as adaptive attacks run it.
+            state = self.attack.remember(state, downstream(values))
+            return dense.with_values(values), state
         return dense.with_values(attacked(self.attack, dense.values, downstream)), state
 
     def __repr__(self) -> str:

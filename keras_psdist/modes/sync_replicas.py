@@ -235,20 +235,23 @@ class SyncReplicasMode(BetweenGraphMode):
 
 
 def resolve_worker_attack(attack, num_workers, num_byzantine):
-    """The attack from its config, checked against the workers: crafted
+    """The attack from its config, checked against the workers: omniscient
     attacks, which need the honest workers' gradients, are refused."""
     if attack is None:
         return None
     from keras_psdist import attacks as attacks_lib
-    from keras_psdist.attacks.base import AdaptiveAttack
-    from keras_psdist.attacks.crafted import ALIE, IPM, Mimic
 
     attack = attacks_lib.get(attack)
-    if isinstance(attack, (ALIE, IPM, Mimic, AdaptiveAttack)):
+    if attack.omniscient:
+        runnable = [
+            name
+            for name in attacks_lib.names()
+            if not attacks_lib.ATTACKS.lookup(name).omniscient
+        ]
         raise ValueError(
             f"{attack!r} forges its gradient from the honest workers' gradients, "
             "which a worker process of SyncReplicaStrategy cannot see. Use "
-            "sign_flip, scale, gaussian_noise, non_finite or label_flip here, "
-            "or evaluate crafted attacks with PSStrategy on one host."
+            f"{', '.join(runnable)} here, or evaluate omniscient attacks with "
+            "PSStrategy on one host."
         )
     return resolve_attack(attack, num_workers, num_byzantine)

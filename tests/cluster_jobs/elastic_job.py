@@ -231,6 +231,42 @@ class Choreography(keras.callbacks.Callback):
                 self.phase = "done"
 
 
+class UpdateAudit:
+    """Sync chief: each update whose weight change is not exactly `-LR`,
+    with what made it (the members' workers and staged gradients, the
+    counts), so that a wrong update names its inputs."""
+
+    def __init__(self, sync_training, model):
+        self.wrong = []
+        self.updates = 0
+        self._training = sync_training
+        self._model = model
+        self._inner = sync_training._update_model
+        sync_training._update_model = self
+
+    def __call__(self, members, counts):
+        service = self._training._service
+        workers = [w for w, _ in service._members]
+        kernel = self._model.trainable_variables[0]
+        before = kernel.numpy().ravel()
+        staged = [[v.numpy().ravel().tolist() for v in slot] for slot in members]
+        self._inner(members, counts)
+        after = kernel.numpy().ravel()
+        self.updates += 1
+        delta = (after - before).tolist()
+        if delta != [-LR] * DIM:
+            self.wrong.append(
+                {
+                    "update": self.updates,
+                    "step": service._step,
+                    "workers": workers,
+                    "counts": [counts.num_workers, counts.replicas_to_aggregate],
+                    "staged": staged,
+                    "delta": delta,
+                }
+            )
+
+
 def main(out_dir, cycles=0, kind="async", pace_s=0.0):
     import keras_psdist as kpd
 
@@ -264,6 +300,11 @@ def main(out_dir, cycles=0, kind="async", pace_s=0.0):
         else None
     )
     out = {"worker": k}
+    audit = (
+        UpdateAudit(extended.sync_training, model)
+        if sync and extended.topology.is_chief
+        else None
+    )
     # (Sync workers wait for each update anyway.)
     sent = Sent(pace=0.0 if sync or extended.topology.is_chief else float(pace_s))
     callbacks = [report, sent]
@@ -290,6 +331,9 @@ def main(out_dir, cycles=0, kind="async", pace_s=0.0):
             [step, c.num_workers, c.replicas_to_aggregate]
             for step, c in extended.sync_training.count_changes
         ]
+    if audit is not None:
+        out["wrong_updates"] = audit.wrong
+        out["audited_updates"] = audit.updates
     out["states"] = extended.registry.states()
     out["weights"] = model.get_weights()[0].ravel().tolist()
     out["events"] = report.events
