@@ -78,6 +78,7 @@ ATTACKS = Registry(
         "ipm": "keras_psdist.attacks.crafted:IPM",
         "optimal_alie": "keras_psdist.attacks.adaptive:OptimalALIE",
         "optimal_ipm": "keras_psdist.attacks.adaptive:OptimalIPM",
+        "optimal_label_flip": "keras_psdist.attacks.adaptive:OptimalLabelFlip",
         "mimic": "keras_psdist.attacks.crafted:Mimic",
         "min_max": "keras_psdist.attacks.min_max:MinMax",
         "min_sum": "keras_psdist.attacks.min_max:MinSum",

@@ -100,7 +100,7 @@ def factor_search(
     replicas,
     rule: Callable,
     factors: np.ndarray,
-    forge: Callable[[np.ndarray, float], np.ndarray],
+    forge: Callable[[np.ndarray, float, np.ndarray], np.ndarray],
 ):
     """`(best factor, damages)`: each factor's squared distance between the
     rule's output and the honest mean, summed over variables. The first
@@ -111,7 +111,9 @@ def factor_search(
     best, best_damage = factors[0], -np.inf
     for factor in factors:
         attacked = [
-            _replace(x, replicas, forge(h, factor))
+            _replace(
+                x, replicas, forge(h, factor, x[list(replicas)].astype(np.float64))
+            )
             for x, h in zip(per_replica, honest, strict=True)
         ]
         out = rule(attacked)
@@ -125,12 +127,42 @@ def factor_search(
     return float(best), np.array(damages)
 
 
-def _alie_forge(honest, z):
+def _alie_forge(honest, z, own=None):
     return honest.mean(axis=0) - z * honest.std(axis=0, ddof=0)
 
 
-def _ipm_forge(honest, epsilon):
+def _ipm_forge(honest, epsilon, own=None):
     return -epsilon * honest.mean(axis=0)
+
+
+def _label_flip_forge(honest, scale, own):
+    mu = honest.mean(axis=0)
+    return mu + scale * (own.mean(axis=0) - mu)
+
+
+def optimal_label_flip_factors(
+    n, f, num_classes=None, min_scale=0.5, max_scale=50.0, num_candidates=16
+):
+    return _factor_grid(min_scale, max_scale, num_candidates, 1.0)
+
+
+def optimal_label_flip(per_replica, replicas, rule, num_classes, **grid):
+    """The flipped gradients' departure from the honest mean, scaled by the
+    factor of largest damage against `rule` (the values given for the
+    attacked replicas stand for their gradients of the flipped data)."""
+    n, f = len(per_replica[0]), len(replicas)
+    factors = optimal_label_flip_factors(n, f, **grid)
+    scale, _ = factor_search(per_replica, replicas, rule, factors, _label_flip_forge)
+    return [
+        _replace(
+            x,
+            replicas,
+            _label_flip_forge(
+                _honest(x, replicas), scale, x[list(replicas)].astype(np.float64)
+            ),
+        )
+        for x in per_replica
+    ]
 
 
 def optimal_alie_factors(n, f, min_z=0.1, max_z=10.0, num_candidates=16):
@@ -302,6 +334,7 @@ REFERENCES = {
     "ipm": ipm,
     "optimal_alie": optimal_alie,
     "optimal_ipm": optimal_ipm,
+    "optimal_label_flip": optimal_label_flip,
     "mimic": mimic,
     "min_max": min_max,
     "min_sum": min_sum,
@@ -311,7 +344,15 @@ REFERENCES = {
 # References over the whole model (every variable's gradient joined).
 WHOLE_MODEL = {"min_max", "min_sum", "rop"}
 # References over the whole model that take the numpy `rule`.
-ADAPTIVE = {"optimal_alie", "optimal_ipm"}
+ADAPTIVE = {"optimal_alie", "optimal_ipm", "optimal_label_flip"}
 # Their candidate factors: `(n, f, **grid) -> ascending array`.
-FACTORS = {"optimal_alie": optimal_alie_factors, "optimal_ipm": optimal_ipm_factors}
-FORGE = {"optimal_alie": _alie_forge, "optimal_ipm": _ipm_forge}
+FACTORS = {
+    "optimal_alie": optimal_alie_factors,
+    "optimal_ipm": optimal_ipm_factors,
+    "optimal_label_flip": optimal_label_flip_factors,
+}
+FORGE = {
+    "optimal_alie": _alie_forge,
+    "optimal_ipm": _ipm_forge,
+    "optimal_label_flip": _label_flip_forge,
+}

@@ -26,6 +26,7 @@ CASES = {
     "mimic": {},
     "min_max": {"perturbation": "std"},
     "min_sum": {"perturbation": "sign"},
+    "optimal_label_flip": {"num_classes": 10, "max_scale": 20.0},
     "rop": {"z": 2.0, "reference_weight": 0.5, "location": 0.25, "angle": 60.0},
     "label_flip": {"num_classes": 10},
 }
@@ -323,6 +324,12 @@ def test_attacking_every_replica_is_refused(name):
         (attacks.Mimic, {"target": 0}, r"target=0, replicas=\[0\]"),
         (attacks.MinMax, {"perturbation": "unit"}, "perturbation='unit'"),
         (attacks.MinSum, {"perturbation": None}, "perturbation=None"),
+        (attacks.OptimalLabelFlip, {"num_classes": 1}, "num_classes=1"),
+        (
+            attacks.OptimalLabelFlip,
+            {"num_classes": 10, "min_scale": 5.0, "max_scale": 2.0},
+            "min_scale=5.0, max_scale=2.0",
+        ),
         (attacks.ROP, {"z": 0.0}, "z=0.0"),
         (attacks.ROP, {"reference_weight": 1.5}, "reference_weight=1.5"),
         (attacks.ROP, {"location": -0.1}, "location=-0.1"),
@@ -425,6 +432,7 @@ ADAPTIVE_CASES = [
     ("optimal_alie", {}),
     ("optimal_ipm", {}),
     ("optimal_alie", {"min_z": 0.5, "max_z": 3.0, "num_candidates": 5}),
+    ("optimal_label_flip", {"num_classes": 10}),
 ]
 
 
@@ -576,6 +584,7 @@ def test_under_attack_hands_the_rule_its_state_of_the_step():
         attacks.Mimic([3]),
         attacks.ROP([3]),
         attacks.MinMax([3]),
+        attacks.OptimalLabelFlip([3], num_classes=10, num_candidates=4),
     ],
     ids=repr,
 )

@@ -78,6 +78,14 @@ ATTACKS: dict[str, AttackSpec] = {
     # Houmansadr, NDSS 2021), each with its authors' default perturbation.
     "min_max": AttackSpec("Min-Max", lambda r, s: A.MinMax(replicas=r)),
     "min_sum": AttackSpec("Min-Sum", lambda r, s: A.MinSum(replicas=r)),
+    # Sideways from the rule's last aggregate, where centered clipping
+    # trusts (Ozfatura et al., TIFS 2024), the authors' defaults.
+    "rop": AttackSpec("ROP", lambda r, s: A.ROP(replicas=r)),
+    # The label flip, scaled each step as far as the rule lets it through.
+    "optimal_label_flip": AttackSpec(
+        "opt. label flip",
+        lambda r, s: A.OptimalLabelFlip(replicas=r, num_classes=NUM_CLASSES),
+    ),
 }
 
 

@@ -3,7 +3,7 @@
 An attack names the replicas it controls (`replicas=[6, 7]`) and what they
 do: gradient attacks (`SignFlip`, `Scale`, `GaussianNoise`, `NonFinite`,
 `ALIE`, `IPM`, `Mimic`, `MinMax`, `MinSum`) replace those replicas' gradients before
-aggregation; adaptive attacks (`OptimalALIE`, `OptimalIPM`) do too, tuned
+aggregation; adaptive attacks (`OptimalALIE`, `OptimalIPM`, `OptimalLabelFlip`) do too, tuned
 each step against the rule in use; attacks that learn from history (`ROP`)
 from the rule's previous aggregate; data attacks (`LabelFlip`) corrupt their
 batches. Attacks need their replicas, so `get` takes an instance or a config
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keras_psdist.attacks.adaptive import OptimalALIE, OptimalIPM
+from keras_psdist.attacks.adaptive import OptimalALIE, OptimalIPM, OptimalLabelFlip
 from keras_psdist.attacks.base import AdaptiveAttack, Attack, GradientAttack
 from keras_psdist.attacks.crafted import ALIE, IPM, Mimic
 from keras_psdist.attacks.data import LabelFlip
@@ -107,6 +107,7 @@ __all__ = [
     "NonFinite",
     "OptimalALIE",
     "OptimalIPM",
+    "OptimalLabelFlip",
     "ROP",
     "Scale",
     "SignFlip",

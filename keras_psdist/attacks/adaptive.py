@@ -1,7 +1,9 @@
-"""Adaptive crafted attacks: ALIE and IPM with their factor searched each step.
+"""Adaptive attacks: ALIE, IPM and a label flip with their factor searched each step.
 
 `OptimalALIE` and `OptimalIPM` forge what `ALIE` and `IPM` forge, but choose
-the attack factor (ALIE's z, IPM's epsilon) anew at every step: each
+the attack factor (ALIE's z, IPM's epsilon) anew at every step;
+`OptimalLabelFlip` trains on flipped labels and scales the flipped gradients'
+departure from the honest mean: each
 candidate of a fixed grid is tried against the rule in use, and the one that
 moves the rule's output farthest from the honest mean is sent. They get the
 rule from `UnderAttack` (see `AdaptiveAttack`).
@@ -41,6 +43,7 @@ from keras_psdist.attacks.base import (
     check_rule,
 )
 from keras_psdist.attacks.crafted import ALIE, _stats_dtype
+from keras_psdist.attacks.data import LabelFlip
 
 # A variable's forged value is `base + factor * direction` (`base` None: 0).
 _Line = tuple[tf.Tensor | None, tf.Tensor]
@@ -140,7 +143,13 @@ class _FactorSearch(AdaptiveAttack):
             for values, dtype in zip(honest, dtypes, strict=True)
         ]
         means = [tf.reduce_mean(s, axis=0) for s in stacked]
-        lines = [self._line(s, m) for s, m in zip(stacked, means, strict=True)]
+        theirs = [
+            tf.cast(tf.stack(values), s.dtype)
+            for values, s in zip(own, stacked, strict=True)
+        ]
+        lines = [
+            self._line(s, m, o) for s, m, o in zip(stacked, means, theirs, strict=True)
+        ]
 
         def forged_for(factor: tf.Tensor) -> list[list[tf.Tensor]]:
             forged = []
@@ -175,8 +184,9 @@ class _FactorSearch(AdaptiveAttack):
         )
         return factors, damages.stack(), forged_for
 
-    def _line(self, stacked: tf.Tensor, mean: tf.Tensor) -> _Line:
-        """`(base, direction)` of one variable from the honest values."""
+    def _line(self, stacked: tf.Tensor, mean: tf.Tensor, own: tf.Tensor) -> _Line:
+        """`(base, direction)` of one variable from the honest values
+        (`stacked`, their `mean`) and the attacked replicas' own (`own`)."""
         raise NotImplementedError
 
     def _default_factor(self, num_replicas: int, num_attackers: int) -> float:
@@ -253,7 +263,7 @@ class OptimalALIE(_FactorSearch):
         """The largest candidate z."""
         return self._high
 
-    def _line(self, stacked, mean):
+    def _line(self, stacked, mean, own):
         sigma = tf.sqrt(tf.reduce_mean(tf.square(stacked - mean), axis=0))
         return mean, -sigma
 
@@ -338,7 +348,7 @@ class OptimalIPM(_FactorSearch):
         """The largest candidate epsilon."""
         return self._high
 
-    def _line(self, stacked, mean):
+    def _line(self, stacked, mean, own):
         return None, -mean
 
     def _default_factor(self, num_replicas, num_attackers):
@@ -349,6 +359,109 @@ class OptimalIPM(_FactorSearch):
             **super().get_config(),
             "min_epsilon": self.min_epsilon,
             "max_epsilon": self.max_epsilon,
+            "num_candidates": self.num_candidates,
+        }
+
+
+class OptimalLabelFlip(_FactorSearch):
+    """A label flip amplified, at every step, as far as the rule lets it through.
+
+    The attacked replicas train on mirrored labels, as under `LabelFlip`
+    (`corrupt_batch`), and then send, per variable,
+
+        mu + s * (mean(own) - mu)
+
+    with `mu` the honest replicas' mean, `own` their own gradients of the
+    flipped data, and s the candidate of largest damage against the rule
+    in use (see the module docstring): 0, `num_candidates` values spaced
+    geometrically from `min_scale` to `max_scale`, and 1, where every
+    attacked replica sends the mean of the flipped gradients (`LabelFlip`
+    with its replicas' gradients averaged). A rule that lets the flipped
+    direction through unclipped is pushed along it as far as it allows.
+
+    The attack needs the rule: a strategy hands it over (`attack=`); called
+    directly, `apply` takes `rule=` (see `AdaptiveAttack`), and the values
+    it gets for the attacked replicas stand for their gradients of the
+    flipped data.
+
+    Args:
+        replicas: The ids of the attacked replicas.
+        num_classes: The number of classes, an int >= 2 (see `LabelFlip`).
+        min_scale: The smallest nonzero candidate, a finite number > 0.
+            Defaults to `0.5`.
+        max_scale: The largest candidate, a finite number > `min_scale`.
+            Defaults to `50.0`.
+        num_candidates: How many candidates span `[min_scale, max_scale]`,
+            an int >= 2. Defaults to `16`.
+
+    Examples:
+
+    >>> import tensorflow as tf
+    >>> from keras_psdist import aggregators
+    >>> attack = OptimalLabelFlip(replicas=[4], num_classes=10, num_candidates=3)
+    >>> [round(s, 2) for s in attack.candidates(num_replicas=5, num_attackers=1)]
+    [0.0, 0.5, 1.0, 5.0, 50.0]
+    >>> x, y = attack.corrupt_batch((tf.zeros([2, 3]), tf.constant([0, 9])))
+    >>> y.numpy().tolist()
+    [9, 0]
+    >>> column = [tf.constant([x]) for x in (1.0, 2.0, 3.0, 6.0, -4.0)]
+    >>> [out] = attack.apply([column], rule=aggregators.get("mean").bind(5).aggregate)
+    >>> float(out[4][0])  # the mean follows any scale: the largest, 3 + 50 * (-7)
+    -347.0
+
+    References:
+        Karimireddy, He, Jaggi, "Learning from History for Byzantine Robust
+        Optimization", ICML 2021 (the label flip, `T(y) = 9 - y`);
+        Allouah et al., "Fixing by Mixing", AISTATS 2023, and ByzFL's
+        optimal attacks (the factor searched for the largest distance
+        between the rule's output and the honest mean), here along the
+        flipped gradients' direction.
+    """
+
+    _range_names = ("min_scale", "max_scale")
+
+    def __init__(
+        self,
+        replicas: Sequence[int],
+        num_classes: int,
+        min_scale: float = 0.5,
+        max_scale: float = 50.0,
+        num_candidates: int = 16,
+    ):
+        super().__init__(replicas, min_scale, max_scale, num_candidates)
+        self._flip = LabelFlip(replicas, num_classes)
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes."""
+        return self._flip.num_classes
+
+    @property
+    def min_scale(self) -> float:
+        """The smallest nonzero candidate scale."""
+        return self._low
+
+    @property
+    def max_scale(self) -> float:
+        """The largest candidate scale."""
+        return self._high
+
+    def corrupt_batch(self, data: Any) -> Any:
+        """The batch with its labels mirrored, as `LabelFlip.corrupt_batch`."""
+        return self._flip.corrupt_batch(data)
+
+    def _line(self, stacked, mean, own):
+        return mean, tf.reduce_mean(own, axis=0) - mean
+
+    def _default_factor(self, num_replicas, num_attackers):
+        return 1.0
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "num_classes": self.num_classes,
+            "min_scale": self.min_scale,
+            "max_scale": self.max_scale,
             "num_candidates": self.num_candidates,
         }
 
