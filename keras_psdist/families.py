@@ -43,6 +43,9 @@ _RULES = {
     "centered_clipping": "keras_psdist.aggregators.centered_clipping:CenteredClipping",
     "mda": "keras_psdist.aggregators.mda:MinimumDiameterAveraging",
     "meamed": "keras_psdist.aggregators.meamed:MeanAroundMedian",
+    "smea": "keras_psdist.aggregators.smea:SMEA",
+    "caf": "keras_psdist.aggregators.caf:CAF",
+    "monna": "keras_psdist.aggregators.monna:MoNNA",
 }
 
 # The pre-aggregations: each transforms the replicas' values for the rule

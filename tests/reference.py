@@ -51,6 +51,9 @@ REPORT_NAMES: dict[str, tuple[str, ...]] = {
     "centered_clipping": ("clipped",),
     "mda": ("selected",),
     "meamed": ("excluded_fraction",),
+    "smea": ("selected",),
+    "caf": ("weight",),
+    "monna": ("selected",),
 }
 
 
@@ -240,6 +243,83 @@ def meamed(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = Fals
         kept = ranks < n - f
         out.append(np.where(kept, x, 0.0).sum(axis=0) / (n - f))
     return _finish(out, {}, report)
+
+
+def _top_eigen(rows: np.ndarray, weights: np.ndarray):
+    """The weighted covariance's largest eigenvalue and its eigenvector, from
+    the d x d matrix itself (the TF rules use the n x n Gram matrix)."""
+    mu = weights @ rows
+    centered = rows - mu
+    covariance = (centered * weights[:, None]).T @ centered
+    values, vectors = np.linalg.eigh(covariance)
+    return max(values[-1], 0.0), vectors[:, -1], centered
+
+
+def smea(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
+    """The mean of the n - f replicas whose covariance's largest eigenvalue is
+    smallest (the first subset in lexicographic order on ties); subsets with
+    a non-finite replica never win while another exists."""
+    x = _as_float64(per_replica)
+    n = x[0].shape[0]
+    finite = _finite(x)
+    rows = _flatten(_zero_non_finite(x, finite))
+    best, smallest = None, np.inf
+    for subset in itertools.combinations(range(n), n - f):
+        subset = list(subset)
+        if not finite[subset].all():
+            continue
+        value, _, _ = _top_eigen(rows[subset], np.full(len(subset), 1.0 / len(subset)))
+        if best is None or value < smallest:
+            best, smallest = subset, value
+    chosen = [] if best is None else best
+    zeroed = _zero_non_finite(x, finite)
+    values = [v[chosen].mean(axis=0) if chosen else np.zeros_like(v[0]) for v in zeroed]
+    return _finish(values, {"selected": _one_hot(n, chosen)}, report)
+
+
+def caf(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
+    """The covariance-bound agnostic filter: weights 1 (0 when non-finite),
+    lowered by `1 - tau_i / tau_max` (tau_max over the replicas still
+    weighted) while they sum to more than n - 2f; the weighted mean of the
+    round with the smallest top eigenvalue (the first on ties)."""
+    x = _as_float64(per_replica)
+    n = x[0].shape[0]
+    finite = _finite(x)
+    rows = _flatten(_zero_non_finite(x, finite))
+    c = finite.astype(np.float64)
+    best, smallest = c / c.sum(), np.inf
+    while c.sum() > n - 2 * f:
+        w = c / c.sum()
+        value, vector, centered = _top_eigen(rows, w)
+        if value < smallest:
+            best, smallest = w, value
+        tau = (centered @ vector) ** 2
+        tau_max = tau[c > 0].max()
+        if tau_max <= 0:
+            break
+        c = np.where(c > 0, np.maximum(c * (1 - tau / tau_max), 0.0), 0.0)
+        c[tau >= tau_max] = 0.0
+    zeroed = _zero_non_finite(x, finite)
+    values = [np.tensordot(best, v, axes=1) for v in zeroed]
+    return _finish(values, {"weight": best}, report)
+
+
+def monna(
+    per_replica: Sequence[np.ndarray],
+    *,
+    f: int = 0,
+    reference: int = 0,
+    report: bool = False,
+):
+    """The mean of the n - f replicas nearest to replica `reference` (itself
+    included; ties: lower index), a non-finite one counted as zeros."""
+    x = _as_float64(per_replica)
+    n = x[0].shape[0]
+    d = squared_distances(x)[reference]
+    chosen = np.argsort(d, kind="stable")[: n - f]
+    zeroed = _zero_non_finite(x, _finite(x))
+    values = [v[chosen].sum(axis=0) / (n - f) for v in zeroed]
+    return _finish(values, {"selected": _one_hot(n, chosen)}, report)
 
 
 def bulyan(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
@@ -470,6 +550,9 @@ REFERENCES: dict[str, Callable[..., Any]] = {
     "centered_clipping": centered_clipping,
     "mda": mda,
     "meamed": meamed,
+    "smea": smea,
+    "caf": caf,
+    "monna": monna,
     "nnm": nnm,
     "bucketing": bucketing,
     "clipping": clipping,
@@ -491,8 +574,13 @@ def condition(name: str, n: int, f: int, **config: Any) -> bool:
         "geometric_median",
         "centered_clipping",
         "meamed",
+        "caf",
     ):
         return n > 2 * f
+    if name == "monna":
+        return n > 2 * f and config.get("reference", 0) < n
+    if name == "smea":
+        return n > 2 * f and math.comb(n, f) <= 20_000
     if name == "mda":
         return n > 2 * f and math.comb(n, f) <= 200_000
     if name == "krum":

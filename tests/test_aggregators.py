@@ -151,8 +151,10 @@ def _scale_of(arrays, honest=None):
     return max([1e-3] + [float(np.abs(a).max()) for a in finite if a.size])
 
 
-def _pick(draw, n, k):
-    return draw(st.permutations(range(n)))[:k]
+def _trusted(name):
+    """The replicas a rule needs honest (MoNNA's reference), as its default
+    configuration has them."""
+    return tuple(getattr(aggregators.get(name), "trusted_replicas", ()))
 
 
 class Case(NamedTuple):
@@ -190,7 +192,10 @@ def cases(
         arrays = [(scale * rng.normal(size=(n, *s))).astype(np.float32) for s in SHAPES]
     honest = np.ones(n, bool)
     most = f if poisons else 0
-    bad = _pick(draw, n, draw(st.integers(min(min_bad, most), most)))
+    # A rule with a trusted replica (MoNNA's reference) needs it honest.
+    trusted = _trusted(name)
+    order = [r for r in draw(st.permutations(range(n))) if r not in trusted]
+    bad = order[: draw(st.integers(min(min_bad, most), most))]
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     for r in bad:
         honest[r] = False
@@ -255,8 +260,13 @@ def test_replica_order_does_not_matter(name, data):
     # candidate set does not depend on the order, so matching it is the check.
     case = data.draw(cases(name, poisons=("far",), grid=False))
     rule = _bound(name, case.n, case.f)
-    order = data.draw(st.permutations(range(case.n)))
-    shuffled = [a[list(order)] for a in case.arrays]
+    # A trusted replica (MoNNA's reference) keeps its place: the order of
+    # the others is what must not matter.
+    trusted = _trusted(name)
+    others = [r for r in range(case.n) if r not in trusted]
+    moved = iter(data.draw(st.permutations(others)))
+    order = [r if r in trusted else next(moved) for r in range(case.n)]
+    shuffled = [a[order] for a in case.arrays]
     scale = _scale_of(case.arrays, case.honest)
     values = _numpy(rule.aggregate(_columns(case.arrays)))
     values_shuffled = _numpy(rule.aggregate(_columns(shuffled)))
@@ -573,3 +583,19 @@ def test_user_rule_can_be_registered():
 def test_register_refuses_non_aggregators():
     with pytest.raises(TypeError, match="Aggregator subclass"):
         aggregators.register("x", dict)
+
+
+def test_monna_averages_the_neighbours_of_its_reference():
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(7, *shape)).astype(np.float32) for shape in SHAPES]
+    arrays[0][3] += 50.0  # far from everyone: not a neighbour of replica 5
+    rule = aggregators.get({"class_name": "monna", "config": {"reference": 5}})
+    rule = rule.bind(7, 2)
+    values, report, _ = _apply(rule, arrays)
+    want, want_report = reference.monna(arrays, f=2, reference=5, report=True)
+    assert report["selected"][5] == 1.0 and report["selected"][3] == 0.0
+    np.testing.assert_array_equal(report["selected"], want_report["selected"])
+    for got, expected in zip(values, want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"reference is replica 5.*only 4 replicas"):
+        aggregators.get({"class_name": "monna", "config": {"reference": 5}}).bind(4, 1)

@@ -33,7 +33,11 @@ MODULES = {
 
 # Members that cannot be built from a bare id (their family needs
 # arguments): a config for each. Every other id builds with `get(id)`.
-_ATTACK_ARGUMENTS = {"scale": {"factor": -2.0}, "label_flip": {"num_classes": 10}}
+_ATTACK_ARGUMENTS = {
+    "scale": {"factor": -2.0},
+    "label_flip": {"num_classes": 10},
+    "optimal_label_flip": {"num_classes": 10},
+}
 CONFIGS = {
     ("ATTACKS", name): {
         "class_name": name,

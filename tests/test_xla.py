@@ -150,8 +150,10 @@ def test_weights_equal_those_without_xla(cpu_devices, data, make_strategy, monke
     "policy, atol",
     # bfloat16 keeps 8 bits of mantissa, float16 11: XLA and the kernels
     # without it round differently, as on one device (bfloat16, measured:
-    # 8e-4 here, 1.3e-3 between Keras's own XLA and none on one device).
-    [("mixed_bfloat16", 5e-3), ("mixed_float16", 1e-3)],
+    # 8e-4 here, 1.3e-3 between Keras's own XLA and none on one device;
+    # float16 1.5e-3 on one 2-core machine, under 1e-3 on another: the CPU's
+    # kernels round differently).
+    [("mixed_bfloat16", 5e-3), ("mixed_float16", 2.5e-3)],
 )
 def test_mixed_precision_is_close_to_without_xla(cpu_devices, data, policy, atol):
     # mixed_float16 with dynamic loss scaling: the compiled backward pass

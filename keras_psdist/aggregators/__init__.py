@@ -33,6 +33,7 @@ from keras_psdist.aggregators.arc import ARC
 from keras_psdist.aggregators.base import Aggregation, Aggregator
 from keras_psdist.aggregators.bucketing import Bucketing
 from keras_psdist.aggregators.bulyan import Bulyan
+from keras_psdist.aggregators.caf import CAF
 from keras_psdist.aggregators.centered_clipping import (
     CenteredClipping,
     CenteredClippingState,
@@ -44,7 +45,9 @@ from keras_psdist.aggregators.mda import MinimumDiameterAveraging
 from keras_psdist.aggregators.meamed import MeanAroundMedian
 from keras_psdist.aggregators.mean import Mean
 from keras_psdist.aggregators.median import Median
+from keras_psdist.aggregators.monna import MoNNA
 from keras_psdist.aggregators.nnm import NearestNeighborMixing
+from keras_psdist.aggregators.smea import SMEA
 from keras_psdist.aggregators.trimmed_mean import TrimmedMean
 from keras_psdist.families import AGGREGATORS
 
@@ -154,6 +157,7 @@ __all__ = [
     "Aggregator",
     "Bucketing",
     "Bulyan",
+    "CAF",
     "CenteredClipping",
     "CenteredClippingState",
     "Clipping",
@@ -163,8 +167,10 @@ __all__ = [
     "MeanAroundMedian",
     "Median",
     "MinimumDiameterAveraging",
+    "MoNNA",
     "MultiKrum",
     "NearestNeighborMixing",
+    "SMEA",
     "TrimmedMean",
     "deserialize",
     "get",

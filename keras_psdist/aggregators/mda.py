@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist.aggregators import combine, distances
+from keras_psdist.aggregators import combine, distances, subsets
 from keras_psdist.aggregators.base import Aggregation, Aggregator, check_honest_majority
 from keras_psdist.aggregators.configs import check_bool
 
@@ -79,17 +77,13 @@ class MinimumDiameterAveraging(Aggregator):
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
         super().check(num_replicas, num_byzantine)
         check_honest_majority(self, num_replicas, num_byzantine)
-        subsets = math.comb(num_replicas, num_byzantine)
-        if subsets > MAX_SUBSETS:
-            raise ValueError(
-                f"MinimumDiameterAveraging compares every subset of "
-                f"num_replicas - num_byzantine replicas: C({num_replicas}, "
-                f"{num_byzantine}) = {subsets:,} per step, over its limit of "
-                f"{MAX_SUBSETS:,}. Received: {num_replicas} replicas, "
-                f"num_byzantine={num_byzantine}. Use a rule that is polynomial "
-                "in n (multi_krum, geometric_median, nnm>trimmed_mean), or "
-                "fewer replicas."
-            )
+        subsets.check_count(
+            self,
+            num_replicas,
+            num_byzantine,
+            MAX_SUBSETS,
+            "about n = 24 with f = n / 4",
+        )
 
     def apply(
         self, per_replica: Sequence[Sequence[tf.Tensor]], state: Any = ()
@@ -97,10 +91,10 @@ class MinimumDiameterAveraging(Aggregator):
         n = len(per_replica[0])
         k = n - self.f
         geom = distances.geometry(per_replica)
-        subsets = _subsets(n, k)
+        every = subsets.all_subsets(n, k)
         chosen = tf.gather(
-            tf.constant(_subset_masks(subsets, n)),
-            _tightest(distances.squared_distances(geom), subsets, n),
+            tf.constant(subsets.masks(every, n)),
+            _tightest(distances.squared_distances(geom), every, n),
         )
         chosen = tf.logical_and(chosen, geom.finite)
         values = combine.mean_of_chosen(per_replica, chosen, self.jit_compile)
@@ -110,26 +104,14 @@ class MinimumDiameterAveraging(Aggregator):
         return {**super().get_config(), "jit_compile": self.jit_compile}
 
 
-def _subsets(n: int, k: int) -> np.ndarray:
-    """Every subset of k of n replicas, `[C(n, k), k]`, in lexicographic order."""
-    return np.array(list(itertools.combinations(range(n), k)), np.int64).reshape(-1, k)
-
-
-def _subset_masks(subsets: np.ndarray, n: int) -> np.ndarray:
-    """bool `[C(n, k), n]`: which of n replicas each subset holds."""
-    masks = np.zeros([len(subsets), n], bool)
-    np.put_along_axis(masks, subsets, True, axis=1)
-    return masks
-
-
-def _tightest(squared: tf.Tensor, subsets: np.ndarray, n: int) -> tf.Tensor:
-    """The index of the first of `subsets` with the smallest diameter
-    (squared distances order subsets as distances do)."""
-    k = subsets.shape[1]
+def _tightest(squared: tf.Tensor, every: np.ndarray, n: int) -> tf.Tensor:
+    """The index of the first of the subsets `every` with the smallest
+    diameter (squared distances order subsets as distances do)."""
+    k = every.shape[1]
     if k < 2:
         return tf.constant(0, tf.int64)
     first, second = np.triu_indices(k, 1)
-    pairs = subsets[:, first] * n + subsets[:, second]  # [S, pairs]
+    pairs = every[:, first] * n + every[:, second]  # [S, pairs]
     diameters = tf.reduce_max(tf.gather(tf.reshape(squared, [-1]), pairs), axis=1)
     # NaN (never from `squared_distances`, which gives +inf) would be skipped.
     return tf.argmin(diameters, output_type=tf.int64)
