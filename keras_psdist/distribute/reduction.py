@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist._tf import resource_variable_ops
 from keras_psdist.aggregators.base import Aggregator, column_spec
+from keras_psdist.device_variables import device_variable
 from keras_psdist.gradients import Replicas, gradient_path, is_plain_mean
 
 
@@ -208,12 +208,7 @@ def _bytes(value):
 
 
 def _bookkeeping_variable(initial_value, device, name):
-    # Built directly, not through `tf.Variable`, so no strategy's creator
-    # (ours included) turns it into a placed model variable.
-    with tf.init_scope(), tf.device(device):
-        return resource_variable_ops.ResourceVariable(
-            tf.convert_to_tensor(initial_value), trainable=False, name=name
-        )
+    return device_variable(tf.convert_to_tensor(initial_value), device, name)
 
 
 def _identity(value):

@@ -30,8 +30,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_psdist._tf import resource_variable_ops
 from keras_psdist.compression.base import Compressor
+from keras_psdist.device_variables import device_variable
 from keras_psdist.gradients.compression import _compressible, is_sparse
 
 
@@ -174,10 +174,7 @@ class WireCompression:
 
     def _variable(self, initial_value, name):
         # Not a model weight: made outside any strategy's variable creator.
-        with tf.device(self._device):
-            variable = resource_variable_ops.ResourceVariable(
-                initial_value, trainable=False, name=name
-            )
+        variable = device_variable(initial_value, self._device, name)
         self.state.kept.append(variable)
         return variable
 

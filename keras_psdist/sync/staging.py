@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from keras_psdist._tf import resource_variable_ops
+from keras_psdist.device_variables import device_variable
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import Layout
 
@@ -82,19 +82,19 @@ class GradientStaging:
         """A free slot's index (a new slot when every slot holds a gradient)."""
         if self._free:
             return self._free.pop()
-        with tf.init_scope(), tf.device(self._device):
-            self._slots.append(
-                [
-                    # Built directly: no strategy's creator places them.
-                    resource_variable_ops.ResourceVariable(
-                        tf.zeros([d or 0 for d in spec.shape.as_list()], spec.dtype),
-                        shape=spec.shape,
-                        trainable=False,
-                        name=f"keras_psdist_sync_staged_{len(self._slots)}_{c}",
-                    )
-                    for c, spec in enumerate(self._specs)
-                ]
-            )
+        # (Made at a join, or whenever more gradients are pending than
+        # before: its zeros must be written before a pop writes into it.)
+        self._slots.append(
+            [
+                device_variable(
+                    tf.zeros([d or 0 for d in spec.shape.as_list()], spec.dtype),
+                    self._device,
+                    f"keras_psdist_sync_staged_{len(self._slots)}_{c}",
+                    shape=spec.shape,
+                )
+                for c, spec in enumerate(self._specs)
+            ]
+        )
         return len(self._slots) - 1
 
     def give_back(self, slot: int) -> None:

@@ -31,6 +31,7 @@ from keras_psdist._tf import (
     mirrored_run,
     resource_variable_ops,
 )
+from keras_psdist.device_variables import device_variable
 
 
 def in_replica_control_flow() -> bool:
@@ -84,19 +85,17 @@ class StagedMerge:
             slot = self._slots.get(key)
             if slot is None:
                 shape = like.shape
-                with tf.init_scope(), tf.device(self._device):
-                    if shape.is_fully_defined():
-                        init = tf.zeros(shape, like.dtype)
-                        slot = resource_variable_ops.ResourceVariable(
-                            init, trainable=False, name="kpd_stage"
-                        )
-                    else:
-                        slot = resource_variable_ops.ResourceVariable(
-                            tf.zeros([0] * max(shape.rank or 1, 1), like.dtype),
-                            trainable=False,
-                            shape=tf.TensorShape(None),
-                            name="kpd_stage",
-                        )
+                if shape.is_fully_defined():
+                    slot = device_variable(
+                        tf.zeros(shape, like.dtype), self._device, "kpd_stage"
+                    )
+                else:
+                    slot = device_variable(
+                        tf.zeros([0] * max(shape.rank or 1, 1), like.dtype),
+                        self._device,
+                        "kpd_stage",
+                        shape=tf.TensorShape(None),
+                    )
                 self._slots[key] = slot
             return slot
 
