@@ -42,14 +42,19 @@ def device_variable(
     written there before this returns (see the module docstring).
 
     Args:
-        initial_value: The initial value.
+        initial_value: The initial value, or a function that makes it. From
+            inside a `tf.function`'s trace, pass an eager tensor or a
+            function: it runs outside the trace, as the variable is made
+            (a tensor made in the trace cannot leave it).
         device: Where it lives; `None`: the current device.
         name: Its name.
         **kwargs: More `ResourceVariable` arguments (`shape=`).
     """
     with tf.init_scope(), tf.device(device):
+        if callable(initial_value):
+            initial_value = initial_value()
         variable = resource_variable_ops.ResourceVariable(
-            initial_value, trainable=False, name=name, **kwargs
+            tf.convert_to_tensor(initial_value), trainable=False, name=name, **kwargs
         )
         tf.raw_ops.VarIsInitializedOp(resource=variable.handle).numpy()
     return variable

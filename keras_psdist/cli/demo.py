@@ -24,6 +24,10 @@ ATTACK_SETTINGS: dict[str, dict[str, float | int]] = {
     "optimal_alie": {},
     "optimal_ipm": {},
     "mimic": {},
+    "min_max": {},
+    "min_sum": {},
+    "rop": {},
+    "optimal_label_flip": {"num_classes": 10},
     "label_flip": {"num_classes": 10},
 }
 

@@ -208,7 +208,7 @@ def _bytes(value):
 
 
 def _bookkeeping_variable(initial_value, device, name):
-    return device_variable(tf.convert_to_tensor(initial_value), device, name)
+    return device_variable(initial_value, device, name)
 
 
 def _identity(value):

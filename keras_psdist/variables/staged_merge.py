@@ -87,11 +87,11 @@ class StagedMerge:
                 shape = like.shape
                 if shape.is_fully_defined():
                     slot = device_variable(
-                        tf.zeros(shape, like.dtype), self._device, "kpd_stage"
+                        lambda: tf.zeros(shape, like.dtype), self._device, "kpd_stage"
                     )
                 else:
                     slot = device_variable(
-                        tf.zeros([0] * max(shape.rank or 1, 1), like.dtype),
+                        lambda: tf.zeros([0] * max(shape.rank or 1, 1), like.dtype),
                         self._device,
                         "kpd_stage",
                         shape=tf.TensorShape(None),
