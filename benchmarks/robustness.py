@@ -937,6 +937,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.output}")
         return 0
     faulthandler.enable()
+    harness.check_plotting(args.plot)
     if args.from_json:
         runs, info, wall_s, env = load_json(args.from_json, args)
     else:
@@ -963,16 +964,17 @@ def main(argv: list[str] | None = None) -> int:
         f"\nwall time: {wall_s / 60:.1f} min; load average (1/5/15 min) at start "
         f"{info['loadavg_start']}, at end {info['loadavg_end']}"
     )
-    if args.plot:
-        plot_heatmap(runs, args, args.plot)
-        print(f"wrote {args.plot}")
+    # The results first: a plot that fails loses no run.
     block = markdown_block(runs, info, args, wall_s, env)
     write_markdown(args.output, block, args.section)
     if args.from_json:
         print(f"wrote {args.output} (from {args.from_json})")
-        return 0
-    write_json(args.json, runs, info, args, wall_s)
-    print(f"wrote {args.output} and {args.json}")
+    else:
+        write_json(args.json, runs, info, args, wall_s)
+        print(f"wrote {args.output} and {args.json}")
+    if args.plot:
+        plot_heatmap(runs, args, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

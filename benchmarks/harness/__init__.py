@@ -60,6 +60,7 @@ from .checkout import (
 )
 from .configs import compression_of, config_names, parse_config
 from .machine import cpu_model, environment, git_commit, loadavg
+from .plotting import check_available as check_plotting
 from .plotting import figure, pyplot
 from .processes import (
     RunFailed,
@@ -96,6 +97,7 @@ __all__ = [
     "RunFailed",
     "attack_costs",
     "chance_gap",
+    "check_plotting",
     "command_line",
     "compression_of",
     "config_names",

@@ -7,6 +7,20 @@ import contextlib
 from pathlib import Path
 
 
+def check_available(path) -> None:
+    """Exits at once, saying how to install it, when a plot is asked for
+    (`path` not None) and matplotlib is missing: not after an hour of runs."""
+    if path is None:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            f"--plot {path} needs matplotlib, which is not installed. Install the "
+            "benchmark extra (pip install -e '.[bench]') or leave out --plot."
+        ) from None
+
+
 def pyplot():
     """matplotlib's pyplot on the Agg backend (imported on first use)."""
     import matplotlib
