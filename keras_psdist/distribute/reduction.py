@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_psdist.aggregators.base import Aggregator, column_spec
-from keras_psdist.device_variables import device_variable
+from keras_psdist.devices import device_variable
 from keras_psdist.gradients import Replicas, gradient_path, is_plain_mean
 
 

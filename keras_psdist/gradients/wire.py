@@ -31,7 +31,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist.compression.base import Compressor
-from keras_psdist.device_variables import device_variable
+from keras_psdist.devices import device_variable
 from keras_psdist.gradients.compression import _compressible, is_sparse
 
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from keras_psdist.device_variables import device_variable
+from keras_psdist.devices import device_variable
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import Layout
 

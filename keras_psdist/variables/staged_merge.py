@@ -31,7 +31,7 @@ from keras_psdist._tf import (
     mirrored_run,
     resource_variable_ops,
 )
-from keras_psdist.device_variables import device_variable
+from keras_psdist.devices import device_variable
 
 
 def in_replica_control_flow() -> bool:

@@ -1,5 +1,5 @@
 """Reproduces TensorFlow 2.21's race between a remote variable's initial value
-and the first function that writes it (see `keras_psdist.device_variables`).
+and the first function that writes it (see `keras_psdist.devices.device_variable`).
 
     python tests/scripts/remote_init_race.py --runs 400 --make plain
     python tests/scripts/remote_init_race.py --runs 400 --make device_variable
@@ -60,7 +60,7 @@ def main():
         import tensorflow as tf
 
         from keras_psdist._tf import resource_variable_ops
-        from keras_psdist.device_variables import device_variable
+        from keras_psdist.devices import device_variable
 
         time.sleep(4)  # the ps's server up
         tf.config.experimental_connect_to_cluster(
