@@ -46,6 +46,18 @@ def test_the_harness_examples_hold(fresh_harness):
     assert attempted > 0
 
 
+@pytest.mark.parametrize("script", ["robustness_protocol", "robustness_processes"])
+def test_the_robustness_protocols_examples_hold(fresh_harness, script):
+    # Their pieces: a config's momentum set, the heterogeneity bound's term,
+    # the worst cell (each with its numbers worked by hand in the example).
+    module = importlib.import_module(script)
+    try:
+        failed, tried = doctest.testmod(module)
+    finally:
+        del sys.modules[script]
+    assert failed == 0 and tried > 0
+
+
 def _imported_modules(path: Path) -> set[str]:
     """The top-level names of the modules `path` imports, anywhere in it."""
     names = set()
@@ -126,6 +138,20 @@ _SEED_1 = {
 }
 
 
+# A rule with and without worker momentum: +wm below raw on the clean run only.
+_MOMENTUM = {
+    ("mean", "none"): 0.98,
+    ("mean", "alie"): 0.93,
+    ("mean", "optimal_alie"): 0.2,
+    ("median", "none"): 0.97,
+    ("median+wm", "none"): 0.96,
+    ("median", "alie"): 0.90,
+    ("median+wm", "alie"): 0.95,
+    ("median", "optimal_alie"): 0.50,
+    ("median+wm", "optimal_alie"): 0.94,
+}
+
+
 # step_time_rules.worker_momentum_checks on made-up rounds: median+wm is 1.2x
 # median in every round, arc>geometric_median+wm0.95 1.04x its rule, trimmed
 # mean+wm runs without its rule, and krum failed.
@@ -160,6 +186,7 @@ def script_runs(tmp_path_factory):
         "seed0": _robustness_payload(0, _SEED_0),
         "seed1": _robustness_payload(1, _SEED_1),
         "other_setup": _robustness_payload(1, _SEED_1, epochs=10),
+        "momentum": _robustness_payload(0, _MOMENTUM),
     }.items():
         paths[name] = tmp / f"{name}.json"
         paths[name].write_text(json.dumps(payload))
@@ -180,6 +207,16 @@ def script_runs(tmp_path_factory):
         )
     calls.append([robustness, "--input", "arrays", "--data", "dirichlet:0.5"])
     calls.append([str(BENCHMARKS / "robustness_noise.py"), "--runs", "1"])
+    protocol = str(BENCHMARKS / "robustness_protocol.py")
+    processes = str(BENCHMARKS / "robustness_processes.py")
+    calls += [
+        [protocol, "momentum", str(paths["momentum"]), "--output", str(tmp / "m.md")],
+        [protocol, "heatmap", "--rules", "smea+wm", "--fs", "1,4"],
+        [protocol, "tune", "--rules", "mean,smea+wm"],
+        [processes, "--attacks", "none,alie"],
+        [processes, "--attackers", "0,7"],
+        [processes, "--batch", "100"],
+    ]
     calls.append(
         [str(BENCHMARKS / "robustness_noise.py"), "--attacks", "optimal_alie,bogus"]
     )
@@ -277,6 +314,37 @@ def test_robustness_noise_names_an_unknown_attack_and_the_choices(script_runs):
         "unknown attacks ['bogus']; choose from none,sign_flip," in (unknown["stderr"])
     )
     assert "optimal_alie" in unknown["stderr"].split("choose from")[1]
+
+
+@pytest.mark.xdist_group("benchmark_help")
+def test_the_momentum_check_names_each_attack_where_momentum_is_below(script_runs):
+    _, results, _ = script_runs
+    check = results[4]
+    assert check["code"] == 0, check["stderr"][-2000:]
+    [row] = [line for line in check["stdout"].splitlines() if "`median`" in line]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells == [
+        "`median`",
+        "iid, seed 0 (`momentum.json`)",
+        "2/3",
+        "clean 97.0 → 96.0",
+    ]
+
+
+@pytest.mark.xdist_group("benchmark_help")
+def test_the_protocol_and_process_table_refuse_bad_input_saying_the_fix(script_runs):
+    _, results, _ = script_runs
+    heatmap, tune, omniscient, chief, batch = results[5:10]
+    assert (
+        heatmap["code"] == 2
+        and "each f in 1 .. 3 (f < n/2) for n = 8" in (heatmap["stderr"])
+    )
+    assert tune["code"] == 2 and "the mean is the reference" in tune["stderr"]
+    assert omniscient["code"] == 2
+    assert "--attacks alie: not run by a worker alone" in omniscient["stderr"]
+    assert "choose from none, sign_flip, scale" in omniscient["stderr"]
+    assert chief["code"] == 2 and "worker 0 is the chief" in chief["stderr"]
+    assert batch["code"] == 2 and "give a multiple of --workers" in batch["stderr"]
 
 
 # ------------------------------------------------ results: JSON and render

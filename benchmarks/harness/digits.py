@@ -116,14 +116,21 @@ def make_dataset(x, y, batch: int, seed: int) -> tf.data.Dataset:
 def make_input(x, y, args) -> tuple[tf.data.Dataset, int]:
     """The run's dataset and steps per epoch: IID (every replica draws from
     all of `x`), or `--data dirichlet:ALPHA` (replica r trains on its part of
-    a Dirichlet(ALPHA) label split, `keras_psdist.heterogeneity`)."""
-    if args.alpha is None:
-        return make_dataset(x, y, args.batch, args.seed), len(x) // args.batch
-    parts = kpd.heterogeneity.dirichlet_split(y, args.replicas, args.alpha, args.seed)
+    a Dirichlet(ALPHA) label split, `keras_psdist.heterogeneity`), or, when
+    `args.parts` is set, replica r on the indices `args.parts[r]`;
+    `args.steps` (when set) steps an epoch instead of ``len(x) // batch``."""
+    steps = getattr(args, "steps", None) or len(x) // args.batch
+    parts = getattr(args, "parts", None)
+    if args.alpha is None and parts is None:
+        return make_dataset(x, y, args.batch, args.seed), steps
+    if parts is None:
+        parts = kpd.heterogeneity.dirichlet_split(
+            y, args.replicas, args.alpha, args.seed
+        )
     dataset = kpd.heterogeneity.per_replica_dataset(
         x, y, parts, args.batch // args.replicas, seed=args.seed
     ).repeat()
-    return dataset.prefetch(tf.data.AUTOTUNE), len(x) // args.batch
+    return dataset.prefetch(tf.data.AUTOTUNE), steps
 
 
 def build_model(
@@ -162,6 +169,8 @@ class Run:
     time_s: float | None = None
     report: dict[str, list[list[float]]] = field(default_factory=dict)
     traceback: str | None = None
+    # Accuracy on further held-out sets, by name (`train_one`'s `evaluate`).
+    scores: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -189,6 +198,10 @@ class Setup:
     devices: list[str] | None = None
     read_dtype: str | None = None
     read_compression: str | None = None
+    # Explicit parts (replica r trains on x[parts[r]]) and steps an epoch:
+    # robustness_protocol.py's runs on the honest replicas' parts alone.
+    parts: list[np.ndarray] | None = None
+    steps: int | None = None
 
 
 def reads_cross_devices() -> None:
@@ -223,10 +236,19 @@ def condition_error(config: str, n: int, f: int) -> str | None:
     return None
 
 
-def train_one(run: Run, data, eval_model: keras.Model, args) -> None:
+def train_one(
+    run: Run,
+    data,
+    eval_model: keras.Model,
+    args,
+    evaluate: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    callbacks: tuple[keras.callbacks.Callback, ...] = (),
+) -> None:
     """Trains one (rule, attack) model and fills `run`; never raises.
 
     `args` is a `Setup`, or `robustness.py`'s flags (which have its fields).
+    `evaluate` names further held-out sets `(x, y)` whose accuracy goes to
+    `run.scores`; `callbacks` are given to `fit` beside the report.
     """
     xt, yt, xv, yv = data
     f = rule_f(run.rule, args)
@@ -260,7 +282,7 @@ def train_one(run: Run, data, eval_model: keras.Model, args) -> None:
                 batch_size=args.batch,
                 epochs=args.epochs,
                 verbose=0,
-                callbacks=[report],
+                callbacks=[report, *callbacks],
             )
         else:
             dataset, steps = make_input(xt, yt, args)
@@ -270,7 +292,7 @@ def train_one(run: Run, data, eval_model: keras.Model, args) -> None:
                 steps_per_epoch=steps,
                 verbose=0,
                 shuffle=False,  # the dataset shuffles itself, with a seed
-                callbacks=[report],
+                callbacks=[report, *callbacks],
             )
         weights = model.get_weights()
     except Exception as e:  # noqa: BLE001 - report and go on
@@ -285,6 +307,9 @@ def train_one(run: Run, data, eval_model: keras.Model, args) -> None:
     logits = eval_model(xv, training=False).numpy()
     # NaN logits argmax to class 0: a diverged model scores ~10 %.
     run.accuracy = float(np.mean(np.argmax(logits, axis=-1) == yv))
+    for name, (x, y) in (evaluate or {}).items():
+        predicted = np.argmax(eval_model(x, training=False).numpy(), axis=-1)
+        run.scores[name] = float(np.mean(predicted == y))
     run.final_loss = float(history.history["loss"][-1])
     run.report = {k: [v.tolist() for v in vs] for k, vs in report.history.items()}
     run.status = "ok"
