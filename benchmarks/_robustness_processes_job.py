@@ -10,7 +10,8 @@ CONFIG_JSON: `config` (a robustness.py configuration, e.g.
 split evenly over the workers), `hidden`, `lr`, `momentum`, `seed`. The
 worker trains robustness.py's digits MLP on the same split under
 `SyncReplicaStrategy`, its own reshuffle of the whole training part, and
-writes `OUT_DIR/worker_<i>.json`; the chief's holds the held-out accuracy.
+writes `OUT_DIR/worker_<i>.json`; the chief's holds the held-out accuracy
+and the sync counts (`SyncReplicaReport`).
 A worker in `attackers` runs the attack itself, on its own gradient or
 batch: the strategy is given it, and only that worker applies it.
 """
@@ -61,12 +62,14 @@ def main(out_dir: str, config: dict) -> int:
         .repeat()
         .batch(config["batch"] // workers, drop_remainder=True)
     )
+    counts = kpd.callbacks.SyncReplicaReport()
     history = model.fit(
         dataset,
         epochs=config["epochs"],
         steps_per_epoch=len(xt) // config["batch"],
         shuffle=False,
         verbose=0,
+        callbacks=[counts],
     )
     weights = model.get_weights()
     plain = build_model(config["hidden"], config["lr"], config["momentum"])
@@ -79,6 +82,10 @@ def main(out_dir: str, config: dict) -> int:
         "accuracy": float(np.mean(np.argmax(logits, axis=-1) == yv)),
         "final_loss": float(history.history["loss"][-1]),
         "finite": bool(all(np.isfinite(w).all() for w in weights)),
+        # The chief's counts at this worker's last epoch end: updates applied,
+        # and per worker its gradients applied and dropped.
+        "sync_counts": {k: np.asarray(v).tolist() for k, v in counts.counts.items()},
+        "optimizer_iterations": int(model.optimizer.iterations.numpy()),
     }
     with open(os.path.join(out_dir, f"worker_{worker}.json"), "w") as f:
         json.dump(report, f)

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 import harness
-from harness import RunFailed, read_reports, run_dir, use_checkout
+from harness import RunFailed, use_checkout
 from harness import log as _log
 
 harness.prepare_tensorflow()
@@ -78,19 +78,9 @@ def run_one(work: Path, config: str, attack: str, args, seed: int) -> dict:
         "momentum": args.momentum,
         "seed": seed,
     }
-    start = time.perf_counter()
-    out_dir, log = run_dir(work, f"{rule}_{attack}_")
-    code = harness.launch_logged(
-        [sys.executable, str(JOB), str(out_dir), json.dumps(job)],
-        log,
-        num_ps=1,
-        num_workers=args.workers,
-        mode="between-graph",
-        timeout_s=RUN_TIMEOUT_S,
+    return harness.chief_of_worker_job(
+        JOB, work, f"{rule}_{attack}_", job, args.workers, RUN_TIMEOUT_S
     )
-    reports = read_reports(out_dir, args.workers, log, code, "worker_*.json")
-    (chief,) = [r for r in reports if r["is_chief"]]
-    return {**chief, "wall_s": time.perf_counter() - start}
 
 
 def one_process_cells(paths: list[str], seed: int) -> dict[tuple[str, str], float]:

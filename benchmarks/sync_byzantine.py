@@ -34,13 +34,12 @@ From the repository root::
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 import harness
-from harness import RunFailed, parse_config, read_reports, run_dir, use_checkout
+from harness import RunFailed, parse_config, use_checkout
 from harness import log as _log
 
 harness.prepare_tensorflow()
@@ -83,19 +82,11 @@ def run_one(work: Path, name: str, attack: dict | None, args, seed: int) -> dict
         "momentum": 0.9,
         "seed": seed,
     }
-    start = time.perf_counter()
-    out_dir, log = run_dir(work, f"{rule}_{'attacked' if attack else 'clean'}_")
-    code = harness.launch_logged(
-        [sys.executable, str(JOB), str(out_dir), json.dumps(config)],
-        log,
-        num_ps=1,
-        num_workers=args.workers,
-        mode="between-graph",
-        timeout_s=RUN_TIMEOUT_S,
+    prefix = f"{rule}_{'attacked' if attack else 'clean'}_"
+    chief = harness.chief_of_worker_job(
+        JOB, work, prefix, config, args.workers, RUN_TIMEOUT_S
     )
-    reports = read_reports(out_dir, args.workers, log, code, "worker_*.json")
-    (chief,) = [r for r in reports if r["is_chief"]]
-    return {**chief, "wall_s": time.perf_counter() - start, "config": config}
+    return {**chief, "config": config}
 
 
 def parse_args(argv=None):

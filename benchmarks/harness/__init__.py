@@ -64,6 +64,7 @@ from .plotting import check_available as check_plotting
 from .plotting import figure, pyplot
 from .processes import (
     RunFailed,
+    chief_of_worker_job,
     launch_logged,
     read_reports,
     run_dir,
@@ -89,6 +90,7 @@ from .tables import (
 )
 
 __all__ = [
+    "chief_of_worker_job",
     "REPO_ROOT",
     "RESULTS",
     "BenchmarkParser",

@@ -73,3 +73,28 @@ def read_reports(
             f"lines of {log}:\n{tail(log)}"
         )
     return [json.loads(p.read_text()) for p in found]
+
+
+def chief_of_worker_job(
+    job: Path, work: Path, prefix: str, config: dict, workers: int, timeout_s: float
+) -> dict:
+    """One between-graph `launch` of `python JOB OUT_DIR CONFIG_JSON` on
+    `workers` workers + 1 ps, each worker writing ``worker_<i>.json`` into
+    a fresh folder under `work`: the chief's report (``is_chief``) with the
+    run's ``wall_s``, or `RunFailed`."""
+    import sys
+    import time
+
+    start = time.perf_counter()
+    out_dir, log = run_dir(work, prefix)
+    code = launch_logged(
+        [sys.executable, str(job), str(out_dir), json.dumps(config)],
+        log,
+        num_ps=1,
+        num_workers=workers,
+        mode="between-graph",
+        timeout_s=timeout_s,
+    )
+    reports = read_reports(out_dir, workers, log, code, "worker_*.json")
+    (chief,) = [r for r in reports if r["is_chief"]]
+    return {**chief, "wall_s": time.perf_counter() - start}
