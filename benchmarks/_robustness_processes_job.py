@@ -6,10 +6,12 @@ Run on every worker task by `keras_psdist.cluster.launch(mode="between-graph")`:
 
 CONFIG_JSON: `config` (a robustness.py configuration, e.g.
 ``arc>geometric_median+wm``), `attack` (a name of `harness.digits.ATTACKS`),
-`workers`, `attackers` (worker indices), `num_byzantine`, `epochs`, `batch` (global,
-split evenly over the workers), `hidden`, `lr`, `momentum`, `seed`. The
-worker trains robustness.py's digits MLP on the same split under
-`SyncReplicaStrategy`, its own reshuffle of the whole training part, and
+`workers`, `attackers` (worker indices), `num_byzantine`, `epochs`, `batch` (global),
+`hidden`, `lr`, `momentum`, `seed`. The worker trains robustness.py's digits
+MLP on the same split under `SyncReplicaStrategy`: every worker reads the same
+seeded shuffle of global batches and the strategy gives worker i piece i of
+each (docs/cluster.md, "Batches"), so a step trains on the one-process
+table's global batch and an epoch is one pass over the data in total. It
 writes `OUT_DIR/worker_<i>.json`; the chief's holds the held-out accuracy
 and the sync counts (`SyncReplicaReport`).
 A worker in `attackers` runs the attack itself, on its own gradient or
@@ -45,22 +47,24 @@ def main(out_dir: str, config: dict) -> int:
         worker_momentum=worker_momentum,
         step_timeout=300,
     )
-    worker, workers = strategy.extended.topology.worker_index, config["workers"]
+    worker = strategy.extended.topology.worker_index
     xt, yt, xv, yv = load_data(config["seed"])
     keras.utils.set_random_seed(config["seed"])
     with strategy.scope():
         model = build_model(
             config["hidden"], config["lr"], config["momentum"], worker_momentum
         )
-    # The one-process table's global batch, split over the workers; each
-    # worker draws from the whole training part with its own shuffle (IID).
+    # The one-process table's global batch. The dataset's elements are
+    # global batches (as under MultiWorkerMirroredStrategy): the strategy cuts
+    # each into one piece per worker and this worker keeps its own, so every
+    # worker reads the same seeded shuffle and the pieces are disjoint.
+    # (Batching by batch // workers here gave each worker one row a step,
+    # the 4-5 point clean gap the first process table had.)
     dataset = (
         tf.data.Dataset.from_tensor_slices((xt, yt))
-        .shuffle(
-            len(xt), seed=1000 * config["seed"] + worker, reshuffle_each_iteration=True
-        )
+        .shuffle(len(xt), seed=config["seed"], reshuffle_each_iteration=True)
         .repeat()
-        .batch(config["batch"] // workers, drop_remainder=True)
+        .batch(config["batch"], drop_remainder=True)
     )
     counts = kpd.callbacks.SyncReplicaReport()
     history = model.fit(

@@ -16,8 +16,9 @@ sees).
 
 The setup is `robustness.py`'s: scikit-learn's digits (80 % train, 20 %
 held out, shuffled with the seed), the MLP 64 -> ``--hidden`` -> 10, global
-batch ``--batch`` (128) split evenly over the workers, each worker its own
-reshuffle of the whole training part, ``len(train) // batch`` steps an
+batch ``--batch`` (128): every worker reads the same seeded shuffle of global
+batches and keeps its piece of each (16 rows of 128 with 8 workers), so a
+step trains on one global batch, ``len(train) // batch`` steps an
 epoch, ``--epochs`` (20), SGD(``--lr``, momentum ``--momentum``), a ``+wm``
 configuration with worker momentum 0.9 and SGD(lr / 0.1) without. Every
 update aggregates all workers (``replicas_to_aggregate`` = workers).
