@@ -26,7 +26,7 @@ def _run(tmp_path_factory, kind):
     out = tmp_path_factory.mktemp(f"elastic_{kind}")
     code, log = launching.launch_job(
         JOB,
-        [out, 0, kind, 0.01],
+        [out, 0, kind, 0.05],
         num_ps=1,
         num_workers=2,
         mode="between-graph",

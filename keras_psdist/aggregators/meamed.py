@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist.aggregators.base import Aggregation, Aggregator, check_honest_majority
-from keras_psdist.aggregators.order_statistics import sanitize
+from keras_psdist.aggregators.order_statistics import sanitize, sort_columns
 
 REPORT_NAME = "excluded_fraction"
 
@@ -76,27 +76,33 @@ class MeanAroundMedian(Aggregator):
 
 def _mean_around_median(column: Sequence[tf.Tensor], keep: int):
     """One variable: the mean of the `keep` values closest to the median, and
-    each replica's fraction of coordinates left out."""
+    each replica's fraction of coordinates left out.
+
+    Both order statistics (the median, then the keep-th smallest distance to
+    it) come from the sorting network of `order_statistics`: elementwise min
+    and max over the replicas' tensors, not `tf.sort` along the stacked
+    replica axis (two of those made the step 7.5x the mean's at n = 8 and
+    22x at n = 32). The `keep` closest are those strictly closer than that
+    distance, then, of those at it, the first in replica order.
+    """
     n = len(column)
-    x = tf.stack([sanitize(v) for v in column])  # [n, ...]
-    ordered = tf.sort(x, axis=0)
+    values = [sanitize(v) for v in column]
+    ordered = sort_columns(values)
     if n % 2:
         median = ordered[n // 2]
     else:
         median = (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-    distance = tf.abs(x - median)
-    # The `keep` closest, ties by replica index: those strictly closer than
-    # the keep-th smallest distance, then the first of those at it (one sort
-    # and a running count, not a rank per replica: two argsorts along the
-    # replica axis cost 8x the mean's step).
-    threshold = tf.sort(distance, axis=0)[keep - 1]
-    closer = distance < threshold
-    at = distance == threshold
-    room = keep - tf.reduce_sum(tf.cast(closer, tf.int32), axis=0)
-    kept = tf.logical_or(
-        closer, tf.logical_and(at, tf.cumsum(tf.cast(at, tf.int32), axis=0) <= room)
-    )
-    total = tf.reduce_sum(tf.where(kept, x, tf.zeros_like(x)), axis=0)
-    value = total / tf.cast(keep, x.dtype)
-    flat = tf.reshape(tf.cast(kept, tf.float32), [n, -1])
-    return value, 1.0 - tf.reduce_mean(flat, axis=1)
+    distances = [tf.abs(v - median) for v in values]
+    threshold = sort_columns(distances)[keep - 1]
+    closer = [d < threshold for d in distances]
+    room = keep - tf.add_n([tf.cast(c, tf.int32) for c in closer])
+    total = tf.zeros_like(median)
+    at_so_far = tf.zeros_like(room)
+    left_out = []
+    for value, distance, is_closer in zip(values, distances, closer, strict=True):
+        at = distance == threshold
+        at_so_far += tf.cast(at, tf.int32)
+        kept = tf.logical_or(is_closer, tf.logical_and(at, at_so_far <= room))
+        total += tf.where(kept, value, tf.zeros_like(value))
+        left_out.append(1.0 - tf.reduce_mean(tf.cast(kept, tf.float32)))
+    return total / tf.cast(keep, total.dtype), tf.stack(left_out)

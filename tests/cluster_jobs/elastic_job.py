@@ -7,7 +7,7 @@ between-graph --num-workers 2 --max-workers 4`:
 
 PACE_S (async): seconds each worker but the chief rests after each step, so
 that workers training flat out on 2 cores leave processes that join some CPU
-to start (the tests pass 0.01; the benchmark leaves it 0).
+to start (the tests pass 0.05; the benchmark leaves it 0).
 
 Every worker trains `Dense(1, use_bias=False)` from zeros with `SGD(2**-6)`
 and loss `mean(prediction)`. Async (`PSStrategy`), on a constant input
