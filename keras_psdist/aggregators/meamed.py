@@ -96,13 +96,13 @@ def _mean_around_median(column: Sequence[tf.Tensor], keep: int):
     threshold = sort_columns(distances)[keep - 1]
     closer = [d < threshold for d in distances]
     room = keep - tf.add_n([tf.cast(c, tf.int32) for c in closer])
-    total = tf.zeros_like(median)
-    at_so_far = tf.zeros_like(room)
+    zero = tf.zeros_like(median)
+    total, at_so_far = zero, tf.zeros_like(room)
     left_out = []
     for value, distance, is_closer in zip(values, distances, closer, strict=True):
         at = distance == threshold
         at_so_far += tf.cast(at, tf.int32)
         kept = tf.logical_or(is_closer, tf.logical_and(at, at_so_far <= room))
-        total += tf.where(kept, value, tf.zeros_like(value))
+        total += tf.where(kept, value, zero)
         left_out.append(1.0 - tf.reduce_mean(tf.cast(kept, tf.float32)))
     return total / tf.cast(keep, total.dtype), tf.stack(left_out)
