@@ -4,6 +4,11 @@ At import time, before any test module imports TensorFlow, the host CPU is
 split into 8 logical devices (only when no GPU is present) so multi-replica
 strategies can be exercised on a CPU-only machine. `tests/cluster_jobs` goes
 on `sys.path` for the tests that launch those jobs.
+
+The tasks those tests start (ps servers, workers, chiefs, the docs' blocks)
+are forks of a zygote that imported TensorFlow once per test process
+(`cluster_jobs/zygote.py`, started on first use, stopped at exit):
+`KERAS_PSDIST_TEST_ZYGOTE_FORKS=0` starts each as a fresh interpreter.
 """
 
 import os

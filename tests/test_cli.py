@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import zygote  # tests/cluster_jobs, see conftest.py
 
 import keras_psdist as kpd
 from keras_psdist.cli import main as cli
@@ -18,7 +19,9 @@ def _run_cli(
     *args: str, timeout: float = 120, own_log_level: bool = False
 ) -> subprocess.CompletedProcess:
     """`python -m keras_psdist ARGS`; with `own_log_level`, TensorFlow's log
-    level is the command's own default, not the test suite's."""
+    level is the command's own default, not the test suite's, in a fresh
+    interpreter (what it prints while importing TensorFlow is checked);
+    else a fork of the test zygote (`cluster_jobs/zygote.py`)."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if own_log_level:
@@ -27,8 +30,11 @@ def _run_cli(
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p
     )
+    python = [sys.executable]
+    if not own_log_level and args and args[0] == "demo":
+        env, python = zygote.python_in(env)
     return subprocess.run(
-        [sys.executable, "-m", "keras_psdist", *args],
+        [*python, "-m", "keras_psdist", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

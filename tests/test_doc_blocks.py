@@ -16,6 +16,12 @@ before a fence says how else to run it:
   `python -m keras_psdist launch ... -- python block.py` on a local cluster.
 - `slow` before `launch` (`<!-- doc-test: slow launch ... -->`) keeps a
   block out of the default run (`-m "not slow"`).
+
+The fresh process is a fork of the test zygote (`cluster_jobs/zygote.py`),
+which imported TensorFlow, Keras and keras_psdist in this same environment
+and started nothing of TensorFlow's runtime: the block's process is as a
+fresh interpreter's after those imports, without their 6 CPU-seconds per
+block (`KERAS_PSDIST_TEST_ZYGOTE_FORKS=0` runs each in a new interpreter).
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ import dataclasses
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import zygote  # tests/cluster_jobs, see conftest.py
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -183,9 +189,10 @@ def _tail(text: str, lines: int = 60) -> str:
 def test_block_runs(block, tmp_path):
     script = tmp_path / "block.py"
     script.write_text(block.code)
+    env, python = zygote.python_in(_environment())
     if block.kind == "launch":
         command = [
-            sys.executable,
+            *python,
             "-m",
             "keras_psdist",
             "launch",
@@ -193,17 +200,17 @@ def test_block_runs(block, tmp_path):
             "--timeout",
             str(LAUNCH_TIMEOUT_S - 30),
             "--",
-            sys.executable,
+            *python,
             script.name,
         ]
         timeout = LAUNCH_TIMEOUT_S
     else:
-        command = [sys.executable, script.name]
+        command = [*python, script.name]
         timeout = RUN_TIMEOUT_S
     result = subprocess.run(
         command,
         cwd=tmp_path,
-        env=_environment(),
+        env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

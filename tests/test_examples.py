@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import zygote  # tests/cluster_jobs, see conftest.py
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.py"))
@@ -55,14 +56,16 @@ def documented_command(path: Path) -> str:
     )
 
 
-def runnable(command: str) -> list[str]:
-    """`command` with this interpreter in place of `python` and `keras-psdist`."""
+def runnable(command: str, python: list[str] | None = None) -> list[str]:
+    """`command` with `python` (default this interpreter) in place of
+    `python` and `keras-psdist`."""
+    python = [sys.executable] if python is None else python
     argv = []
     for word in shlex.split(command):
         if word == "keras-psdist":
-            argv += [sys.executable, "-m", "keras_psdist"]
+            argv += [*python, "-m", "keras_psdist"]
         elif word == "python":
-            argv.append(sys.executable)
+            argv += python
         else:
             argv.append(word)
     return argv
@@ -94,14 +97,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], timeout: float) -> tuple[int | None, str]:
+def _run(argv: list[str], timeout: float, env: dict) -> tuple[int | None, str]:
     """Runs `argv` in the checkout; returns (exit code, output), with `None`
     as the exit code if it ran out of time (it is then stopped: `launch`
     gets SIGTERM, which stops every process it started)."""
     process = subprocess.Popen(
         argv,
         cwd=REPO_ROOT,
-        env=_env(),
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -130,8 +133,10 @@ def test_every_example_has_its_command():
 @pytest.mark.parametrize(("path", "timeout"), list(_cases()))
 def test_example_runs_as_documented(path, timeout):
     command = documented_command(path)
-    argv = [*runnable(command), *SHORT_FLAGS]
-    code, output = _run(argv, timeout)
+    # Each `python` a fork of the test zygote (`cluster_jobs/zygote.py`).
+    env, python = zygote.python_in(_env())
+    argv = [*runnable(command, python), *SHORT_FLAGS]
+    code, output = _run(argv, timeout, env)
     if code != 0:
         what = f"ran out of {timeout} s" if code is None else f"exited with {code}"
         pytest.fail(f"`{command} {shlex.join(SHORT_FLAGS)}` {what}:\n{output}")

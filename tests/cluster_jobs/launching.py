@@ -12,23 +12,37 @@ import re
 import sys
 from pathlib import Path
 
+import zygote
+
 # The launcher's line for each process it starts: `[launch] ps:0 pid 4242: ...`.
 PID_LINE = re.compile(r"^\[launch\] (\S+) pid (\d+):")
 
 
 def launch_job(job, args, out=None, **launch_kwargs):
     """Runs `python job *args` on a local cluster (`cluster.launch` with
-    `launch_kwargs`). Returns `(exit code, the whole log)`."""
+    `launch_kwargs`). Returns `(exit code, the whole log)`.
+
+    Every task (the job's processes and the ps servers) is a fork of the
+    test zygote, which imported TensorFlow once (`zygote.py`), unless
+    `KERAS_PSDIST_TEST_ZYGOTE_FORKS=0`."""
     from keras_psdist import cluster
+    from keras_psdist.cluster.launcher import run
 
     out = io.StringIO() if out is None else out
     # A caller's `out` may hold earlier text; the log is this launch's part.
     start = len(out.getvalue()) if hasattr(out, "getvalue") else 0
-    code = cluster.launch(
-        [sys.executable, str(Path(job).resolve()), *map(str, args)],
-        out=out,
-        **launch_kwargs,
-    )
+    args = [str(Path(job).resolve()), *map(str, args)]
+    if not zygote.enabled():
+        code = cluster.launch([sys.executable, *args], out=out, **launch_kwargs)
+    else:
+        zygote.ensure_running()
+        server_command = run.SERVER_COMMAND
+        if server_command[0] == sys.executable:
+            run.SERVER_COMMAND = tuple(zygote.command(list(server_command[1:])))
+        try:
+            code = cluster.launch(zygote.command(args), out=out, **launch_kwargs)
+        finally:
+            run.SERVER_COMMAND = server_command
     return code, out.getvalue()[start:] if hasattr(out, "getvalue") else ""
 
 
