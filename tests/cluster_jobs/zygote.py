@@ -257,15 +257,7 @@ def run_client(args) -> None:
     pid = int(pid)
 
     def forward(signum, _frame) -> None:
-        # To the fork's group; to the fork alone if it has not made its
-        # group yet.
-        try:
-            os.killpg(pid, signum)
-        except ProcessLookupError:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+        _signal_fork(pid, signum)
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
@@ -399,6 +391,8 @@ def serve(directory: str) -> None:
     # fork gets those on top of its client's environment, as a fresh
     # interpreter would after the same imports.
     path = socket_path(directory)
+    # A test process that dies without stopping its zygote stops it too.
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     before = dict(os.environ)
     import keras  # noqa: F401
     import numpy  # noqa: F401
