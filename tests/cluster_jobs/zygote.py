@@ -283,6 +283,7 @@ def _libc():
 def _enter_client(conn, request, fds) -> None:
     """In the fork: become the client's task (its namespace, scheduling,
     streams, environment, directory)."""
+    import ctypes
     import io
 
     os.setsid()
@@ -295,9 +296,7 @@ def _enter_client(conn, request, fds) -> None:
     if os.stat(theirs).st_ino != os.stat("/proc/self/ns/net").st_ino:
         fd = os.open(theirs, os.O_RDONLY)
         if libc.setns(fd, _CLONE_NEWNET) != 0:
-            raise OSError(
-                __import__("ctypes").get_errno(), f"setns into {theirs} failed"
-            )
+            raise OSError(ctypes.get_errno(), f"setns into {theirs} failed")
         os.close(fd)
     policy = os.sched_getscheduler(pid)
     if policy != os.sched_getscheduler(0):
