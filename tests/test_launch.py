@@ -459,6 +459,40 @@ def test_server_death_during_training_stops_everything(
     processes.assert_all_gone()
 
 
+def test_a_worker_that_fails_with_its_server_is_reported_as_the_server_loss(
+    tmp_path, processes
+):
+    # The ps dies, and its worker fails on it before the launcher looks:
+    # the launcher names the cause (the ps), not the worker's exit.
+    pids: dict[str, int] = {}
+
+    def kill_ps_then_worker(line: str) -> None:
+        match = PID_LINE.match(line)
+        if match:
+            pids[match.group(1)] = int(match.group(2))
+        if line == "[worker:0] started":
+            os.kill(pids["ps:0"], signal.SIGKILL)
+            os.kill(pids["worker:0"], signal.SIGKILL)
+
+    code, out = _launch(
+        tmp_path,
+        processes,
+        "hang",
+        out=_Lines(kill_ps_then_worker),
+        num_ps=1,
+        num_workers=1,
+        mode="between-graph",
+    )
+    assert code == 1, out.text
+    launch_lines = "\n".join(out.prefixed("launch"))
+    assert (
+        "ps:0 (server) exited with SIGKILL (exit code 137) while training ran; "
+        "stopping every task." in launch_lines
+    ), out.text
+    assert "worker:0 exited" not in launch_lines, out.text
+    processes.assert_all_gone()
+
+
 @pytest.mark.parametrize("races", [1, 3])
 def test_port_taken_before_the_server_binds_it(tmp_path, processes, monkeypatch, races):
     # The first `races` layouts give ps:0 a port another process holds; the

@@ -498,12 +498,6 @@ class _Launch:
                 evaluation.check()
             if membership is not None:
                 membership.check(trainers, configs)
-            for i, child in enumerate(trainers):
-                code = child.proc.poll()
-                if code in (None, 0):
-                    continue
-                trainers[i] = self._after_failure(child, code, configs[child.name])
-            trainers = [child for child in trainers if child is not None]
             if all(child.proc.poll() == 0 for child in trainers):
                 lost = f"; lost: {', '.join(self.lost)}" if self.lost else ""
                 self.log(
@@ -511,10 +505,18 @@ class _Launch:
                     "the servers."
                 )
                 return 0 if evaluation is None else evaluation.finish()
+            # Servers before trainers: a worker that failed because its ps
+            # died is reported as the ps's loss, the cause.
             for child in servers:
                 code = child.proc.poll()
                 if code is not None:
                     self._after_server_loss(child, code, trainers)
+            for i, child in enumerate(trainers):
+                code = child.proc.poll()
+                if code in (None, 0):
+                    continue
+                trainers[i] = self._after_failure(child, code, configs[child.name])
+            trainers = [child for child in trainers if child is not None]
             self._check_deadline()
             time.sleep(0.1)
 
