@@ -471,7 +471,10 @@ def test_a_worker_that_fails_with_its_server_is_reported_as_the_server_loss(
         if match:
             pids[match.group(1)] = int(match.group(2))
         if line == "[worker:0] started":
+            # SIGKILL returns before the process is gone: the worker dies
+            # only once the ps has (a zombie), as a worker failing on it does.
             os.kill(pids["ps:0"], signal.SIGKILL)
+            _wait_until_dead(pids["ps:0"])
             os.kill(pids["worker:0"], signal.SIGKILL)
 
     code, out = _launch(
@@ -491,6 +494,23 @@ def test_a_worker_that_fails_with_its_server_is_reported_as_the_server_loss(
     ), out.text
     assert "worker:0 exited" not in launch_lines, out.text
     processes.assert_all_gone()
+
+
+def _wait_until_dead(pid: int, timeout_s: float = 10.0) -> None:
+    """Until `pid` can be reaped: a zombie whose every thread has exited
+    (the main thread's zombie comes first), or gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            threads = len(os.listdir(f"/proc/{pid}/task"))
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X") and threads <= 1:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"pid {pid} still alive {timeout_s} s after SIGKILL")
 
 
 @pytest.mark.parametrize("races", [1, 3])

@@ -498,21 +498,22 @@ class _Launch:
                 evaluation.check()
             if membership is not None:
                 membership.check(trainers, configs)
-            if all(child.proc.poll() == 0 for child in trainers):
+            # The trainers' codes first, the servers' after: a worker that
+            # failed because its ps died is then reported as the ps's loss,
+            # the cause (the ps ended before it, so this look sees it gone).
+            codes = [child.proc.poll() for child in trainers]
+            if all(code == 0 for code in codes):
                 lost = f"; lost: {', '.join(self.lost)}" if self.lost else ""
                 self.log(
                     f"{names(trainers)} finished (exit code 0){lost}; stopping "
                     "the servers."
                 )
                 return 0 if evaluation is None else evaluation.finish()
-            # Servers before trainers: a worker that failed because its ps
-            # died is reported as the ps's loss, the cause.
             for child in servers:
                 code = child.proc.poll()
                 if code is not None:
                     self._after_server_loss(child, code, trainers)
-            for i, child in enumerate(trainers):
-                code = child.proc.poll()
+            for i, (child, code) in enumerate(zip(trainers, codes, strict=True)):
                 if code in (None, 0):
                     continue
                 trainers[i] = self._after_failure(child, code, configs[child.name])
