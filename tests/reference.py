@@ -230,16 +230,16 @@ def mda(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
 
 def meamed(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
     """Per coordinate, the mean of the n - f values closest to the median
-    (ties: lower replica index); NaN counts as +inf."""
+    (of two at one distance, the lower value); NaN counts as +inf."""
     out = []
     for x in _as_float64(per_replica):
         x = np.where(np.isnan(x), np.inf, x)
         n = x.shape[0]
         with np.errstate(invalid="ignore"):
             distance = np.abs(x - np.median(x, axis=0))
-        ranks = np.argsort(
-            np.argsort(distance, axis=0, kind="stable"), axis=0, kind="stable"
-        )
+        # By distance, then by value (np.lexsort's last key is the first).
+        order = np.lexsort((x, distance), axis=0)
+        ranks = np.argsort(order, axis=0, kind="stable")
         kept = ranks < n - f
         out.append(np.where(kept, x, 0.0).sum(axis=0) / (n - f))
     return _finish(out, {}, report)

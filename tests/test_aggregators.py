@@ -599,3 +599,38 @@ def test_monna_averages_the_neighbours_of_its_reference():
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"reference is replica 5.*only 4 replicas"):
         aggregators.get({"class_name": "monna", "config": {"reference": 5}}).bind(4, 1)
+
+
+def test_meamed_keeps_the_closest_values_not_the_first_narrowest_window():
+    # n = 5, f = 2, median 5, distances 5 5 0 1 15: the three closest are 5,
+    # 6 and one 0 (mean 11/3). The windows [0, 0, 5] and [0, 5, 6] are both
+    # 5 wide: taking the first narrowest one would drop 6 for a 0 (5/3).
+    rule = aggregators.get("meamed").bind(5, 2)
+    column = np.array([[20.0], [0.0], [6.0], [0.0], [5.0]], np.float32)
+    values, _, _ = _apply(rule, [column])
+    np.testing.assert_allclose(values[0], [11 / 3], rtol=1e-6)
+    np.testing.assert_allclose(reference.meamed([column], f=2)[0], [11 / 3])
+
+
+def test_meamed_breaks_ties_by_value_not_by_replica_order():
+    # Median 0.5 of (-1, 0, 1, 2): 0 and 1 are closest, then -1 and 2 at 1.5;
+    # f = 1 keeps three: the lower of the tied pair, whichever replica has it.
+    rule = aggregators.get("meamed").bind(4, 1)
+    want = (-1.0 + 0.0 + 1.0) / 3
+    for order in ([-1.0, 0.0, 1.0, 2.0], [2.0, 1.0, 0.0, -1.0], [0.0, 2.0, -1.0, 1.0]):
+        column = np.array(order, np.float32)[:, None]
+        values, report, _ = _apply(rule, [column])
+        np.testing.assert_allclose(values[0], [want], atol=1e-7)
+        np.testing.assert_allclose(reference.meamed([column], f=1)[0], [want])
+        # Left out: the replica holding 2 (strictly above the kept -1..1).
+        assert report["excluded_fraction"].tolist() == [float(v == 2.0) for v in order]
+
+
+def test_meamed_report_counts_only_values_outside_the_kept_range():
+    # Column 0: three equal values, one kept twice over -> nobody excluded
+    # there; column 1: 100 is left out. Weighted by size: 100's replica 1/2.
+    rule = aggregators.get("meamed").bind(3, 1)
+    column = np.array([[1.0, 0.0], [1.0, 100.0], [1.0, 1.0]], np.float32)
+    values, report, _ = _apply(rule, [column])
+    np.testing.assert_allclose(values[0], [1.0, 0.5])
+    np.testing.assert_allclose(report["excluded_fraction"], [0.0, 0.5, 0.0])
