@@ -422,11 +422,14 @@ def test_timeout_kills_even_what_ignores_sigterm(tmp_path, processes, monkeypatc
     processes.assert_all_gone()
 
 
+@pytest.mark.parametrize("worker_dies_too", [False, True], ids=["alone", "with_worker"])
 def test_server_death_during_training_stops_everything(
-    tmp_path, processes, monkeypatch
+    tmp_path, processes, monkeypatch, worker_dies_too
 ):
-    # The hanging trainer never stops on its own: it is stopped after the
-    # grace period the training processes get to report the lost server.
+    # alone: the hanging trainer never stops on its own; it is stopped after
+    # the grace period the training processes get to report the lost server.
+    # with_worker: the worker dies of the lost ps before the launcher looks;
+    # the launcher names the cause (the ps), not the worker's exit.
     monkeypatch.setattr(launcher_lib, "SERVER_LOSS_GRACE_S", 1.0)
     pids: dict[str, int] = {}
 
@@ -436,6 +439,11 @@ def test_server_death_during_training_stops_everything(
             pids[match.group(1)] = int(match.group(2))
         if line == "[worker:0] started":
             os.kill(pids["ps:0"], signal.SIGKILL)
+            if worker_dies_too:
+                # SIGKILL returns before the process is gone: the worker
+                # dies once the ps has, as a worker failing on it does.
+                _wait_until_dead(pids["ps:0"])
+                os.kill(pids["worker:0"], signal.SIGKILL)
 
     code, out = _launch(
         tmp_path,
@@ -452,42 +460,6 @@ def test_server_death_during_training_stops_everything(
         "ps:0 (server) exited with SIGKILL (exit code 137) while training ran; "
         "waiting up to 1 s for the training processes to stop." in launch_lines
     ), out.text
-    assert (
-        "ps:0 (server) exited with SIGKILL (exit code 137) while training ran; "
-        "stopping every task." in launch_lines
-    ), out.text
-    processes.assert_all_gone()
-
-
-def test_a_worker_that_fails_with_its_server_is_reported_as_the_server_loss(
-    tmp_path, processes
-):
-    # The ps dies, and its worker fails on it before the launcher looks:
-    # the launcher names the cause (the ps), not the worker's exit.
-    pids: dict[str, int] = {}
-
-    def kill_ps_then_worker(line: str) -> None:
-        match = PID_LINE.match(line)
-        if match:
-            pids[match.group(1)] = int(match.group(2))
-        if line == "[worker:0] started":
-            # SIGKILL returns before the process is gone: the worker dies
-            # only once the ps has (a zombie), as a worker failing on it does.
-            os.kill(pids["ps:0"], signal.SIGKILL)
-            _wait_until_dead(pids["ps:0"])
-            os.kill(pids["worker:0"], signal.SIGKILL)
-
-    code, out = _launch(
-        tmp_path,
-        processes,
-        "hang",
-        out=_Lines(kill_ps_then_worker),
-        num_ps=1,
-        num_workers=1,
-        mode="between-graph",
-    )
-    assert code == 1, out.text
-    launch_lines = "\n".join(out.prefixed("launch"))
     assert (
         "ps:0 (server) exited with SIGKILL (exit code 137) while training ran; "
         "stopping every task." in launch_lines
