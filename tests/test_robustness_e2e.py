@@ -174,15 +174,13 @@ def test_centered_clipping_with_worker_momentum_needs_a_radius_that_follows_the_
     worker momentum makes centered clipping lose to it (honest momenta are
     several times shorter than the radius, so each clipped attacker pulls
     the centre by the whole radius, the same way every step); with
-    `radius="auto"` (the (n - f)-th closest replica's distance) it holds, with
-    and without momentum."""
+    `radius="auto"` (the (n - f)-th closest replica's distance) it holds with
+    momentum (without: benchmarks/robustness.py's table)."""
     clean = accuracy_of("mean", "none")
     fixed = accuracy_of("centered_clipping", "sign_flip")
     fixed_momentum = accuracy_of("centered_clipping", "sign_flip", 0.9)
-    auto = accuracy_of("centered_clipping(radius=auto)", "sign_flip")
     auto_momentum = accuracy_of("centered_clipping(radius=auto)", "sign_flip", 0.9)
     assert fixed_momentum < fixed - TOLERANCE
-    assert auto >= clean - TOLERANCE
     assert auto_momentum >= clean - TOLERANCE
     assert auto_momentum >= fixed_momentum + TOLERANCE
 
