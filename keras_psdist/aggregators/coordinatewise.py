@@ -205,7 +205,14 @@ def count_extremes(
     """
     sample = [sanitize(s) for s in sample]
     ordered = sort_columns(sample)
-    low, high = ordered[f], ordered[len(sample) - 1 - f]
+    return fraction_outside(sample, ordered[f], ordered[len(sample) - 1 - f], weights)
+
+
+def fraction_outside(
+    sample: Sequence[tf.Tensor], low: tf.Tensor, high: tf.Tensor, weights: tf.Tensor
+) -> tf.Tensor:
+    """Each replica's weighted fraction of `sample` strictly outside
+    `[low, high]` (per coordinate), as one matrix-vector product."""
     stacked = tf.stack(sample)
     outside = tf.cast(tf.logical_or(stacked < low, stacked > high), tf.float32)
     counts = tf.linalg.matvec(outside, weights)

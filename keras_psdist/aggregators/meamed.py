@@ -8,7 +8,11 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist.aggregators.base import Aggregation, Aggregator, check_honest_majority
-from keras_psdist.aggregators.coordinatewise import kernel_groups, report_sample
+from keras_psdist.aggregators.coordinatewise import (
+    fraction_outside,
+    kernel_groups,
+    report_sample,
+)
 from keras_psdist.aggregators.order_statistics import sanitize, sort_columns
 
 REPORT_NAME = "excluded_fraction"
@@ -121,9 +125,10 @@ def kept_window(
     else:
         median = (ordered[n // 2 - 1] + ordered[n // 2]) / 2
     moves = [ordered[s + keep] - median < median - ordered[s] for s in range(f)]
-    start = tf.zeros(tf.shape(median), tf.int32)
     if moves:
         start = tf.add_n([tf.cast(m, tf.int32) for m in moves])
+    else:
+        start = tf.zeros(tf.shape(median), tf.int32)
     low, high = ordered[0], ordered[keep - 1]
     for s in range(1, f + 1):
         at = start == s
@@ -155,9 +160,7 @@ def _report(columns, f):
     sample, weights = report_sample(columns)
     sample = [sanitize(s) for s in sample]
     _, low, high = kept_window(sort_columns(sample), f)
-    stacked = tf.stack(sample)
-    outside = tf.cast(tf.logical_or(stacked < low, stacked > high), tf.float32)
-    return tf.linalg.matvec(outside, weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+    return fraction_outside(sample, low, high, weights)
 
 
 def _kernel_body(columns, f):
