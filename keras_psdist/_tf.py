@@ -22,6 +22,7 @@ from tensorflow.python.distribute import (
     ps_values,
     reduce_util,
     values,
+    values_util,
 )
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute.v1 import input_lib as input_lib_v1
@@ -89,4 +90,5 @@ __all__ = [
     "resource_variable_ops",
     "tensor_conversion_registry",
     "values",
+    "values_util",
 ]

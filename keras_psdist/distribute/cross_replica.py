@@ -23,7 +23,6 @@ from keras_psdist._tf import (
 from keras_psdist.distribute.replica_writes import (
     as_reduce_op,
     combine_column,
-    per_replica_values,
 )
 
 ReduceOp = tf.distribute.ReduceOp
@@ -59,7 +58,16 @@ class CrossReplicaReductions:
         results = [None] * len(pairs)
         dense, sparse, all_reduced = [], [], []
         for i, (value, destination) in enumerate(pairs):
-            per_replica = per_replica_values(value, self._num_replicas_in_sync)
+            if not isinstance(value, values.DistributedValues):
+                # The same value in every replica (a tensor made outside
+                # `strategy.run`): one value, as TensorFlow's `batch_reduce`
+                # takes it, so its sum and its mean are itself (as under
+                # MirroredStrategy and on one device); no rule combines it.
+                results[i] = self._to_destinations(
+                    _on_device(value, self._reduction_device), destination
+                )
+                continue
+            per_replica = list(value.values)
             if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
                 sparse.append((i, per_replica))
             elif self._all_reduces(destination):
@@ -76,12 +84,11 @@ class CrossReplicaReductions:
             )
             for (i, _), r in zip(all_reduced, reduced, strict=True):
                 results[i] = r
-            if not dense and not sparse:
-                return results
-        columns = [vs for _, vs in dense] + [vs for _, vs in sparse]
-        reduced = self._reduction(reduce_op, columns, self._float_shares(columns))
-        for (i, _), r in zip(dense + sparse, reduced, strict=True):
-            results[i] = self._to_destinations(r, pairs[i][1])
+        if dense or sparse:
+            columns = [vs for _, vs in dense] + [vs for _, vs in sparse]
+            reduced = self._reduction(reduce_op, columns, self._float_shares(columns))
+            for (i, _), r in zip(dense + sparse, reduced, strict=True):
+                results[i] = self._to_destinations(r, pairs[i][1])
         return results
 
     def _all_reduces(self, destination) -> bool:
@@ -125,3 +132,13 @@ class CrossReplicaReductions:
 
 def _is_variable(x):
     return isinstance(x, tf.Variable) or resource_variable_ops.is_resource_variable(x)
+
+
+def _on_device(value, device):
+    """`value` (a tensor, IndexedSlices or Python number) copied to `device`."""
+    with tf.device(device):
+        if isinstance(value, tf.IndexedSlices):
+            return tf.IndexedSlices(
+                tf.identity(value.values), tf.identity(value.indices), value.dense_shape
+            )
+        return tf.identity(value)

@@ -22,6 +22,7 @@ replica and each updates its own copy.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from typing import Any
@@ -364,15 +365,20 @@ class PSExtended(
     # ------------------------------------------------------------ variables
 
     def _create_variable(self, next_creator, **kwargs):
-        _check_not_made_in_a_traced_step(kwargs)
-        config = self._topology.config
-        if config is None:
-            return self._creator.create(next_creator, **kwargs)
-        # A ps lost while the model is built: an error that names it.
-        with task_loss.reporting_lost_tasks(
-            config, task_loss.server_jobs(self._topology.mode), config.task_name
-        ):
-            return self._creator.create(next_creator, **kwargs)
+        # A variable first made inside a traced step (a model built by its
+        # first call, an optimizer by its first `apply_gradients`) is made
+        # once, eagerly, as outside the step: TF's `init_scope`, as Keras
+        # lifts its own deferred variables. The step then reads it where it
+        # lives, as any other.
+        with tf.init_scope():
+            config = self._topology.config
+            if config is None:
+                return self._creator.create(next_creator, **kwargs)
+            # A ps lost while the model is built: an error that names it.
+            with task_loss.reporting_lost_tasks(
+                config, task_loss.server_jobs(self._topology.mode), config.task_name
+            ):
+                return self._creator.create(next_creator, **kwargs)
 
     def colocate_vars_with(self, colocate_with_variable):
         # Checked before TF's own scope check, whose message ("Need to be
@@ -380,7 +386,21 @@ class PSExtended(
         # outside the scope.
         if not isinstance(colocate_with_variable, numpy_dataset.SingleDevice):
             _unwrap(colocate_with_variable)
+        if distribute_lib.get_strategy() is not self._container_strategy():
+            # A Keras optimizer of this strategy building its slots in a step
+            # called outside the scope (a training loop from scratch, the
+            # model and optimizer made under the scope): the slots are this
+            # strategy's as the optimizer is, so its scope is entered here.
+            return self._colocated_in_scope(colocate_with_variable)
         return super().colocate_vars_with(colocate_with_variable)
+
+    @contextlib.contextmanager
+    def _colocated_in_scope(self, colocate_with_variable):
+        with (
+            self._container_strategy().scope(),
+            super().colocate_vars_with(colocate_with_variable),
+        ):
+            yield
 
     def _validate_colocate_with_variable(self, colocate_with_variable):
         distribute_utils.validate_colocate(colocate_with_variable, self)
@@ -610,27 +630,6 @@ class PSExtended(
 
     def _get_replica_id_in_sync_group(self, replica_id):
         return replica_id
-
-
-def _check_not_made_in_a_traced_step(kwargs) -> None:
-    """Raises `ValueError` for a trained variable first made inside a traced
-    replica step: TensorFlow cannot lift it out of the step's graph (it fails
-    with "... is out of scope and cannot be used here"), under
-    `MirroredStrategy` too. The usual cause is an optimizer Keras does not
-    know about (a second one, as a GAN's) left to build itself in the step."""
-    if tf.executing_eagerly() or tf.distribute.in_cross_replica_context():
-        return
-    if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
-        return  # a metric's: one per replica, made in the replica
-    name = kwargs.get("name") or "Variable"
-    raise ValueError(
-        f"Variable {name!r} is first created inside `strategy.run` of a traced "
-        "step, where a PSStrategy cannot place it (each variable exists once, on "
-        "a parameter device, made before the step). Create it before the first "
-        "step, under `strategy.scope()`: for an optimizer the model's `compile` "
-        "does not build (e.g. a GAN's second optimizer), call "
-        "`optimizer.build(model.trainable_variables)` there."
-    )
 
 
 _KERAS_STEPS = frozenset({"train_step", "test_step", "predict_step"})

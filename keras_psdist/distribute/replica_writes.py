@@ -184,10 +184,3 @@ def as_reduce_op(reduce_op):
     if isinstance(reduce_op, str):
         return ReduceOp(reduce_op.upper())
     return reduce_op
-
-
-def per_replica_values(value, num_replicas):
-    if isinstance(value, values.DistributedValues):
-        return list(value.values)
-    # A value that is the same in every replica, e.g. a Python constant.
-    return [value] * num_replicas

@@ -11,6 +11,9 @@
                        pass compiled on its device, the update outside XLA
     routed_take.py     the wrapper that gathers an embedding's rows where
                        they live instead of reading the whole table
+    one_device_steps.py  the wrappers that run as one device does a model
+                       built in its traced step and a loss computed outside
+                       `strategy.run`
     training_hooks.py  the wrappers that hand the optimizer's apply and `fit`
                        to the mode's `Training` (sync replicas, bounded
                        staleness)

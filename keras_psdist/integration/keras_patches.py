@@ -1,7 +1,7 @@
 """Every Keras method keras_psdist replaces, in one list, installed together.
 
 A custom `tf.distribute.Strategy` reaches most of Keras through the strategy
-API (variable creators, `reduce_to`, `update`, distributed datasets). Nine
+API (variable creators, `reduce_to`, `update`, distributed datasets). The
 behaviours Keras 3 has no extension point for are added by wrapping a Keras
 method; each wrapper acts only for models, optimizers and variables of a
 keras_psdist strategy and passes every other call through unchanged (the
@@ -218,6 +218,34 @@ PATCHES: tuple[Patch, ...] = (
         "`make_predict_function` takes no step function (unlike "
         "`_make_function`); Keras calls `self.predict_step` only when the "
         "predict function is first traced, after it is built.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._maybe_symbolic_build",
+        "keras_psdist.integration.one_device_steps:built_when_traced",
+        "Under any strategy Keras builds the model symbolically before `fit` "
+        "and raises when it cannot (a model with no `call`, as keras-io's "
+        "GAN); one device builds it in the traced step, where a keras_psdist "
+        "strategy can create variables too. Retired by Keras deferring the "
+        "build to the step for strategies that create variables there.",
+        "The failure is raised by `fit` before the strategy's first hook "
+        "runs; no strategy hook is asked whether it can build in the step.",
+    ),
+    Patch(
+        "keras.src.losses.loss:scale_loss_for_distribution",
+        "keras_psdist.integration.one_device_steps:scaled_in_replicas_only",
+        "Keras divides a loss by the replica count whenever a strategy's "
+        "scope is active, also outside `strategy.run`, where no replicas sum "
+        "the gradient: a training loop from scratch under the scope would "
+        "train at 1/n the step. Retired by Keras scaling only in a replica "
+        "context.",
+        "Keras calls it from `Loss.__call__` by name; the strategy is not "
+        "asked, and a cross-replica step has no hook of its own.",
+    ),
+    Patch(
+        "keras.src.losses.loss:unscale_loss_for_distribution",
+        "keras_psdist.integration.one_device_steps:scaled_in_replicas_only",
+        "Its inverse, for the logged loss: as above.",
+        "As above.",
     ),
     Patch(
         "keras.src.trainers.trainer:Trainer.compile",

@@ -353,6 +353,8 @@ def _materialize_initial_value(kwargs: dict[str, Any]):
     if callable(initial_value):
         with tf.init_scope(), tf.device("/device:CPU:0"):
             initial_value = initial_value()
+    elif tf.is_symbolic_tensor(initial_value) and tf.executing_eagerly():
+        initial_value = _lifted(initial_value, kwargs.get("name"))
     value = getattr(initial_value, "wrapped_value", initial_value)
     if shape is None:
         shape = getattr(value, "shape", None)
@@ -362,3 +364,20 @@ def _materialize_initial_value(kwargs: dict[str, Any]):
     if dtype is None:
         dtype = getattr(value, "dtype", None) or tf.convert_to_tensor(value).dtype
     return initial_value, tf.TensorShape(shape), tf.as_dtype(dtype).base_dtype
+
+
+def _lifted(tensor: tf.Tensor, name: str | None) -> tf.Tensor:
+    """The value of a tensor of a traced step's graph, given as the initial
+    value of a variable created in that step (which is made eagerly, outside
+    it): its constant value, as `tf.function` lifts such an initializer."""
+    value = tf.get_static_value(tensor)
+    if value is None:
+        raise ValueError(
+            f"Variable {name or 'Variable'!r} is first created inside a traced "
+            f"step with an initial value computed from the step's inputs "
+            f"({tensor!r}); a variable is made once, outside the step, so its "
+            "initial value must not depend on them. Pass a callable (as Keras's "
+            "`add_weight` does) or a value known before the step, or create the "
+            "variable before the first step."
+        )
+    return tf.constant(value, dtype=tensor.dtype)

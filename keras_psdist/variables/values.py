@@ -26,7 +26,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from keras_psdist._tf import device_util, distribute_lib, ps_values, values
+from keras_psdist._tf import (
+    device_util,
+    distribute_lib,
+    ps_values,
+    values,
+    values_util,
+)
 from keras_psdist.variables import narrow_reads
 from keras_psdist.variables.staged_merge import in_replica_control_flow
 
@@ -146,6 +152,16 @@ class ReplicatedVariable(values.MirroredVariable):
     # takes no `copy`.
     def __array__(self, dtype=None, copy=None):
         return np.asarray(self.numpy(), dtype=dtype)
+
+    @property
+    def handle(self):
+        # Outside a replica (a step called under the scope, not through
+        # `strategy.run`) the copies are equal, so the first is the variable,
+        # as on one device; a gradient taken there is applied to every copy by
+        # `update`. TF's `MirroredVariable` raises instead.
+        if values_util.get_current_replica_id_as_int() is None:
+            return self._primary.handle
+        return super().handle
 
 
 class ReplicaLocalVariable(values.SyncOnReadVariable):

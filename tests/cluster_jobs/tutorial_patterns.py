@@ -66,11 +66,19 @@ class CustomLoop:
     """The tutorial's custom loop: a model and an optimizer made under the
     scope, a replica step whose loss is scaled by the global batch size."""
 
-    def __init__(self, strategy, learning_rate: float = 0.1):
+    def __init__(self, strategy, learning_rate: float = 0.1, lazy: bool = False):
         self.strategy = strategy
         with strategy.scope():
-            self.model = mlp()
-            self.optimizer = keras.optimizers.SGD(learning_rate)
+            if lazy:
+                # As the tutorial: no `Input`, an Adam not yet built.
+                keras.utils.set_random_seed(0)
+                self.model = keras.Sequential(
+                    [keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)]
+                )
+                self.optimizer = keras.optimizers.Adam(learning_rate / 10)
+            else:
+                self.model = mlp()
+                self.optimizer = keras.optimizers.SGD(learning_rate)
 
     def replica_step(self, inputs):
         x, y = inputs
@@ -416,8 +424,10 @@ def custom_train_step(make_strategy):
 
 
 class GAN(keras.Model):
-    """Keras's DCGAN example, small: a discriminator and a generator, each
-    with its own optimizer, trained in one `train_step`."""
+    """Keras's "Customizing what happens in `fit()`" GAN, small, as written
+    there: the model has no `call` (Keras builds it in the traced step, as
+    one device does) and neither optimizer is built before its first
+    `apply_gradients`, inside the step."""
 
     def __init__(self, latent_dim: int = 4):
         super().__init__()
@@ -439,28 +449,25 @@ class GAN(keras.Model):
         self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
         self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
         self.seed_generator = keras.random.SeedGenerator(1)
-        # Its parts are built; it has no `call` of its own to build it by.
-        self.built = True
 
     def compile(self, d_optimizer, g_optimizer):
         super().compile()
         self.d_optimizer = d_optimizer
         self.g_optimizer = g_optimizer
-        # `fit` builds only `self.optimizer`: these two are built here, under
-        # the scope, as any strategy needs (MirroredStrategy fails too if
-        # they build themselves inside the step).
-        d_optimizer.build(self.discriminator.trainable_variables)
-        g_optimizer.build(self.generator.trainable_variables)
         self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
 
     @property
     def metrics(self):
         return [self.d_loss_tracker, self.g_loss_tracker]
 
+    def noise(self, real):
+        return keras.random.normal(
+            (tf.shape(real)[0], self.latent_dim), seed=self.seed_generator
+        )
+
     def train_step(self, real):
         batch = tf.shape(real)[0]
-        noise = keras.random.normal((batch, self.latent_dim), seed=self.seed_generator)
-        fake = self.generator(noise)
+        fake = self.generator(self.noise(real))
         combined = tf.concat([fake, real], axis=0)
         labels = tf.concat([tf.ones((batch, 1)), tf.zeros((batch, 1))], axis=0)
         with tf.GradientTape() as tape:
@@ -469,10 +476,10 @@ class GAN(keras.Model):
         self.d_optimizer.apply_gradients(
             zip(grads, self.discriminator.trainable_weights, strict=True)
         )
-        noise = keras.random.normal((batch, self.latent_dim), seed=self.seed_generator)
         with tf.GradientTape() as tape:
             g_loss = self.loss_fn(
-                tf.zeros((batch, 1)), self.discriminator(self.generator(noise))
+                tf.zeros((batch, 1)),
+                self.discriminator(self.generator(self.noise(real))),
             )
         grads = tape.gradient(g_loss, self.generator.trainable_weights)
         self.g_optimizer.apply_gradients(
@@ -486,30 +493,175 @@ class GAN(keras.Model):
         }
 
 
-def gan_two_optimizers(make_strategy):
-    """The GAN trains under `fit`: each optimizer steps once per batch and
-    updates only its own model's variables."""
-    strategy = make_strategy()
-    real = np.random.default_rng(0).normal(loc=[2.0, -1.0], size=(128, 2))
+class ExampleNoiseGAN(GAN):
+    """The GAN with its noise a function of each example (not drawn per
+    replica), so that its training can equal one device's."""
+
+    def noise(self, real):
+        return tf.tile(real, [1, self.latent_dim // 2]) * 0.5
+
+
+def _train_gan(strategy, gan_class, real, epochs=3):
     with strategy.scope():
         keras.utils.set_random_seed(0)
-        gan = GAN()
+        gan = gan_class()
         gan.compile(
             d_optimizer=keras.optimizers.Adam(0.01),
             g_optimizer=keras.optimizers.Adam(0.01),
         )
-    g_before = weights(gan.generator)
-    d_before = weights(gan.discriminator)
-    history = gan.fit(real.astype(np.float32), batch_size=32, epochs=3, verbose=0)
+    history = gan.fit(real, batch_size=32, epochs=epochs, verbose=0)
+    return gan, history
+
+
+def gan_two_optimizers(make_strategy):
+    """The GAN trains under `fit`, its model and both optimizers built in
+    the first step: each optimizer steps once per batch and updates only its
+    own model's variables."""
+    strategy = make_strategy()
+    real = np.random.default_rng(0).normal(loc=[2.0, -1.0], size=(128, 2))
+    real = real.astype(np.float32)
+    gan, history = _train_gan(strategy, GAN, real)
     assert int(gan.d_optimizer.iterations.numpy()) == 12
     assert int(gan.g_optimizer.iterations.numpy()) == 12
     for name in ("d_loss", "g_loss"):
         assert np.all(np.isfinite(history.history[name])), history.history
+    default = tf.distribute.get_strategy()
+    with default.scope():
+        keras.utils.set_random_seed(0)
+        untrained = GAN()
     for before, after in (
-        (g_before, weights(gan.generator)),
-        (d_before, weights(gan.discriminator)),
+        (weights(untrained.generator), weights(gan.generator)),
+        (weights(untrained.discriminator), weights(gan.discriminator)),
     ):
         assert any(not np.allclose(b, a) for b, a in zip(before, after, strict=True))
+
+
+def gan_built_in_the_step_equals_one_device(make_strategy):
+    """The same GAN, its noise made from the examples: the discriminator's
+    and generator's weights and both optimizers' variables equal one
+    device's after 3 epochs."""
+    real = np.random.default_rng(0).normal(loc=[2.0, -1.0], size=(128, 2))
+    real = real.astype(np.float32)
+    gan, _ = _train_gan(make_strategy(), ExampleNoiseGAN, real)
+    reference, _ = _train_gan(tf.distribute.get_strategy(), ExampleNoiseGAN, real)
+    assert_close(weights(gan), weights(reference), "GAN weights after 3 epochs")
+    for optimizer in ("d_optimizer", "g_optimizer"):
+        assert_close(
+            [np.asarray(v) for v in getattr(gan, optimizer).variables],
+            [np.asarray(v) for v in getattr(reference, optimizer).variables],
+            f"{optimizer} variables",
+        )
+
+
+def lazy_model_custom_loop(make_strategy):
+    """TensorFlow's "Custom training with tf.distribute.Strategy" as written
+    there: the model has no `Input` and the optimizer (Adam) is not built, so
+    both are built by the first `strategy.run` of the traced step. After 2
+    epochs the weights and Adam's moments equal one device's."""
+    strategy = make_strategy()
+    loop = CustomLoop(strategy, lazy=True)
+    step = tf.function(loop.distributed_step)
+    dist_dataset = strategy.experimental_distribute_dataset(dataset())
+    for _ in range(2):
+        for inputs in dist_dataset:
+            step(inputs)
+    reference = CustomLoop(tf.distribute.get_strategy(), lazy=True)
+    reference_step = tf.function(reference.replica_step)
+    for _ in range(2):
+        for inputs in dataset():
+            reference_step(inputs)
+    assert_close(weights(loop.model), weights(reference.model), "weights")
+    assert_close(
+        [np.asarray(v) for v in loop.optimizer.variables],
+        [np.asarray(v) for v in reference.optimizer.variables],
+        "Adam's variables",
+    )
+
+
+def _loop_from_scratch(strategy, call):
+    """Keras's "Writing a training loop from scratch" (TensorFlow): model,
+    optimizer, loss and metric made under the scope, a `tf.function`
+    `train_step(x, y)` that calls `optimizer.apply` (Adam, built by it).
+    `call` runs the loop: returns the weights, Adam's variables and the
+    metric's result."""
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = mlp()
+        optimizer = keras.optimizers.Adam(learning_rate=0.01)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        train_acc_metric = keras.metrics.SparseCategoricalAccuracy()
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss_value = loss_fn(y, logits)
+        grads = tape.gradient(loss_value, model.trainable_weights)
+        optimizer.apply(grads, model.trainable_weights)
+        train_acc_metric.update_state(y, logits)
+        return loss_value
+
+    call(train_step)
+    return (
+        weights(model),
+        [np.asarray(v) for v in optimizer.variables],
+        float(train_acc_metric.result()),
+    )
+
+
+def _compare_loop_from_scratch(strategy, call):
+    # Whole global batches of 16 (the guide's batches), 2 epochs.
+    actual = _loop_from_scratch(strategy, call)
+    expected = _loop_from_scratch(
+        tf.distribute.get_strategy(),
+        lambda step: [step(x, y) for _ in range(2) for x, y in dataset()],
+    )
+    assert_close(actual[0], expected[0], "weights")
+    assert_close(actual[1], expected[1], "Adam's variables")
+    assert abs(actual[2] - expected[2]) < 1e-6, (actual[2], expected[2])
+
+
+def loop_from_scratch_distributed(make_strategy):
+    """The guide's `train_step` run by `strategy.run` on the distributed
+    dataset: weights, Adam's variables and the accuracy metric equal one
+    device's on the whole batches."""
+    strategy = make_strategy()
+    dist_dataset = strategy.experimental_distribute_dataset(dataset())
+
+    def call(train_step):
+        @tf.function
+        def distributed_step(inputs):
+            return strategy.run(train_step.python_function, args=inputs)
+
+        for _ in range(2):
+            for inputs in dist_dataset:
+                distributed_step(inputs)
+
+    _compare_loop_from_scratch(strategy, call)
+
+
+def loop_from_scratch_outside_the_scope(make_strategy):
+    """The guide's loop unchanged, model and optimizer made under the scope
+    and `train_step(x, y)` called outside it, not through `strategy.run`:
+    it trains as on one device (Adam builds its slots there)."""
+    _compare_loop_from_scratch(
+        make_strategy(),
+        lambda step: [step(x, y) for _ in range(2) for x, y in dataset()],
+    )
+
+
+def loop_from_scratch_inside_the_scope(make_strategy):
+    """The same loop called inside the scope, where Keras would divide the
+    loss by the replica count though no replicas sum it: one device's step."""
+    strategy = make_strategy()
+
+    def call(train_step):
+        with strategy.scope():
+            for _ in range(2):
+                for x, y in dataset():
+                    train_step(x, y)
+
+    _compare_loop_from_scratch(strategy, call)
 
 
 def fit_with_steps_per_epoch(make_strategy):
@@ -619,9 +771,29 @@ PATTERNS = {
         datasets_from_function,
         custom_train_step,
         gan_two_optimizers,
+        gan_built_in_the_step_equals_one_device,
+        lazy_model_custom_loop,
+        loop_from_scratch_distributed,
+        loop_from_scratch_outside_the_scope,
+        loop_from_scratch_inside_the_scope,
         fit_with_steps_per_epoch,
         checkpoint_restore_custom_loop,
     )
+}
+
+
+# What TensorFlow 2.21's MirroredStrategy fails (its errors): a variable made
+# in the traced replica step ("You must feed a value for placeholder"), a
+# model with no `call` built before `fit` ("Unable to automatically build
+# the model"), a step outside `strategy.run` ("DistributedVariable.handle is
+# not available outside the replica context").
+MIRRORED_FAILS = {
+    "gan_two_optimizers",
+    "gan_built_in_the_step_equals_one_device",
+    "lazy_model_custom_loop",
+    "loop_from_scratch_distributed",
+    "loop_from_scratch_outside_the_scope",
+    "loop_from_scratch_inside_the_scope",
 }
 
 
