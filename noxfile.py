@@ -8,6 +8,9 @@ so each pair it claims to support is tested here, in its own virtualenv:
     nox -s "suite(tf='2.19')"     # the whole default suite on one pair
     nox -s oldest                 # what `.ci/run` adds: the Keras contract
                                   # tests and one cluster launch, oldest pair
+    nox -s slow                   # the tests marked slow, which CI leaves
+                                  # out (the whole robustness and combination
+                                  # matrices), on the installed pair
 
 The range itself is declared in `setup.cfg` (and checked on import by
 `keras_psdist._tf`); `tests/test_versions.py` keeps this file, the metadata
@@ -76,3 +79,12 @@ def oldest(session):
     session.run(
         "python", "-m", "pytest", "-n", "2", "-m", "not slow", "-q", *OLDEST_TESTS
     )
+
+
+@nox.session(python=False)
+def slow(session):
+    """The tests marked `slow` (the default suite and CI leave them out): the
+    whole robustness matrix of every rule and attack, the combination matrix
+    of every compressor and rule with and without an attack, MirroredStrategy
+    beside ours; in the current environment."""
+    session.run("python", "-m", "pytest", "-n", "2", "-m", "slow", "-q")

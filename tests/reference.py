@@ -398,7 +398,7 @@ def centered_clipping(
     per_replica: Sequence[np.ndarray],
     *,
     f: int = 0,
-    radius: float | str = 1.0,
+    radius: float | str = "auto",
     iterations: int = 3,
     center: Sequence[np.ndarray | None] | None = None,
     report: bool = False,

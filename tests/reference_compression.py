@@ -45,6 +45,21 @@ def top_k(x, ratio):
     return sent, x - sent
 
 
+def leaders_top_k(xs, ratio, step):
+    """Every replica's values at the coordinates of the leader's top-k (the
+    leader of `step` is replica `step mod n`): `(sent, residuals)`, each a
+    list over the replicas."""
+    leader = xs[step % len(xs)].reshape(-1)
+    k = kept_count(ratio, leader.size)
+    keep = np.argsort(-np.abs(leader), kind="stable")[:k]
+    sent = []
+    for x in xs:
+        flat = np.zeros(x.size, x.dtype)
+        flat[keep] = x.reshape(-1)[keep]
+        sent.append(flat.reshape(x.shape))
+    return sent, [x - s for x, s in zip(xs, sent, strict=True)]
+
+
 def random_k(x, indices):
     """The values at `indices` (flat), which the seed draws: the reference
     takes them from the implementation and checks everything else."""

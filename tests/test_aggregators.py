@@ -304,7 +304,8 @@ def _assert_bounded(rule, case, values):
     start from the coordinate-wise median, of norm at most sqrt(d) * M (M the
     honest replicas' largest norm, d the full vector's length). A clipped step
     keeps the honest part within max(|v|, M) and moves at most f * radius / n
-    for the outliers. A Weiszfeld step gives a far (or non-finite) outlier a
+    for the outliers (with `radius="auto"`, the default, the radius is at most
+    the farthest honest replica's distance, |v| + M). A Weiszfeld step gives a far (or non-finite) outlier a
     pull of at most f / (n - f) = rho of the honest one's reach |z| + M, so
     |z'| <= M + rho * (|z| + M), whose fixed point is n / (n - 2f) * M.
     """
@@ -333,9 +334,19 @@ def _assert_bounded(rule, case, values):
     flat = np.concatenate([h.reshape(len(h), -1) for h in honest], axis=1)
     biggest = np.linalg.norm(flat, axis=1).max()
     d = flat.shape[1]
-    clipping = config.get("radius", 1.0) * config.get("iterations", 3) * f / n
     factor = max(math.sqrt(d), n / (n - 2 * f))
-    bound = 1.01 * factor * biggest + clipping + 1e-4  # 1%: float32 round-off
+    radius, iterations = config.get("radius", "auto"), config.get("iterations", 3)
+    if radius == "auto":
+        # The (n - f)-th closest distance is at most the farthest honest
+        # replica's, |v| + M: each iteration grows the bound B to
+        # B + f / n * (B + M).
+        bound = factor * biggest
+        for _ in range(iterations):
+            bound += f / n * (bound + biggest)
+        bound = 1.01 * bound + 1e-4
+    else:
+        clipping = radius * iterations * f / n
+        bound = 1.01 * factor * biggest + clipping + 1e-4  # 1%: float32 round-off
     got = np.linalg.norm(np.concatenate([v.ravel() for v in values]))
     assert got <= bound, f"|output| = {got} > {bound} (honest max norm {biggest})"
 

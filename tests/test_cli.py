@@ -140,14 +140,23 @@ def test_demo_unknown_compressor_exits_2_with_the_registry_error():
     assert "Traceback" not in result.stderr
 
 
-def test_demo_trains_with_compression():
-    result = _run_cli(
-        "demo", "--epochs", "3", "--compression", "top_k(ratio=0.1)", timeout=600
-    )
+def _demo_accuracy(*args: str) -> tuple[float, str]:
+    result = _run_cli("demo", *args, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "compression: TopK(ratio=0.1)" in result.stdout
     match = re.search(r"test accuracy: ([0-9.]+)", result.stdout)
-    assert match and float(match.group(1)) >= 0.7, result.stdout
+    assert match, result.stdout
+    return float(match.group(1)), result.stdout
+
+
+def test_demo_trains_with_compression():
+    """Top-k at 10 % trains as the same demo uncompressed does, within 3
+    points after the same 3 epochs."""
+    compressed, stdout = _demo_accuracy(
+        "--epochs", "3", "--compression", "top_k(ratio=0.1)"
+    )
+    assert "compression: TopK(ratio=0.1)" in stdout
+    uncompressed, _ = _demo_accuracy("--epochs", "3")
+    assert compressed >= uncompressed - 0.03, (compressed, uncompressed)
 
 
 def test_demo_attack_needs_num_byzantine():

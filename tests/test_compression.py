@@ -445,7 +445,7 @@ def test_the_compress_ops_run_on_the_replicas_devices(cpu_devices):
     devices."""
     replicas, reduction_device = cpu_devices[:4], cpu_devices[4]
     reduction = GradientReduction(
-        aggregators.get("trimmed_mean").bind(4, 1),
+        aggregators.get("geometric_median").bind(4, 1),
         None,
         reduction_device,
         4,
@@ -818,16 +818,46 @@ def test_backup_and_restore_resumes_the_residuals(cpu_devices, tmp_path):
 
 
 def test_a_robust_rule_on_compressed_values_matches_its_reference():
-    """The rule sees exactly the decompressed values: trimmed mean over the
-    replicas' top-k."""
+    """The rule sees exactly the decompressed values: the geometric median
+    over each replica's own top-k."""
     arrays, columns = _columns(4, n=5)
-    rule = aggregators.get("trimmed_mean").bind(5, 1)
+    rule = aggregators.get("geometric_median").bind(5, 1)
     compressor = compression.TopK(0.5)
     path = gradients.gradient_path(rule, num_replicas=5, compression=compressor)
     out, _ = path.apply(Replicas(columns, MEAN), path.init(_specs(columns)))
     sent = [np.stack([ref.top_k(a[r], 0.5)[0] for r in range(5)]) for a in arrays]
-    for got, want in zip(out.values, reference.trimmed_mean(sent, f=1), strict=True):
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    for got, want in zip(
+        out.values, reference.geometric_median(sent, f=1), strict=True
+    ):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_coordinatewise_rule_sees_every_replica_at_the_leaders_top_k():
+    """Before the trimmed mean, top-k's coordinates are the step's leader's
+    (replica `step mod n`) for every replica; over three steps each replica
+    keeps the rest in its residual. Equals the numpy reference step by step,
+    residuals included."""
+    n, ratio = 5, 0.25
+    arrays, columns = _columns(4, n=n)
+    rule = aggregators.get("trimmed_mean").bind(n, 1)
+    path = gradients.gradient_path(
+        rule, num_replicas=n, compression=compression.TopK(ratio)
+    )
+    (stage,) = [s for s in path.stages if isinstance(s, gradients.Compression)]
+    assert stage.leader_chooses and stage.kept_only
+    state = path.init(_specs(columns))
+    residuals = [[np.zeros_like(a[r]) for r in range(n)] for a in arrays]
+    for step in range(3):
+        out, state = path.apply(Replicas(columns, MEAN), state)
+        sent = []
+        for v, a in enumerate(arrays):
+            xs = [a[r] + residuals[v][r] for r in range(n)]
+            column, residuals[v] = ref.leaders_top_k(xs, ratio, step)
+            sent.append(np.stack(column))
+        for got, want in zip(
+            out.values, reference.trimmed_mean(sent, f=1), strict=True
+        ):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_sync_queue_layout_carries_a_payload_and_gives_it_back():
@@ -925,12 +955,18 @@ def test_the_strategy_path_runs_on_kept_coordinates_unless_a_stage_keeps_state()
             aggregators.get(rule).bind(5, 1), num_replicas=5, compression=random_k
         )
         assert path.stages[0].kept_only is kept_only, rule
-    top_k = gradients.gradient_path(
+    leaders = gradients.gradient_path(
         aggregators.get("median").bind(5, 1),
         num_replicas=5,
         compression=compression.TopK(0.1),
     )
-    assert top_k.stages[0].kept_only is False  # each replica its own coordinates
+    assert leaders.stages[0].kept_only is True  # the leader's, on every replica
+    own = gradients.gradient_path(
+        aggregators.get("geometric_median").bind(5, 1),
+        num_replicas=5,
+        compression=compression.TopK(0.1),
+    )
+    assert own.stages[0].kept_only is False  # each replica its own coordinates
 
 
 def test_on_kept_coordinates_an_attack_sends_only_there():

@@ -162,7 +162,7 @@ def sparse_ce() -> keras.losses.Loss:
 
 
 def get_weights(model: keras.Model) -> list[np.ndarray]:
-    return [np.array(w) for w in model.get_weights()]
+    return [np.asarray(w) for w in model.get_weights()]
 
 
 def assert_weights_close(actual, expected, rtol, atol):

@@ -96,7 +96,7 @@ def _train_plain(tmp_path, tag):
     )
     model.save(tmp_path / f"{tag}-final.keras")
     return (
-        [np.array(w) for w in model.get_weights()],
+        [np.asarray(w) for w in model.get_weights()],
         history.history["loss"],
         model.predict(ids, verbose=0),
         sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(tag)),

@@ -117,7 +117,7 @@ def compiled(strategy, make_optimizer, initial=None):
 def fit(model, data, epochs=2):
     x, y = data
     model.fit(x, y, batch_size=64, epochs=epochs, shuffle=False, verbose=0)
-    return [np.array(w) for w in model.get_weights()]
+    return [np.asarray(w) for w in model.get_weights()]
 
 
 def assert_same_weights(actual, expected, atol=1e-6):
@@ -390,8 +390,8 @@ def test_checkpoints_restore_into_another_shard_count(
 
     trained = compiled(make(saved), lambda: keras.optimizers.Adam(0.01))
     fit(trained, data, epochs=1)
-    weights = [np.array(w) for w in trained.get_weights()]
-    slots = [np.array(v) for v in trained.optimizer.variables]
+    weights = [np.asarray(w) for w in trained.get_weights()]
+    slots = [np.asarray(v) for v in trained.optimizer.variables]
 
     # Keras weights files (ModelCheckpoint, BackupAndRestore write these).
     trained.save_weights(tmp_path / "w.weights.h5")
@@ -412,7 +412,9 @@ def test_checkpoints_restore_into_another_shard_count(
         path
     ).assert_existing_objects_matched()
     assert_same_weights(model.get_weights(), weights, atol=0)
-    assert_same_weights([np.array(v) for v in model.optimizer.variables], slots, atol=0)
+    assert_same_weights(
+        [np.asarray(v) for v in model.optimizer.variables], slots, atol=0
+    )
     # Training goes on from there.
     fit(model, data, epochs=1)
 

@@ -154,7 +154,11 @@ def test_sync_workers_send_compressed_gradients_to_the_chief(full_sync_run):
         assert {d.split("/device:")[0] for d in then["residual_devices"]} == {
             f"/job:worker/replica:0/task:{worker}"
         }
-        assert then["accuracy"] >= 0.6, then["accuracy"]
+        # Held to the same run uncompressed (its third strategy): 2 epochs of
+        # top-k at 10 % cost some points (measured: 68.0 % against 77.1 %),
+        # and how many gradients each update drops varies from run to run.
+        plain = report["then_uncompressed"]
+        assert then["accuracy"] >= plain["accuracy"] - 0.15, (then, plain)
         # The first run sent its gradients as they are.
         assert report["compression"] is None
 
@@ -530,6 +534,20 @@ def _config(num_workers=3):
         (
             {"attack": {"class_name": "sign_flip", "config": {"replicas": [3]}}},
             "only 3",
+        ),
+        # Each worker's top-k coordinates are its own: a coordinate-wise
+        # rule across workers would train nothing (docs/compression.md).
+        (
+            {"aggregator": "top_k>median", "num_byzantine": 1},
+            "across workers.*random_k",
+        ),
+        (
+            {
+                "aggregator": "nnm>trimmed_mean",
+                "num_byzantine": 1,
+                "compression": "top_k(coordinates='leader')",
+            },
+            "across workers.*random_k",
         ),
     ],
 )

@@ -91,6 +91,10 @@ class Aggregator:
             `c > 0` scales the result by `c` and leaves the report as it is
             (order statistics). `step` then scales the result instead of
             each replica's values, one elementwise pass instead of n.
+        coordinatewise: True when the rule keeps, at each coordinate, values
+            near the middle of the replicas' (median, trimmed mean, Meamed,
+            Bulyan's last step): a coordinate that fewer than half the
+            replicas sent a nonzero value for is 0 there.
         needs_num_byzantine: True when the rule, bound with
             `num_byzantine=0`, defends against nothing: it is then the mean
             (the trimmed mean trims nothing) or leaves the values as they
@@ -104,6 +108,7 @@ class Aggregator:
     report_names: tuple[str, ...] = ()
     per_variable: bool = False
     scale_equivariant: bool = False
+    coordinatewise: bool = False
     needs_num_byzantine: bool = False
     without_num_byzantine: str = ""
 

@@ -61,6 +61,7 @@ class Bulyan(Aggregator):
         Distributed Learning in Byzantium", ICML 2018.
     """
 
+    coordinatewise = True
     needs_num_byzantine = True
     without_num_byzantine = (
         "selects and keeps every replica: it is the plain mean, and defends "

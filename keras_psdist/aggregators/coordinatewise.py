@@ -241,6 +241,7 @@ class OrderStatisticsMean(Aggregator):
     report_names = (REPORT_NAME,)
     # Order statistics commute with a positive scale; so does the report.
     scale_equivariant = True
+    coordinatewise = True
 
     def __init__(self, num_byzantine: int | None = None, jit_compile: bool = True):
         super().__init__(num_byzantine)

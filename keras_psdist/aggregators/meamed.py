@@ -63,6 +63,7 @@ class MeanAroundMedian(Aggregator):
         (mean around median); ByzFL's `Meamed` (LPD-EPFL/byzfl).
     """
 
+    coordinatewise = True
     needs_num_byzantine = True
     without_num_byzantine = (
         "keeps every value: it is the plain mean, and defends against no faulty replica"

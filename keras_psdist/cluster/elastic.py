@@ -286,7 +286,7 @@ class MembershipWatcher:
         while not self._stop.wait(self._every):
             try:
                 self.look()
-            except Exception as e:  # noqa: BLE001 - a dead ps is reported elsewhere
+            except tf.errors.OpError as e:  # a dead ps is reported elsewhere
                 logging.warning("keras_psdist membership check failed: %s", e)
 
     def look(self) -> list[int]:

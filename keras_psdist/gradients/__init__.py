@@ -28,6 +28,7 @@ from keras_psdist.gradients.attack import Attacked
 from keras_psdist.gradients.compression import Compression
 from keras_psdist.gradients.momentum import Momentum
 from keras_psdist.gradients.path import (
+    check_compression_across_workers,
     configure,
     configure_compression,
     gradient_path,
@@ -48,6 +49,7 @@ __all__ = [
     "Transform",
     "chain",
     "configure",
+    "check_compression_across_workers",
     "configure_compression",
     "gradient_path",
     "is_plain_mean",

@@ -85,19 +85,27 @@ class Compression(Stage):
         num_replicas: int,
         devices: Sequence[str] | None = None,
         kept_only: bool = False,
+        shared_coordinates: bool = False,
     ):
         self.compressor = compressor
         self.num_replicas = num_replicas
         self.devices = None if devices is None else tuple(devices)
-        # Random-k: hand the stages after this one the kept coordinates
-        # only (see `KeptCoordinates`).
-        self.kept_only = kept_only and isinstance(compressor, RandomK)
+        # Top-k with the leader's coordinates: every replica sends those the
+        # leader of the step chose (its turn comes with the step counter).
+        self.leader_chooses = shared_coordinates and num_replicas > 1
+        # Random-k, or top-k with the leader's coordinates: hand the stages
+        # after this one the kept coordinates only (see `KeptCoordinates`).
+        self.kept_only = kept_only and (
+            isinstance(compressor, RandomK) or self.leader_chooses
+        )
+        # The step counter: random-k's draw, top-k's leader.
+        self.counts_steps = compressor.uses_step or self.leader_chooses
         # A stateless compressor's result per variable depends on that
         # variable alone.
         self.per_variable = not compressor.stateful
 
     def init(self, specs: Sequence[tf.TensorSpec]) -> CompressionState:
-        step = tf.zeros([], tf.int64) if self.compressor.uses_step else ()
+        step = tf.zeros([], tf.int64) if self.counts_steps else ()
         residuals = []
         for spec in specs:
             column = ()
@@ -129,7 +137,7 @@ class Compression(Stage):
         state = CompressionState(*state)
         out, residuals = self._compress(replicas, state.step, state.residuals)
         step = state.step
-        if self.compressor.uses_step:
+        if self.counts_steps:
             step = step + 1
         return out, CompressionState(step, residuals)
 
@@ -142,7 +150,7 @@ class Compression(Stage):
     ) -> Replicas:
         variables = CompressionState(*variables)
         step = variables.step
-        if self.compressor.uses_step:
+        if self.counts_steps:
             step = step.read_value()
         # Each residual read and written on its replica's device.
         residuals = []
@@ -162,7 +170,7 @@ class Compression(Stage):
                         tf.nest.flatten(kept), tf.nest.flatten(value), strict=True
                     ):
                         var.assign(part)
-        if self.compressor.uses_step:
+        if self.counts_steps:
             variables.step.assign_add(1)
         return out
 
@@ -181,12 +189,20 @@ class Compression(Stage):
                 blocks.append(None)
                 continue
             sent, column_new = [], []
+            encode = self._leaders_coordinates(column, scale, kept, step)
             for r, value in enumerate(column):
                 with self._on(r):
-                    x = value * tf.cast(scale, value.dtype) if scale != 1.0 else value
-                    payload, residual = self.compressor.compress(
-                        x, kept[r] if kept else (), step, key=v
-                    )
+                    if encode is not None:
+                        payload, residual = encode(r)
+                    else:
+                        x = (
+                            value * tf.cast(scale, value.dtype)
+                            if scale != 1.0
+                            else value
+                        )
+                        payload, residual = self.compressor.compress(
+                            x, kept[r] if kept else (), step, key=v
+                        )
                     if kept and replicas.shares is not None:
                         # A replica without data keeps its state.
                         has_data = replicas.shares[r] > 0
@@ -214,6 +230,32 @@ class Compression(Stage):
         if self.kept_only:
             replicas = _dense_with_kept(replicas, blocks)
         return replicas, tuple(new)
+
+    def _leaders_coordinates(self, column, scale, kept, step):
+        """With the leader's coordinates: `encode(r) -> (payload, residual)`
+        of replica r at the coordinates the step's leader (replica `step mod
+        n`) chose from its own `g + e`; else None.
+
+        Each replica proposes its top-k on its own device; only the k
+        indices cross (n * k int32), the leader's are picked by the step
+        counter, and each replica sends its values at them."""
+        if not self.leader_chooses:
+            return None
+        xs, proposals = [], []
+        for r, value in enumerate(column):
+            with self._on(r):
+                x = value * tf.cast(scale, value.dtype) if scale != 1.0 else value
+                x = x + tf.cast(kept[r], x.dtype)
+                xs.append(x)
+                proposals.append(self.compressor.choose(x))
+        leader = tf.cast(step % self.num_replicas, tf.int32)
+        indices = tf.gather(tf.stack(proposals), leader)
+
+        def encode(r):
+            payload = self.compressor.encode_at(xs[r], indices)
+            return payload, self.compressor.residual(xs[r], payload)
+
+        return encode
 
     def _compresses(self, value, has_residual):
         if is_sparse(value):

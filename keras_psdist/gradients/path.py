@@ -156,15 +156,74 @@ def gradient_path(
     after: list[Stage] = [Attacked(attack)] if attack is not None else []
     after.extend(stages_of(aggregator))
     if compression is not None:
-        # Random-k's kept coordinates are the same on every replica: the
-        # stages after it run on them alone, unless one keeps state per
-        # coordinate (its state has the variable's shape).
+        # Random-k's kept coordinates, and top-k's under a leader, are the
+        # same on every replica: the stages after it run on them alone,
+        # unless one keeps state per coordinate (its state has the
+        # variable's shape).
         kept_only = all(_keeps_no_state(stage) for stage in after)
         stages.append(
-            Compression(compression, num_replicas, compute_devices, kept_only)
+            Compression(
+                compression,
+                num_replicas,
+                compute_devices,
+                kept_only,
+                shared_coordinates=_shares_coordinates(compression, aggregator),
+            )
         )
     stages.extend(after)
     return chain(*stages)
+
+
+def _shares_coordinates(compression: Compressor, aggregator: Aggregator) -> bool:
+    """Whether every replica sends the same coordinates chosen by a leader
+    (top-k's `coordinates`, see `TopK`): `"auto"` before a coordinate-wise
+    rule.
+
+    Raises:
+        ValueError: for top-k's own coordinates before a coordinate-wise
+            rule, which then trains nothing.
+    """
+    shares = getattr(compression, "shares_coordinates", None)
+    if shares is None:
+        return False
+    rule = aggregator
+    while getattr(rule, "pre_aggregation", False):
+        rule = rule.aggregator
+    shared = shares(coordinatewise=rule.coordinatewise)
+    if not shared and rule.coordinatewise and (aggregator.num_replicas or 0) > 1:
+        raise ValueError(
+            f"compression={compression!r} keeps each replica's own largest "
+            f"coordinates, and the coordinate-wise rule {rule.name!r} returns 0 "
+            "wherever fewer than half the replicas kept a coordinate, so nothing "
+            "trains. Let the replicas send the same coordinates: "
+            f"top_k(ratio={compression.ratio}, coordinates='leader') (what "
+            "'auto', the default, chooses before such a rule), or random_k."
+        )
+    return shared
+
+
+def check_compression_across_workers(
+    compression: Compressor | None, aggregator: Aggregator
+) -> None:
+    """Raises `ValueError` for top-k before a coordinate-wise rule across
+    worker processes (`SyncReplicaStrategy`'s chief): each worker compresses
+    its gradient alone, so its coordinates are its own, and the rule returns
+    0 wherever fewer than half the workers kept a coordinate."""
+    if getattr(compression, "shares_coordinates", None) is None:
+        return
+    rule = aggregator
+    while getattr(rule, "pre_aggregation", False):
+        rule = rule.aggregator
+    if rule.coordinatewise and (aggregator.num_replicas or 0) > 1:
+        raise ValueError(
+            f"compression={compression!r} before the coordinate-wise rule "
+            f"{rule.name!r} across workers: each worker compresses its gradient "
+            "alone, so its top-k coordinates are its own, and the rule returns 0 "
+            "wherever fewer than half the workers kept a coordinate, so nothing "
+            "trains. Use random_k (every worker draws the same coordinates from "
+            "the seed and the step), or a rule that averages, such as "
+            "geometric_median or centered_clipping."
+        )
 
 
 def _keeps_no_state(stage: Stage) -> bool:

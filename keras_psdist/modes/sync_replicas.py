@@ -12,7 +12,7 @@ import functools
 import os
 from typing import Any
 
-from keras_psdist import membership
+from keras_psdist import gradients, membership
 from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.aggregators.mean import Mean
 from keras_psdist.cluster import runtime, task_loss
@@ -106,7 +106,9 @@ class SyncReplicasMode(BetweenGraphMode):
         super().validate()
         # Bound and resolved now, before connecting: a rule or attack that
         # cannot run fails at once.
-        self.aggregation  # noqa: B018
+        gradients.check_compression_across_workers(
+            self.arguments.compression, self.aggregation.rule
+        )
         self.attack  # noqa: B018
 
     @functools.cached_property

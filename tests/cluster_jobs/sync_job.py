@@ -110,6 +110,13 @@ def main(out_dir, config):
         then_dir = os.path.join(out_dir, "then")
         os.makedirs(then_dir, exist_ok=True)
         report["then"], _, _ = _train(then_dir, config["then"])
+        if config["then"].get("compression") is not None:
+            # The same run uncompressed, what the compressed one is held to.
+            plain_dir = os.path.join(out_dir, "then_uncompressed")
+            os.makedirs(plain_dir, exist_ok=True)
+            report["then_uncompressed"], _, _ = _train(
+                plain_dir, {**config["then"], "compression": None}
+            )
         report["first_counts_after_then"] = _listed(
             strategy.extended.sync_training.counts()
         )

@@ -1,0 +1,159 @@
+"""The combination matrix: every compressor with every rule and
+pre-aggregation, without and under an attack, and the axes that multiply.
+
+What it measures
+----------------
+For each cell of `keras_psdist.testing.combinations` (a compressor or none,
+an aggregator id from the registry, no attack or one replica of 7 sending
+-10 times its gradient, `num_byzantine=1`): one training run on digits
+(MLP 64-32-10, SGD 0.3, 8 epochs, global batch 112 over 7 logical CPU
+replicas) and its held-out accuracy, or the error that refused it when the
+strategy was built. Each cell is compared with its rule uncompressed under
+the same attack: "trains" within 3 points, "slower" above halfway from
+chance to it, else "FAILS" (`combinations.verdict`). Then each compressor with a robust rule
+(`trimmed_mean`) under the attack, on the axes that multiply: variables
+partitioned over two parameter devices, `dense="all_reduce"`,
+`jit_compile=True`, `mixed_float16`.
+
+How to run
+----------
+From the repository root::
+
+    python benchmarks/combinations.py          # ~15 min on 2 cores
+
+It writes ``benchmarks/results/combinations.json`` and replaces the
+generated block of ``docs/compression.md``. ``tests/test_combinations.py``
+runs every compressor with a rule of each kind and top-k with every rule in
+the default suite, the whole matrix in ``nox -s slow``: no cell may fail.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import harness
+from harness import REPO_ROOT
+from harness import log as _log
+
+harness.prepare_tensorflow()
+harness.ensure_importable()
+
+from keras_psdist.devices import split_host_cpu  # noqa: E402
+
+split_host_cpu(8)
+
+from keras_psdist.testing import combinations as c  # noqa: E402
+
+DOC = REPO_ROOT / "docs" / "compression.md"
+BEGIN = "<!-- BEGIN GENERATED: benchmarks/combinations.py -->"
+END = "<!-- END GENERATED: benchmarks/combinations.py -->"
+
+
+def main(argv=None) -> int:
+    parser = harness.BenchmarkParser(__doc__.split("\n")[0], name="combinations")
+    parser.add_argument(
+        "--configurations", type=harness.name_list(c.CONFIGURATIONS, "aggregator")
+    )
+    parser.add_argument(
+        "--compressors", type=harness.name_list(c.COMPRESSORS, "compressor")
+    )
+    parser.add_argument("--output", default=str(DOC))
+    args = parser.parse_args(argv)
+    configurations = args.configurations or list(c.CONFIGURATIONS)
+    compressors = args.compressors or list(c.COMPRESSORS)
+    data = c.digits(args.seed)
+    cells, rows = [], []
+    for attack in c.ATTACKS:
+        for configuration in configurations:
+            reference = c.run_cell("none", configuration, attack, data=data)
+            cells.append(reference)
+            row = {"attack": attack, "rule": configuration, "none": _fmt(reference)}
+            for compressor in compressors:
+                if compressor == "none":
+                    continue
+                cell = c.run_cell(compressor, configuration, attack, data=data)
+                cell_verdict = c.verdict(cell, reference)
+                cells.append(cell)
+                row[compressor] = (
+                    f"{_fmt(cell)} {'' if cell_verdict == 'trains' else cell_verdict}".strip()
+                )
+                _log(
+                    f"{cell.key}: {_fmt(cell)} ({cell_verdict}; {reference.accuracy:.3f} uncompressed)"
+                )
+            rows.append(row)
+    table = harness.markdown_table(rows, ["attack", "rule", *compressors])
+    axes_rows = []
+    for label, kwargs in c.EXTRA_AXES.items():
+        reference = c.run_cell(
+            "none", "trimmed_mean", "scale_-10", data=data, extra=label, **kwargs
+        )
+        cells.append(reference)
+        row = {"axis": label, "none": _fmt(reference)}
+        for compressor in compressors:
+            if compressor == "none":
+                continue
+            cell = c.run_cell(
+                compressor,
+                "trimmed_mean",
+                "scale_-10",
+                data=data,
+                extra=label,
+                **kwargs,
+            )
+            cells.append(cell)
+            cell_verdict = c.verdict(cell, reference)
+            row[compressor] = (
+                f"{_fmt(cell)} {'' if cell_verdict == 'trains' else cell_verdict}".strip()
+            )
+            _log(f"{cell.key}: {_fmt(cell)} ({cell_verdict})")
+        axes_rows.append(row)
+    axes = harness.markdown_table(axes_rows, ["axis", *compressors])
+    print(table)
+    print()
+    print(axes)
+    harness.write_results(
+        args.json,
+        {"cells": [vars(cell) for cell in cells], "epochs": c.EPOCHS},
+    )
+    if args.configurations is None and args.compressors is None:
+        _replace_block(Path(args.output), table, axes)
+    return 0
+
+
+def _fmt(cell: c.Cell) -> str:
+    if cell.refused is not None:
+        return "refused"
+    return f"{100 * cell.accuracy:.1f}"
+
+
+def _replace_block(path: Path, table: str, axes: str) -> None:
+    text = path.read_text()
+    block = (
+        f"{BEGIN}\n\n"
+        "Held-out accuracy (%) on digits after 8 epochs, 7 replicas, "
+        "`num_byzantine=1`; `scale_-10`: replica 6 sends -10 times its "
+        "gradient; `top_k` and `random_k` send 10 % of the coordinates. "
+        "Beside a number, `slower`: more than 3 points below the rule "
+        "uncompressed (column `none`) but above halfway from chance (10 %) "
+        "to it; `FAILS`: below that; `refused`: the "
+        "strategy refuses the pair when it is built. "
+        "(`python benchmarks/combinations.py`, "
+        "`benchmarks/results/combinations.json`.)\n\n"
+        f"{table}\n\n"
+        "The axes that multiply, each compressor with `trimmed_mean` under the "
+        "attack:\n\n"
+        f"{axes}\n\n{END}"
+    )
+    if BEGIN in text:
+        text = re.sub(
+            re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S
+        )
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
