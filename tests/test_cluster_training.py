@@ -233,6 +233,22 @@ def test_async_workers_share_the_variables_on_the_ps(async_run):
     assert max(steps) < last <= sum(steps)
 
 
+@pytest.mark.xdist_group("between_graph_cluster")
+def test_async_workers_build_a_lazy_model_in_the_traced_step_on_the_ps(async_run):
+    """TensorFlow's custom-training tutorial with its model and Adam built by
+    the first traced step, in each worker process: each variable is made
+    once, on the ps task, shared by both workers (their Adam's step count
+    carries the other's steps), and the loss goes down."""
+    reports, _, _ = async_run
+    loops = [reports[w]["lazy_loop"] for w in ("worker:0", "worker:1")]
+    for loop in loops:
+        # 2 kernels, 2 biases, Adam's 2 slots of each and its 2 counters.
+        assert loop["created"] >= 4 + 8, loop
+        assert loop["devices"] == ["/job:ps/replica:0/task:0/device:CPU:0"], loop
+        assert loop["losses"][-1] < loop["losses"][0], loop["losses"]
+    assert max(loop["iterations"] for loop in loops) > len(loops[0]["losses"])
+
+
 @pytest.mark.hosts
 @pytest.mark.xdist_group("between_graph_cluster")
 def test_async_ran_every_task_on_a_host_of_its_own(async_run):

@@ -14,7 +14,9 @@ over the ps tasks (`EMBEDDING_PARTITIONER`), and writes
 global batches smaller than the replica count (`OUT_DIR/zoo_weights.npz`),
 trains a small model with `jit_compile=True` and without (the report's
 `xla_max_weight_difference`), and runs every pattern of `tutorial_patterns` (the report's
-`tutorial_patterns`).
+`tutorial_patterns`). Between graphs, each worker then runs a custom loop
+whose model and optimizer are built by its first traced step (the report's
+`lazy_loop`).
 With `then_partial_batches` the script then runs `partial_batches_job`'s
 async and sync runs, writing into `OUT_DIR/partial_batches`.
 """
@@ -29,6 +31,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import layer_zoo  # noqa: E402  (this directory: sys.path[0] or conftest.py)
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 EPOCHS = 8
 BATCH_SIZE = 60
@@ -183,6 +186,8 @@ def main(out_dir, mode, seed=0):
         "jit_compile": model.jit_compile,
         "xla_traced_replicas": len(xla_traces),
     }
+    if topology.mode == "between-graph":
+        report["lazy_loop"] = lazy_custom_loop(strategy)
     if topology.mode == "in-graph":
         np.savez(
             os.path.join(out_dir, "weights.npz"), *[w.numpy() for w in model.weights]
@@ -214,6 +219,56 @@ def main(out_dir, mode, seed=0):
     with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
         json.dump(report, f)
     print(f"{task}: accuracy {accuracy:.3f} after {report['steps']} steps")
+
+
+def lazy_custom_loop(strategy) -> dict:
+    """TensorFlow's custom-training tutorial with its model and Adam built by
+    the first traced step (no `Input`, optimizer not built): where each of
+    their variables lives, the steps' losses, and the shared optimizer's
+    step count."""
+    before = {p.name for p in strategy.extended.placement.variables}
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)]
+        )
+        optimizer = keras.optimizers.Adam(0.01)
+    x, y = digits()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=None
+    )
+
+    def replica_step(inputs):
+        xb, yb = inputs
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(
+                loss_fn(yb, model(xb, training=True)), global_batch_size=64
+            )
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def step(inputs):
+        losses = strategy.run(replica_step, args=(inputs,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x[:1280], y[:1280])).batch(64)
+    )
+    losses = [float(step(inputs)) for inputs in dataset]  # 20 steps
+    return {
+        "devices": sorted(
+            {
+                p.device
+                for p in strategy.extended.placement.variables
+                if p.name not in before
+            }
+        ),
+        "created": len(strategy.extended.placement.variables) - len(before),
+        "losses": losses,
+        "iterations": int(optimizer.iterations.numpy()),
+    }
 
 
 def count_xla_traces() -> list:
