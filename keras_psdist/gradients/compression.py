@@ -195,13 +195,8 @@ class Compression(Stage):
                     if encode is not None:
                         payload, residual = encode(r)
                     else:
-                        x = (
-                            value * tf.cast(scale, value.dtype)
-                            if scale != 1.0
-                            else value
-                        )
                         payload, residual = self.compressor.compress(
-                            x, kept[r] if kept else (), step, key=v
+                            _times(value, scale), kept[r] if kept else (), step, key=v
                         )
                     if kept and replicas.shares is not None:
                         # A replica without data keeps its state.
@@ -244,7 +239,7 @@ class Compression(Stage):
         xs, proposals = [], []
         for r, value in enumerate(column):
             with self._on(r):
-                x = value * tf.cast(scale, value.dtype) if scale != 1.0 else value
+                x = _times(value, scale)
                 x = x + tf.cast(kept[r], x.dtype)
                 xs.append(x)
                 proposals.append(self.compressor.choose(x))

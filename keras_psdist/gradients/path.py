@@ -186,9 +186,7 @@ def _shares_coordinates(compression: Compressor, aggregator: Aggregator) -> bool
     shares = getattr(compression, "shares_coordinates", None)
     if shares is None:
         return False
-    rule = aggregator
-    while getattr(rule, "pre_aggregation", False):
-        rule = rule.aggregator
+    rule = _last_rule(aggregator)
     shared = shares(coordinatewise=rule.coordinatewise)
     if not shared and rule.coordinatewise and (aggregator.num_replicas or 0) > 1:
         raise ValueError(
@@ -211,9 +209,7 @@ def check_compression_across_workers(
     0 wherever fewer than half the workers kept a coordinate."""
     if getattr(compression, "shares_coordinates", None) is None:
         return
-    rule = aggregator
-    while getattr(rule, "pre_aggregation", False):
-        rule = rule.aggregator
+    rule = _last_rule(aggregator)
     if rule.coordinatewise and (aggregator.num_replicas or 0) > 1:
         raise ValueError(
             f"compression={compression!r} before the coordinate-wise rule "
@@ -224,6 +220,13 @@ def check_compression_across_workers(
             "the seed and the step), or a rule that averages, such as "
             "geometric_median or centered_clipping."
         )
+
+
+def _last_rule(aggregator: Aggregator) -> Aggregator:
+    """The rule at the end of `aggregator`'s pre-aggregations."""
+    while getattr(aggregator, "pre_aggregation", False):
+        aggregator = aggregator.aggregator
+    return aggregator
 
 
 def _keeps_no_state(stage: Stage) -> bool:
