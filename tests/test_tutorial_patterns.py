@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import pytest
 import tensorflow as tf
 import tutorial_patterns  # tests/cluster_jobs, see conftest.py
@@ -79,3 +80,37 @@ def test_datasets_from_function_bad_dataset_fn(cpu_devices, dataset_fn, message)
     strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
     with pytest.raises((TypeError, ValueError), match=message):
         strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def test_a_variable_made_in_a_traced_step_from_a_constant_is_lifted(cpu_devices):
+    """`tf.Variable(tf.ones(...))` in the first trace: made once, on the
+    parameter device, as `tf.function` lifts it on one device."""
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+    made = []
+
+    @tf.function
+    def step():
+        with strategy.scope():
+            if not made:
+                made.append(tf.Variable(tf.ones([3])))
+            return made[0].assign_add(tf.ones([3]))
+
+    step()
+    step()
+    np.testing.assert_allclose(np.asarray(made[0]), [3.0, 3.0, 3.0])
+    assert made[0].device == strategy.extended.parameter_devices[0]
+
+
+def test_a_variable_made_in_a_traced_step_from_its_inputs_names_the_fix(cpu_devices):
+    """An initial value computed in the step (from its inputs, or by ops
+    TensorFlow cannot fold to a constant) cannot be made before the step:
+    refused, naming the fix (Keras passes callables, made outside)."""
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+
+    @tf.function
+    def step(x):
+        with strategy.scope():
+            return tf.Variable(x * 2.0)
+
+    with pytest.raises(ValueError, match=r"initial value computed in the step"):
+        step(tf.ones([3]))

@@ -374,10 +374,11 @@ def _lifted(tensor: tf.Tensor, name: str | None) -> tf.Tensor:
     if value is None:
         raise ValueError(
             f"Variable {name or 'Variable'!r} is first created inside a traced "
-            f"step with an initial value computed from the step's inputs "
-            f"({tensor!r}); a variable is made once, outside the step, so its "
-            "initial value must not depend on them. Pass a callable (as Keras's "
-            "`add_weight` does) or a value known before the step, or create the "
-            "variable before the first step."
+            f"step with an initial value computed in the step ({tensor!r}), "
+            "from its inputs or by ops TensorFlow cannot fold to a constant; a "
+            "variable is made once, outside the step, so its initial value "
+            "must be known there. Pass a callable (as Keras's `add_weight` "
+            "does: `tf.Variable(lambda: tf.zeros([3]) + 1.0)`) or a constant, "
+            "or create the variable before the first step."
         )
     return tf.constant(value, dtype=tensor.dtype)
