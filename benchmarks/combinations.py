@@ -60,7 +60,16 @@ def main(argv=None) -> int:
         "--compressors", type=harness.name_list(c.COMPRESSORS, "compressor")
     )
     parser.add_argument("--output", default=str(DOC))
+    parser.add_argument(
+        "--top-k-coordinates",
+        action="store_true",
+        help="instead: top-k (its default 1 %%) with each replica's own "
+        "coordinates against the leader's, before a rule of each kind "
+        "(default JSON benchmarks/results/top_k_coordinates.json)",
+    )
     args = parser.parse_args(argv)
+    if args.top_k_coordinates:
+        return top_k_coordinates(args)
     configurations = args.configurations or list(c.CONFIGURATIONS)
     compressors = args.compressors or list(c.COMPRESSORS)
     data = c.digits(args.seed)
@@ -119,6 +128,41 @@ def main(argv=None) -> int:
     )
     if args.configurations is None and args.compressors is None:
         _replace_block(Path(args.output), table, axes)
+    return 0
+
+
+TOP_K_RULES = (
+    "mean",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "geometric_median",
+    "centered_clipping",
+)
+
+
+def top_k_coordinates(args) -> int:
+    """Top-k at its default ratio with `coordinates="own"` and `"leader"`
+    before a rule of each kind, each against the rule uncompressed."""
+    data = c.digits(args.seed)
+    cells, rows = [], []
+    for attack in c.ATTACKS:
+        for rule in TOP_K_RULES:
+            reference = c.run_cell("none", rule, attack, data=data)
+            cells.append(reference)
+            row = {"attack": attack, "rule": rule, "none": _fmt(reference)}
+            for coordinates in ("own", "leader"):
+                compressor = f"top_k(ratio=0.01, coordinates='{coordinates}')"
+                cell = c.run_cell(compressor, rule, attack, data=data)
+                cells.append(cell)
+                row[coordinates] = _fmt(cell)
+                _log(f"{cell.key}: {_fmt(cell)}")
+            rows.append(row)
+    print(harness.markdown_table(rows, ["attack", "rule", "none", "own", "leader"]))
+    json_path = args.json
+    if Path(json_path).name == "combinations.json":
+        json_path = str(Path(json_path).with_name("top_k_coordinates.json"))
+    harness.write_results(json_path, {"cells": [vars(cell) for cell in cells]})
     return 0
 
 
