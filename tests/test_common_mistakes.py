@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import keras_psdist as kpd
+from tests.shared_mirrored import mirrored_strategy
 
 NUM_REPLICAS = 4
 
@@ -130,7 +131,7 @@ def test_mirrored_strategy_models_are_left_alone_and_not_mixed_in(
     strategy, cpu_devices
 ):
     x, y = _data()
-    mirrored = tf.distribute.MirroredStrategy(devices=cpu_devices[:2])
+    mirrored = mirrored_strategy(tuple(cpu_devices[:2]))
     with mirrored.scope():
         model = _build()
         model.compile("sgd", "sparse_categorical_crossentropy")

@@ -23,7 +23,6 @@ to our three strategies; it took 170 s of the default suite's workers.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import select
@@ -38,21 +37,12 @@ import pytest
 import tensorflow as tf
 
 import keras_psdist as kpd
+from tests.shared_mirrored import mirrored_strategy
 
 NUM_REPLICAS = 2
 
 
 # ---------------------------------------------------------------- fixtures
-
-
-@functools.cache
-def _shared_mirrored_strategy(devices: tuple[str, ...]) -> tf.distribute.Strategy:
-    # One MirroredStrategy per process: every instance numbers its collective
-    # ops from the same keys, so a second instance's all-reduces collide with
-    # the first's ("Shape mismatch in the collective instance 100", then
-    # "Collective ops is aborted ... Restart your program to reset" for every
-    # later step in the process; tensorflow/tensorflow#62790).
-    return tf.distribute.MirroredStrategy(devices=list(devices))
 
 
 class StrategyFactory:
@@ -61,7 +51,7 @@ class StrategyFactory:
 
     `ps` and `ps_partitioned` get a fresh `PSStrategy` per call (the latter
     with its variables on CPUs 2 to 4); `mirrored` the process-wide one (see
-    `_shared_mirrored_strategy`).
+    `tests/shared_mirrored.py`).
     """
 
     def __init__(self, kind: str, devices: list[str], parameter_devices: list[str]):
@@ -85,7 +75,7 @@ class StrategyFactory:
             strategy = kpd.PSStrategy(devices=self.devices, dense="all_reduce")
             self.created.append(strategy)
             return strategy
-        return _shared_mirrored_strategy(tuple(self.devices))
+        return mirrored_strategy(tuple(self.devices))
 
     def split_any_variable(self) -> bool:
         """Whether some strategy this factory made partitioned a variable."""

@@ -17,30 +17,23 @@ a `tf.function`.
 
 from __future__ import annotations
 
-import functools
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_psdist as kpd
+from tests.shared_mirrored import mirrored_strategy
 
 SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
 G = [1.0, 2.0, 3.0]
 KINDS = ("ps", "ps_all_reduce", "ps_partitioned", "ps_median")
 
 
-@functools.cache
-def _mirrored(devices: tuple[str, ...]) -> tf.distribute.Strategy:
-    # One MirroredStrategy per process (tensorflow/tensorflow#62790).
-    return tf.distribute.MirroredStrategy(devices=list(devices))
-
-
 def make_strategy(kind: str, cpu_devices: list[str]) -> tf.distribute.Strategy:
     devices = cpu_devices[:2]
     if kind == "mirrored":
-        return _mirrored(tuple(devices))
+        return mirrored_strategy(tuple(devices))
     if kind == "ps_all_reduce":
         return kpd.PSStrategy(devices=devices, dense="all_reduce")
     if kind == "ps_partitioned":
@@ -361,3 +354,27 @@ def test_keras_gradient_accumulation(kind, traced, cpu_devices):
             )
             assert int(np.asarray(optimizer._iterations)) == steps
             assert int(np.asarray(optimizer.iterations)) == iterations
+
+
+def test_one_replicas_gradient_takes_the_gradient_path(cpu_devices):
+    """With one replica TensorFlow hands its value unwrapped, not as a
+    per-replica value: it is still that replica's gradient, compressed with
+    error feedback (top-k at 50 % keeps half of it in the residual), not a
+    value outside the replicas."""
+    strategy = kpd.PSStrategy(devices=cpu_devices[:1], compression="top_k(ratio=0.5)")
+    with strategy.scope():
+        v = keras.Variable(np.zeros(4, np.float32))
+        optimizer = keras.optimizers.SGD(1.0)
+
+    @tf.function
+    def step():
+        def replica_fn():
+            g = tf.constant([4.0, -3.0, 2.0, 1.0])
+            optimizer.apply_gradients([(g, v)])
+
+        strategy.run(replica_fn)
+
+    step()
+    np.testing.assert_allclose(np.asarray(v), [-4.0, 3.0, 0.0, 0.0])
+    (residual,) = strategy.extended.training_state.variables
+    np.testing.assert_allclose(residual.numpy(), [0.0, 0.0, 2.0, 1.0])

@@ -18,14 +18,9 @@ import tensorflow as tf
 import tutorial_patterns  # tests/cluster_jobs, see conftest.py
 
 import keras_psdist as kpd
+from tests.shared_mirrored import mirrored_strategy
 
 NUM_REPLICAS = 2
-
-
-@functools.cache
-def _mirrored(devices: tuple[str, ...]) -> tf.distribute.Strategy:
-    # One MirroredStrategy per process (tensorflow/tensorflow#62790).
-    return tf.distribute.MirroredStrategy(devices=list(devices))
 
 
 def make_strategy_factory(kind: str, cpu_devices: list[str]):
@@ -40,7 +35,7 @@ def make_strategy_factory(kind: str, cpu_devices: list[str]):
         )
     if kind == "ps_all_reduce":
         return lambda: kpd.PSStrategy(devices=devices, dense="all_reduce")
-    return lambda: _mirrored(tuple(devices))
+    return lambda: mirrored_strategy(tuple(devices))
 
 
 @pytest.mark.parametrize("pattern", sorted(tutorial_patterns.PATTERNS))

@@ -59,14 +59,19 @@ class CrossReplicaReductions:
         dense, sparse, all_reduced = [], [], []
         for i, (value, destination) in enumerate(pairs):
             if not isinstance(value, values.DistributedValues):
-                # The same value in every replica (a tensor made outside
-                # `strategy.run`): one value, as TensorFlow's `batch_reduce`
-                # takes it, so its sum and its mean are itself (as under
-                # MirroredStrategy and on one device); no rule combines it.
-                results[i] = self._to_destinations(
-                    _on_device(value, self._reduction_device), destination
-                )
-                continue
+                if self._num_replicas_in_sync > 1:
+                    # The same value in every replica (a tensor made outside
+                    # `strategy.run`): one value, as TensorFlow's
+                    # `batch_reduce` takes it, so its sum and its mean are
+                    # itself (as under MirroredStrategy and on one device);
+                    # no rule combines it.
+                    results[i] = self._to_destinations(
+                        _on_device(value, self._reduction_device), destination
+                    )
+                    continue
+                # One replica: TF hands its value unwrapped. It takes the
+                # gradient path (compression, attack, the rule's state).
+                value = values.PerReplica((value,))
             per_replica = list(value.values)
             if any(isinstance(v, tf.IndexedSlices) for v in per_replica):
                 sparse.append((i, per_replica))
