@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
     from keras_psdist.strategies.ps import PSStrategy  # noqa: F401
     from keras_psdist.strategies.sync_replica import SyncReplicaStrategy  # noqa: F401
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "PSStrategy",

@@ -7,8 +7,8 @@ names a configuration that works; none may fail (`combinations.verdict`:
 below halfway from chance to its rule uncompressed, as `top_k>median` once
 was with each replica's own coordinates: 13 % on digits). The default run
 takes, under the attack (one replica of 7 sends -10 times its gradient),
-every compressor with a rule of each kind and top-k with every rule and
-pre-aggregation; `nox -s slow` takes every cell, with and without the
+every compressor but the casts with a rule of each kind and top-k with
+every rule and pre-aggregation; `nox -s slow` takes every cell, with and without the
 attack, and the axes. `benchmarks/combinations.py` writes the table of
 docs/compression.md.
 """
@@ -79,9 +79,14 @@ KINDS_OF_RULES = (
 )
 
 
+# The casts round each value alone and cannot misalign replicas (within 1.4
+# points of every rule uncompressed in the whole matrix): the slow run's.
+NOT_CASTS = [name for name in COMPRESSED if name not in ("fp16", "bf16")]
+
+
 @pytest.mark.parametrize("configuration", KINDS_OF_RULES)
 def test_every_compressor_with_a_rule_of_each_kind(configuration):
-    _check(COMPRESSED, configuration, "scale_-10")
+    _check(NOT_CASTS, configuration, "scale_-10")
 
 
 @pytest.mark.parametrize(
