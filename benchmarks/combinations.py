@@ -23,7 +23,7 @@ From the repository root::
 
 It writes ``benchmarks/results/combinations.json`` and replaces the
 generated block of ``docs/compression.md``. ``tests/test_combinations.py``
-runs every compressor with a rule of each kind and top-k with every rule in
+runs every compressor but the casts with a rule of each kind and top-k with every rule in
 the default suite, the whole matrix in ``nox -s slow``: no cell may fail.
 """
 
