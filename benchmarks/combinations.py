@@ -76,48 +76,15 @@ def main(argv=None) -> int:
     cells, rows = [], []
     for attack in c.ATTACKS:
         for configuration in configurations:
-            reference = c.run_cell("none", configuration, attack, data=data)
-            cells.append(reference)
-            row = {"attack": attack, "rule": configuration, "none": _fmt(reference)}
-            for compressor in compressors:
-                if compressor == "none":
-                    continue
-                cell = c.run_cell(compressor, configuration, attack, data=data)
-                cell_verdict = c.verdict(cell, reference)
-                cells.append(cell)
-                row[compressor] = (
-                    f"{_fmt(cell)} {'' if cell_verdict == 'trains' else cell_verdict}".strip()
-                )
-                _log(
-                    f"{cell.key}: {_fmt(cell)} ({cell_verdict}; {reference.accuracy:.3f} uncompressed)"
-                )
-            rows.append(row)
+            row = _row(cells, compressors, configuration, attack, data)
+            rows.append({"attack": attack, "rule": configuration, **row})
     table = harness.markdown_table(rows, ["attack", "rule", *compressors])
     axes_rows = []
     for label, kwargs in c.EXTRA_AXES.items():
-        reference = c.run_cell(
-            "none", "trimmed_mean", "scale_-10", data=data, extra=label, **kwargs
+        row = _row(
+            cells, compressors, "trimmed_mean", "scale_-10", data, label, **kwargs
         )
-        cells.append(reference)
-        row = {"axis": label, "none": _fmt(reference)}
-        for compressor in compressors:
-            if compressor == "none":
-                continue
-            cell = c.run_cell(
-                compressor,
-                "trimmed_mean",
-                "scale_-10",
-                data=data,
-                extra=label,
-                **kwargs,
-            )
-            cells.append(cell)
-            cell_verdict = c.verdict(cell, reference)
-            row[compressor] = (
-                f"{_fmt(cell)} {'' if cell_verdict == 'trains' else cell_verdict}".strip()
-            )
-            _log(f"{cell.key}: {_fmt(cell)} ({cell_verdict})")
-        axes_rows.append(row)
+        axes_rows.append({"axis": label, **row})
     axes = harness.markdown_table(axes_rows, ["axis", *compressors])
     print(table)
     print()
@@ -129,6 +96,32 @@ def main(argv=None) -> int:
     if args.configurations is None and args.compressors is None:
         _replace_block(Path(args.output), table, axes)
     return 0
+
+
+def _row(cells, compressors, configuration, attack, data, extra="", **kwargs):
+    """One row of a table: the rule uncompressed, then each compressor with
+    its verdict; every run appended to `cells`."""
+    reference = c.run_cell(
+        "none", configuration, attack, data=data, extra=extra, **kwargs
+    )
+    cells.append(reference)
+    row = {"none": _fmt(reference)}
+    for compressor in compressors:
+        if compressor == "none":
+            continue
+        cell = c.run_cell(
+            compressor, configuration, attack, data=data, extra=extra, **kwargs
+        )
+        cells.append(cell)
+        cell_verdict = c.verdict(cell, reference)
+        row[compressor] = (
+            f"{_fmt(cell)} {'' if cell_verdict == 'trains' else cell_verdict}".strip()
+        )
+        _log(
+            f"{cell.key}: {_fmt(cell)} ({cell_verdict}; "
+            f"{reference.accuracy:.3f} uncompressed)"
+        )
+    return row
 
 
 TOP_K_RULES = (
