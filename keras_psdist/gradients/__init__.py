@@ -29,6 +29,7 @@ from keras_psdist.gradients.compression import Compression
 from keras_psdist.gradients.momentum import Momentum
 from keras_psdist.gradients.path import (
     check_compression_across_workers,
+    check_compression_with_momentum,
     configure,
     configure_compression,
     gradient_path,
@@ -50,6 +51,7 @@ __all__ = [
     "chain",
     "configure",
     "check_compression_across_workers",
+    "check_compression_with_momentum",
     "configure_compression",
     "gradient_path",
     "is_plain_mean",

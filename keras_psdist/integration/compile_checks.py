@@ -80,7 +80,7 @@ def checked_in_scope(method):
     return wrapper
 
 
-def _is_ours(strategy) -> bool:
+def is_ours(strategy) -> bool:
     from keras_psdist.distribute.extended import PSExtended
 
     return strategy is not None and isinstance(
@@ -97,7 +97,7 @@ def check_scope(model) -> None:
     built_under = _model_strategy(model)
     current = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     name = type(model).__name__
-    if _is_ours(current) and built_under is not current:
+    if is_ours(current) and built_under is not current:
         raise ValueError(
             f"This {name} was created outside `strategy.scope()` of "
             f"{type(current).__name__}, and is compiled inside it: its variables "
@@ -107,7 +107,7 @@ def check_scope(model) -> None:
             "        model = build_model()\n"
             "        model.compile(...)"
         )
-    if _is_ours(built_under) and current is not built_under:
+    if is_ours(built_under) and current is not built_under:
         raise ValueError(
             f"model.compile() was called outside `strategy.scope()` of the "
             f"{type(built_under).__name__} this {name} was created under: the "
@@ -135,7 +135,7 @@ def check_call_scope(model, method: str) -> None:
         return
     current = tf.distribute.get_strategy()
     built_under = _model_strategy(model)
-    if built_under is current or not (_is_ours(current) or _is_ours(built_under)):
+    if built_under is current or not (is_ours(current) or is_ours(built_under)):
         return
     name = type(model).__name__
     scope = type(current).__name__
@@ -175,7 +175,7 @@ def check_compiled(model) -> None:
     """After `compile`: the optimizer is the strategy's, and XLA (if on) can
     compile each replica's step."""
     strategy = _model_strategy(model)
-    if not _is_ours(strategy):
+    if not is_ours(strategy):
         return
     optimizer = getattr(model, "optimizer", None)
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer

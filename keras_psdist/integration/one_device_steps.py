@@ -29,11 +29,7 @@ import functools
 
 import tensorflow as tf
 
-
-def _is_ours(strategy) -> bool:
-    from keras_psdist.integration.compile_checks import _is_ours as is_ours
-
-    return is_ours(strategy)
+from keras_psdist.integration.compile_checks import is_ours
 
 
 def built_when_traced(maybe_symbolic_build):
@@ -41,7 +37,7 @@ def built_when_traced(maybe_symbolic_build):
 
     @functools.wraps(maybe_symbolic_build)
     def wrapper(self, *args, **kwargs):
-        if not _is_ours(getattr(self, "_distribute_strategy", None)):
+        if not is_ours(getattr(self, "_distribute_strategy", None)):
             return maybe_symbolic_build(self, *args, **kwargs)
         try:
             return maybe_symbolic_build(self, *args, **kwargs)
@@ -63,7 +59,7 @@ def scaled_in_replicas_only(scale):
 
     @functools.wraps(scale)
     def wrapper(value):
-        if tf.distribute.in_cross_replica_context() and _is_ours(
+        if tf.distribute.in_cross_replica_context() and is_ours(
             tf.distribute.get_strategy()
         ):
             return value

@@ -91,6 +91,7 @@ class Arguments:
         aggregator, worker_momentum = gradients.configure(
             self.aggregator, worker_momentum
         )
+        gradients.check_compression_with_momentum(compression, worker_momentum)
         if self.max_staleness is not None:
             check_count("max_staleness", self.max_staleness, minimum=0)
         max_workers = self.max_workers
