@@ -61,6 +61,13 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--output", default=str(DOC))
     parser.add_argument(
+        "--across-workers",
+        action="store_true",
+        help="instead: the matrix across 5 worker processes "
+        "(combinations.ACROSS_WORKERS_CELLS; default JSON "
+        "benchmarks/results/combinations_across_workers.json)",
+    )
+    parser.add_argument(
         "--top-k-coordinates",
         action="store_true",
         help="instead: top-k (its default 1 %%) with each replica's own "
@@ -70,6 +77,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.top_k_coordinates:
         return top_k_coordinates(args)
+    if args.across_workers:
+        return across_workers(args)
     configurations = args.configurations or list(c.CONFIGURATIONS)
     compressors = args.compressors or list(c.COMPRESSORS)
     data = c.digits(args.seed)
@@ -156,6 +165,88 @@ def top_k_coordinates(args) -> int:
     if Path(json_path).name == "combinations.json":
         json_path = str(Path(json_path).with_name("top_k_coordinates.json"))
     harness.write_results(json_path, {"cells": [vars(cell) for cell in cells]})
+    return 0
+
+
+ACROSS_WORKERS = 5
+JOB = REPO_ROOT / "tests" / "cluster_jobs" / "combination_job.py"
+BEGIN_ACROSS = "<!-- BEGIN GENERATED: benchmarks/combinations.py --across-workers -->"
+END_ACROSS = "<!-- END GENERATED: benchmarks/combinations.py --across-workers -->"
+
+
+def across_workers(args) -> int:
+    """`combinations.ACROSS_WORKERS_CELLS` on one local cluster of 5
+    worker processes and a ps task, every cell a strategy of its own in the
+    same job; each compared with its rule uncompressed in the same mode."""
+    import json
+    import tempfile
+
+    from keras_psdist import cluster
+
+    with tempfile.TemporaryDirectory() as work:
+        code = cluster.launch(
+            [
+                sys.executable,
+                str(JOB),
+                work,
+                json.dumps({"cells": c.ACROSS_WORKERS_CELLS}),
+            ],
+            num_ps=1,
+            num_workers=ACROSS_WORKERS,
+            mode="between-graph",
+            timeout_s=3600,
+        )
+        if code != 0:
+            raise SystemExit(f"the launch exited {code}")
+        report = json.loads((Path(work) / "worker_0.json").read_text())
+    cells = [c.Cell(**cell) for cell in report["cells"]]
+    references = {
+        (cell.extra, cell.configuration): cell
+        for cell in cells
+        if cell.compressor == "none"
+    }
+    rows = {}
+    for cell in cells:
+        row = rows.setdefault(
+            (cell.extra, cell.configuration),
+            {"mode": cell.extra, "rule": cell.configuration},
+        )
+        reference = references[(cell.extra, cell.configuration)]
+        cell_verdict = c.verdict(cell, reference)
+        row[cell.compressor] = (
+            f"{_fmt(cell)} "
+            f"{'' if cell_verdict == 'trains' or cell is reference else cell_verdict}"
+        ).strip()
+    table = harness.markdown_table(
+        list(rows.values()), ["mode", "rule", *c.COMPRESSORS]
+    )
+    print(table)
+    json_path = args.json
+    if Path(json_path).name == "combinations.json":
+        json_path = str(Path(json_path).with_name("combinations_across_workers.json"))
+    harness.write_results(
+        json_path,
+        {"cells": [vars(cell) for cell in cells], "workers": ACROSS_WORKERS},
+    )
+    text = Path(args.output).read_text()
+    block = (
+        f"{BEGIN_ACROSS}\n\n"
+        f"Held-out accuracy (%) on digits after 8 epochs across {ACROSS_WORKERS} "
+        "worker processes and a ps task on this machine, `num_byzantine=1`; sync: "
+        "`SyncReplicaStrategy`, the last worker sending -10 times its gradient; "
+        'async: `PSStrategy(mode="between-graph")`, no attack. Marks as in the '
+        "table above. (`python benchmarks/combinations.py --across-workers`, "
+        "`benchmarks/results/combinations_across_workers.json`.)\n\n"
+        f"{table}\n\n{END_ACROSS}"
+    )
+    if BEGIN_ACROSS in text:
+        text = re.sub(
+            re.escape(BEGIN_ACROSS) + ".*?" + re.escape(END_ACROSS),
+            lambda _: block,
+            text,
+            flags=re.S,
+        )
+        Path(args.output).write_text(text)
     return 0
 
 

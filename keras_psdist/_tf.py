@@ -26,7 +26,7 @@ from tensorflow.python.distribute import (
 )
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute.v1 import input_lib as input_lib_v1
-from tensorflow.python.eager import context
+from tensorflow.python.eager import context, lift_to_graph
 from tensorflow.python.framework import (
     composite_tensor,
     composite_tensor_gradient,
@@ -82,6 +82,7 @@ __all__ = [
     "handle_data_util",
     "input_lib",
     "input_lib_v1",
+    "lift_to_graph",
     "mirrored_run",
     "nest",
     "numpy_dataset",

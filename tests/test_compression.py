@@ -860,15 +860,21 @@ def test_a_coordinatewise_rule_sees_every_replica_at_the_leaders_top_k():
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_sync_queue_layout_carries_a_payload_and_gives_it_back():
+@pytest.mark.parametrize(
+    "name",
+    ["top_k(ratio=0.5)", "random_k(ratio=0.5)", "sign", "power_sgd", "fp16", "bf16"],
+)
+def test_a_sync_queue_layout_carries_a_payload_and_gives_it_back(name):
     """`SyncReplicaStrategy`'s queue: a compressed gradient goes in as its
-    payload's tensors and comes out as the same payload."""
+    payload's tensors and comes out as the same payload, with its static
+    parts (a cast's dtype, which crashed the queue's layout)."""
     from keras_psdist.gradients.wire import Payload
     from keras_psdist.sync.protocol import Layout
 
-    wire = _wire("top_k(ratio=0.5)", "/cpu:0", "/cpu:0")
-    v = tf.Variable(tf.zeros([4]))
-    [payload] = wire.payloads([tf.constant([1.0, -4.0, 0.5, 3.0])], [v])
+    wire = _wire(name, "/cpu:0", "/cpu:0")
+    v = tf.Variable(tf.zeros([8, 8]))
+    gradient = tf.reshape(tf.range(64, dtype=tf.float32) - 20.0, [8, 8])
+    [payload] = wire.payloads([gradient], [v])
     grads = [payload, tf.constant([2.0]), None]
     layout = Layout.of(grads)
     assert layout.kinds == ("compressed", "dense", "none")
@@ -877,8 +883,9 @@ def test_a_sync_queue_layout_carries_a_payload_and_gives_it_back():
     back = layout.unflatten(components, [v.shape, tf.TensorShape([1]), None])
     assert isinstance(back[0], Payload) and back[2] is None
     np.testing.assert_array_equal(
-        wire.decompress(back[0]).numpy(), [0.0, -4.0, 0.0, 3.0]
+        wire.decompress(back[0]).numpy(), wire.decompress(payload).numpy()
     )
+    assert wire.decompress(back[0]).dtype == tf.float32
 
 
 class _Shapes(gradients.Stage):

@@ -419,7 +419,48 @@ def test_num_byzantine_follows_the_workers_and_a_rule_that_cannot_run_stops():
         WorkerLostError,
         match=r"replicas_to_aggregate=4, num_byzantine=1.*--min-workers",
     ):
-        service.leave(4)
+        service.lose(4)
+
+
+@pytest.mark.timeout(60)
+def test_a_fit_that_ends_below_the_rule_s_workers_ends_the_session():
+    """A worker whose `fit` ended leaves (its LEAVE): if the rule cannot run
+    on the workers still training (the median with num_byzantine=1 on 2),
+    their remaining gradients are dropped and they are released at once, as
+    when too few remain for replicas_to_aggregate; it is not a lost worker,
+    and the run does not fail."""
+    service = _elastic([0, 1, 2], replicas_to_aggregate="all", aggregator="median", f=1)
+    service.gradient(0, 0, 1.0)
+    service.leave(2)
+    assert service.updates == []
+    assert service.counts(protocol.DROPPED_AT_END)[:3] == [1, 0, 0]
+    # Workers 0 and 1 go on without an update (the session is at its end).
+    assert service.woken == [(0, protocol.FREE_PASS), (1, protocol.FREE_PASS)]
+    assert service.staged == []
+
+
+@pytest.mark.timeout(60)
+def test_an_elastic_run_too_small_for_its_rule_waits_for_workers_to_join():
+    """At the start only the chief is a member: the median with
+    num_byzantine=1 needs 3, so the first update waits for 3 gradients, the
+    joiners' first ones among them."""
+    members = [0]
+    resizing = _resizing(members, replicas_to_aggregate="all", aggregator="median", f=1)
+    resizing.max_workers = 4
+    assert resizing.counts_to_wait_for(1) == Counts(3, 3, 1)
+    service = _Recorder(3, 1, resizing=resizing)
+    assert service.counts_now == Counts(3, 3, 1)
+    service.gradient(0, 0, 1.0)
+    service.gradient(1, 0, 2.0)  # joins
+    assert service.updates == []
+    service.gradient(2, 0, 6.0)  # joins: 3 workers, the rule runs
+    assert service.updates == [3.0]  # (the recorder's update: their mean)
+    assert service.made_with == [(3, Counts(3, 3, 1))]
+    # With no count the rule runs on up to max_workers, the error names it.
+    resizing = _resizing([0], replicas_to_aggregate="all", aggregator="krum", f=2)
+    resizing.max_workers = 4
+    with pytest.raises(WorkerLostError, match=r"Krum.*--min-workers"):
+        resizing.counts_to_wait_for(1)
 
 
 @pytest.mark.timeout(60)

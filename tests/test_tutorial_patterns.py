@@ -96,10 +96,37 @@ def test_a_variable_made_in_a_traced_step_from_a_constant_is_lifted(cpu_devices)
     assert made[0].device == strategy.extended.parameter_devices[0]
 
 
+def test_a_variable_made_in_a_traced_step_from_ops_of_the_step_is_lifted(cpu_devices):
+    """An initial value the step computes without its inputs (random ops,
+    a read of another variable: nothing TensorFlow folds to a constant) is
+    computed once outside the step, as `tf.function` lifts it on one
+    device."""
+    strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
+    other = tf.Variable([1.0, 2.0, 3.0])
+    made = []
+
+    @tf.function
+    def step():
+        with strategy.scope():
+            if not made:
+                noise = tf.random.stateless_normal([3], seed=[1, 2])
+                made.append(tf.Variable(other * 2.0 + noise))
+            return made[0].assign_add(tf.ones([3]))
+
+    step()
+    step()
+    noise = tf.random.stateless_normal([3], seed=[1, 2]).numpy()
+    np.testing.assert_allclose(
+        np.asarray(made[0]), np.array([4.0, 6.0, 8.0]) + noise, rtol=1e-6
+    )
+    assert made[0].device == strategy.extended.parameter_devices[0]
+
+
 def test_a_variable_made_in_a_traced_step_from_its_inputs_names_the_fix(cpu_devices):
-    """An initial value computed in the step (from its inputs, or by ops
-    TensorFlow cannot fold to a constant) cannot be made before the step:
-    refused, naming the fix (Keras passes callables, made outside)."""
+    """An initial value computed from the step's inputs exists only when
+    the step runs, and a variable is made once, before: refused, naming the
+    fix (Keras passes callables, made outside). One device initialises it
+    in the step's first run instead."""
     strategy = kpd.PSStrategy(devices=cpu_devices[:NUM_REPLICAS])
 
     @tf.function
@@ -107,5 +134,5 @@ def test_a_variable_made_in_a_traced_step_from_its_inputs_names_the_fix(cpu_devi
         with strategy.scope():
             return tf.Variable(x * 2.0)
 
-    with pytest.raises(ValueError, match=r"initial value computed in the step"):
+    with pytest.raises(ValueError, match=r"computed from the step's inputs.*callable"):
         step(tf.ones([3]))

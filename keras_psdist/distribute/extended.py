@@ -519,8 +519,10 @@ class PSExtended(
         passed along, so a partitioned variable can tell whether its update
         may run shard by shard (`variables.row_separable`). Between graphs
         with compression, each gradient travels compressed to its variable's
-        ps task (`keras_psdist.gradients.wire`)."""
-        if self._wire is not None:
+        ps task (`keras_psdist.gradients.wire`), unless the mode's workers
+        send it another way (`Mode.compresses_applied_gradients`: the sync
+        chief applies the aggregate as it is)."""
+        if self._wire is not None and self._mode.compresses_applied_gradients:
             grads_and_vars = self._wire(
                 [(self._select_single_value(g), v) for g, v in grads_and_vars]
             )

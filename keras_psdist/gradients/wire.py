@@ -164,6 +164,14 @@ class WireCompression:
                     )
         return self._residuals[key]
 
+    @property
+    def steps(self) -> int | None:
+        """The sends this worker has compressed so far (the step random-k
+        draws its coordinates from, alike on every worker only if every
+        worker counts the same), or `None` for a compressor that keeps no
+        step."""
+        return None if self._step is None else int(self._step.numpy())
+
     def _step_value(self):
         if not self.compressor.uses_step:
             return 0

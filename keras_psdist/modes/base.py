@@ -98,6 +98,11 @@ class Mode(abc.ABC):
         reports_lost_workers: Between-graph, whether the chief logs lost and
             returning workers (a mode whose training logs them itself says
             False).
+        compresses_applied_gradients: Between graphs with compression,
+            whether Keras's apply compresses each gradient on its way to the
+            ps tasks (each worker applies its own). False where a worker
+            sends its payload another way and the apply is of the aggregate
+            (sync replicas: the chief's apply must not compress it again).
     """
 
     name: ClassVar[str]
@@ -108,6 +113,7 @@ class Mode(abc.ABC):
     takes_max_staleness: ClassVar[bool] = False
     replicates_variables: ClassVar[bool] = True
     reports_lost_workers: ClassVar[bool] = True
+    compresses_applied_gradients: ClassVar[bool] = True
 
     def __init__(self, arguments: Arguments, front: str):
         self.arguments = arguments

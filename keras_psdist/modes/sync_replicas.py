@@ -84,6 +84,11 @@ class SyncReplicasMode(BetweenGraphMode):
     selectable = False
     # The update service logs lost and returning workers.
     reports_lost_workers = False
+    # Each worker compresses what it pushes (`SyncTraining._push`); the
+    # chief's apply of the aggregate sends it as it is (compressing it again
+    # stepped the chief's random-k seed twice per update, off every other
+    # worker's coordinates, and fed the aggregate into its residuals).
+    compresses_applied_gradients = False
     # Workers may join and leave (`max_workers`): the counts follow them
     # (`keras_psdist.sync.resizing`).
     elastic = True
@@ -230,6 +235,7 @@ class SyncReplicasMode(BetweenGraphMode):
                 arguments.num_byzantine,
                 arguments.aggregator,
                 registry.members,
+                arguments.max_workers,
             ),
             registry=registry,
             leave_file=os.environ.get(LEAVE_FILE_ENV),

@@ -139,13 +139,28 @@ class SyncConfig:
         return math.ceil(self.replicas_to_aggregate / self.total_num_replicas)
 
 
+def _is_static(leaf) -> bool:
+    """A payload's part known when the layout is made, not sent (a cast's
+    dtype)."""
+    return isinstance(leaf, (tf.DType, bool, int, float, str))
+
+
+def _spec_or_static(leaf):
+    return leaf if _is_static(leaf) else tf.TensorSpec(leaf.shape, leaf.dtype)
+
+
+def _sent(payload_spec) -> list[tf.TensorSpec]:
+    """The specs of a payload's parts that cross the queue."""
+    return [s for s in tf.nest.flatten(payload_spec) if isinstance(s, tf.TensorSpec)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """How a gradient list is flattened into queue components.
 
     `kinds[i]` is `"dense"`, `"sparse"` (values and int64 indices),
     `"compressed"` (a `gradients.wire.Payload`: its tensors, whose specs
-    `payloads[i]` holds) or `"none"` (no gradient: nothing is sent) for the
+    `payloads[i]` holds, with its static parts, such as a cast's dtype) or `"none"` (no gradient: nothing is sent) for the
     i-th variable.
     """
 
@@ -161,9 +176,7 @@ class Layout:
             if isinstance(g, Payload):
                 kinds.append("compressed")
                 dtypes.append(tf.float32)  # unused: the payload's specs say
-                payloads[-1] = tf.nest.map_structure(
-                    lambda t: tf.TensorSpec(t.shape, t.dtype), g.value
-                )
+                payloads[-1] = tf.nest.map_structure(_spec_or_static, g.value)
             elif g is None:
                 kinds.append("none")
                 dtypes.append(tf.float32)
@@ -175,6 +188,11 @@ class Layout:
                 dtypes.append(tf.as_dtype(g.dtype))
         return cls(tuple(kinds), tuple(dtypes), tuple(payloads))
 
+    def sent_specs(self, v: int) -> list[tf.TensorSpec]:
+        """The specs of variable `v`'s compressed payload parts that cross
+        the queue (not its static parts)."""
+        return _sent(self.payloads[v])
+
     @property
     def component_types(self) -> list[tf.DType]:
         types = [tf.int64] * 4  # kind, worker, step, session
@@ -184,7 +202,7 @@ class Layout:
             elif kind == "sparse":
                 types += [dtype, tf.int64]
             elif kind == "compressed":
-                types += [spec.dtype for spec in tf.nest.flatten(self.payloads[i])]
+                types += [spec.dtype for spec in self.sent_specs(i)]
         return types
 
     def flatten(self, grads) -> list[tf.Tensor]:
@@ -195,7 +213,11 @@ class Layout:
             elif kind == "sparse":
                 out += [g.values, tf.cast(g.indices, tf.int64)]
             elif kind == "compressed":
-                out += [tf.convert_to_tensor(t) for t in tf.nest.flatten(g.value)]
+                out += [
+                    tf.convert_to_tensor(t)
+                    for t in tf.nest.flatten(g.value)
+                    if not _is_static(t)
+                ]
         return out
 
     def empty(self) -> list[tf.Tensor]:
@@ -208,15 +230,14 @@ class Layout:
         out, i = [], 0
         for v, (kind, shape) in enumerate(zip(self.kinds, shapes, strict=True)):
             if kind == "compressed":
-                n = len(tf.nest.flatten(self.payloads[v]))
-                out.append(
-                    Payload(
-                        tf.nest.pack_sequence_as(
-                            self.payloads[v], list(components[i : i + n])
-                        )
-                    )
-                )
-                i += n
+                leaves = []
+                for spec in tf.nest.flatten(self.payloads[v]):
+                    if isinstance(spec, tf.TensorSpec):
+                        leaves.append(components[i])
+                        i += 1
+                    else:
+                        leaves.append(spec)  # static: the layout holds it
+                out.append(Payload(tf.nest.pack_sequence_as(self.payloads[v], leaves)))
             elif kind == "dense":
                 out.append(components[i])
                 i += 1

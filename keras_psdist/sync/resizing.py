@@ -12,7 +12,9 @@ counts again from the rules the user stated (`keras_psdist.membership`):
 - the backups: n minus that;
 - `num_byzantine`: `0.25`, a `Fraction`...: the faulty workers the rule
   tolerates, checked by binding the rule to the new counts (Krum after a
-  shrink may not bind: the run then stops, naming the count and the rule).
+  shrink may not bind: the run then stops, naming the count and the rule;
+  while workers join, at the start, the first update waits instead for the
+  fewest workers the rule runs on: `Resizing.counts_to_wait_for`).
 
 When the change takes effect (`keras_psdist.sync.service`): a worker joins
 with its first gradient and leaves with its `LEAVE` (or is found lost), each
@@ -81,6 +83,8 @@ class Resizing:
         num_byzantine: The user's count or rule (`None`: the rule's own).
         aggregator: The unbound rule across workers.
         members: Reads the registry's member slots now.
+        max_workers: The most workers the run admits (`None`: no more than
+            are members now).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class Resizing:
         num_byzantine: Any,
         aggregator: Any,
         members: Callable[[], list[int]],
+        max_workers: int | None = None,
     ):
         self._to_aggregate = (
             membership.All()
@@ -98,6 +103,7 @@ class Resizing:
         self._num_byzantine = num_byzantine
         self._aggregator = aggregator
         self.members = members
+        self.max_workers = max_workers
         self._bound: dict[tuple[int, int], Any] = {}
 
     @property
@@ -120,6 +126,23 @@ class Resizing:
         )
         rule = self.rule(to_aggregate, num_byzantine)
         return Counts(num_workers, to_aggregate, rule.num_byzantine)
+
+    def counts_to_wait_for(self, num_workers: int) -> Counts:
+        """The counts of the fewest workers, more than `num_workers` and at
+        most `max_workers`, the rule runs on: what a run too small for its
+        rule waits to fill (at its start, while workers join; the median
+        with `num_byzantine=1` needs 3).
+
+        Raises:
+            WorkerLostError: if no such count exists, as `counts` does for
+                `num_workers`.
+        """
+        for more in range(num_workers + 1, (self.max_workers or 0) + 1):
+            try:
+                return self.counts(more)
+            except WorkerLostError:
+                continue
+        return self.counts(num_workers)
 
     def rule(self, to_aggregate: int, num_byzantine: int | None) -> Any:
         """The aggregator bound to `to_aggregate` gradients (kept per count)."""

@@ -353,7 +353,7 @@ class UpdateService:
         self._pending_change = True
         if joined and self._members:
             return  # Right after the pending update.
-        self._derive_counts()
+        self._derive_counts(growing=joined)
         to_aggregate = self.counts_now.replicas_to_aggregate
         if self._members and len(self._members) >= to_aggregate:
             # The first gradients make the update; any others are a
@@ -365,19 +365,38 @@ class UpdateService:
                 self._drop(protocol.DROPPED_STALE, worker, slot)
                 self._wake(worker, self._step)
 
-    def _derive_counts(self) -> None:
+    def _derive_counts(self, growing: bool = True) -> None:
+        """The counts for the active workers. `growing` (at a session's
+        start, or after a join): a rule that cannot run on so few waits for
+        the fewest workers it runs on; after a leave, it stops the run."""
         if not self._active:
             return  # Nobody trains (the session is over): nothing to count.
         self._pending_change = False
-        counts = self._resizing.counts(len(self._active))
+        active = len(self._active)
+        waiting = False
+        try:
+            counts = self._resizing.counts(active)
+        except WorkerLostError:
+            if not growing:
+                raise
+            counts = self._resizing.counts_to_wait_for(active)
+            waiting = True
         if counts == self.counts_now:
             return
         self.counts_now = counts
         self.changes.append((self._step, counts))
-        say(
-            f"keras_psdist sync-replicas: from global step {self._step}, "
-            f"{counts.describe()} ({self._sync.config.names(sorted(self._active))})."
-        )
+        names = self._sync.config.names(sorted(self._active))
+        if waiting:
+            say(
+                f"keras_psdist sync-replicas: {active} worker(s) ({names}) are too "
+                f"few for the rule; from global step {self._step} the update "
+                f"waits for the {counts.describe()} as they join."
+            )
+        else:
+            say(
+                f"keras_psdist sync-replicas: from global step {self._step}, "
+                f"{counts.describe()} ({names})."
+            )
 
     def _lose(self, worker: int) -> None:
         if worker not in self._active:
@@ -414,20 +433,29 @@ class UpdateService:
 
     def _check_end(self) -> None:
         config = self._sync.config
-        self._membership_changed()
+        try:
+            self._membership_changed()
+            too_few_for_the_rule = ""
+        except WorkerLostError as e:
+            # A run whose counts follow its workers, its rule unable to run
+            # on those left (the median with num_byzantine=1 on 2): as with
+            # too few for replicas_to_aggregate, the session is at its end.
+            too_few_for_the_rule = f" ({e})"
         to_aggregate = self.counts_now.replicas_to_aggregate
-        if self._at_end or len(self._active) * config.pushes_per_update >= (
-            to_aggregate
+        if self._at_end or (
+            not too_few_for_the_rule
+            and len(self._active) * config.pushes_per_update >= to_aggregate
         ):
             return
         self._at_end = True
         if self._active:
             logging.info(
                 "keras_psdist sync-replicas: only workers %s are still training, "
-                "fewer than replicas_to_aggregate=%d: their remaining gradients "
-                "are dropped and they are released at once.",
+                "too few for replicas_to_aggregate=%d%s: their remaining "
+                "gradients are dropped and they are released at once.",
                 sorted(self._active),
                 to_aggregate,
+                too_few_for_the_rule,
             )
         self._drop_pending()
         # Whoever is waiting now may be waiting for an update that will not

@@ -54,7 +54,7 @@ def component_specs(layout: Layout, shapes: Sequence[tf.TensorShape]) -> list:
             specs.append(tf.TensorSpec([None, *shape[1:]], dtype))
             specs.append(tf.TensorSpec([None], tf.int64))
         elif kind == "compressed":
-            specs += tf.nest.flatten(layout.payloads[v])
+            specs += layout.sent_specs(v)
     return specs
 
 

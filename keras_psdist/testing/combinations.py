@@ -42,6 +42,16 @@ COMPRESSORS = families.COMPRESSORS.names()
 SETTINGS = {"top_k": "top_k(ratio=0.1)", "random_k": "random_k(ratio=0.1)"}
 CONFIGURATIONS = families.AGGREGATORS.names()
 ATTACKS = ("none", "scale_-10")
+# A rule of each kind: the mean, coordinate-wise, selection, whole-vector
+# averages (one with state), a pre-aggregation.
+KINDS_OF_RULES = (
+    "mean",
+    "median",
+    "krum",
+    "geometric_median",
+    "centered_clipping",
+    "nnm",
+)
 
 # The axes that multiply, each a `run_cell` set-up: label -> its arguments.
 EXTRA_AXES: dict[str, dict[str, Any]] = {
@@ -73,6 +83,9 @@ class Cell:
     accuracy: float | None = None
     refused: str | None = None
     seconds: float = 0.0
+    losses: list[float] = dataclasses.field(default_factory=list)  # per epoch
+    # Across workers: the sends this worker compressed (`WireCompression.steps`).
+    compression_steps: int | None = None
 
     @property
     def key(self) -> str:
@@ -150,32 +163,119 @@ def run_cell(
     if dtype_policy is not None:
         keras.config.set_dtype_policy(dtype_policy)
     try:
-        keras.utils.set_random_seed(0)
-        with strategy.scope():
-            model = keras.Sequential(
-                [
-                    keras.Input((64,)),
-                    keras.layers.Dense(32, activation="relu"),
-                    keras.layers.Dense(10, dtype="float32"),
-                ]
-            )
-            model.compile(
-                optimizer=keras.optimizers.SGD(LEARNING_RATE),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                jit_compile=jit_compile,
-            )
-        dataset = (
-            tf.data.Dataset.from_tensor_slices((x_train, y_train))
-            .shuffle(len(x_train), seed=0)
-            .batch(BATCH, drop_remainder=True)
-        )
-        model.fit(dataset, epochs=EPOCHS, verbose=0)
-        logits = model(x_test, training=False)
-        cell.accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == y_test))
+        model = build_model(strategy, jit_compile=jit_compile)
+        train_and_score(cell, model, (x_train, y_train, x_test, y_test))
     finally:
         keras.config.set_dtype_policy(previous_policy)
     cell.seconds = time.perf_counter() - start
     return cell
+
+
+# Across worker processes (`keras-psdist launch --mode between-graph`):
+# `"sync"`, `SyncReplicaStrategy` (each worker one replica, the rule on the
+# chief, the attack on the last worker); `"elastic sync"`, the same with
+# `max_workers` (the counts follow the workers); `"async"`,
+# `PSStrategy(mode="between-graph")` (each worker applies its own
+# compressed gradient: no rule across workers, no attack).
+WORKER_MODES = ("sync", "elastic sync", "async")
+# The matrix across 5 workers (`benchmarks/combinations.py
+# --across-workers`, `nox -s slow`): every compressor with a rule of each
+# kind under sync, the last worker attacked; every compressor async.
+ACROSS_WORKERS_CELLS = [
+    ("sync", compressor, configuration, "scale_-10")
+    for configuration in KINDS_OF_RULES
+    for compressor in COMPRESSORS
+] + [("async", compressor, "mean", "none") for compressor in COMPRESSORS]
+
+
+def run_cell_on_this_worker(
+    mode: str, compressor: str, configuration: str, attack: str, data=None
+) -> Cell:
+    """Trains one cell as this worker process of a between-graph cluster
+    (TF_CONFIG): every worker calls it with the same cell, each fitting
+    `data`'s training part in its own order, in batches of `BATCH` divided
+    among the workers. A refusal when the strategy is built is recorded, as
+    `run_cell`'s; the cell's `extra` is `mode`."""
+    from keras_psdist.cluster import runtime
+
+    cell = Cell(compressor, configuration, attack, extra=mode)
+    data = data if data is not None else digits()
+    num_workers = runtime.num_training_tasks(runtime.resolve_config(None))
+    arguments = strategy_arguments(compressor, configuration, attack, [])
+    del arguments["devices"]
+    if attack != "none":
+        arguments["attack"] = kpd.attacks.Scale(
+            replicas=[num_workers - 1], factor=-10.0
+        )
+    start = time.perf_counter()
+    try:
+        if mode in ("sync", "elastic sync"):
+            if mode == "elastic sync":
+                arguments["max_workers"] = num_workers
+            strategy = kpd.SyncReplicaStrategy(**arguments, step_timeout=120)
+        elif mode == "async":
+            if configuration != "mean" or attack != "none":
+                raise ValueError(
+                    f"async cells take the mean and no attack, got {configuration!r} "
+                    f"and {attack!r}"
+                )
+            strategy = kpd.PSStrategy(
+                mode="between-graph", compression=arguments["compression"]
+            )
+        else:
+            raise ValueError(f"mode={mode!r}: one of {WORKER_MODES}")
+    except ValueError as e:
+        cell.refused = str(e)
+        cell.seconds = time.perf_counter() - start
+        return cell
+    # Each worker draws its batches from the whole training set in an order
+    # of its own (no worker keeps a piece the others never see), as many
+    # per epoch as the in-process matrix takes.
+    worker = strategy.extended.topology.worker_index
+    model = build_model(strategy)
+    train_and_score(cell, model, data, batch=max(1, BATCH // num_workers), seed=worker)
+    wire = strategy.extended.wire
+    cell.compression_steps = None if wire is None else wire.steps
+    cell.seconds = time.perf_counter() - start
+    return cell
+
+
+def build_model(strategy, jit_compile: bool = False) -> keras.Model:
+    """The matrix's model under `strategy`: a digits MLP with `SGD(0.3)`."""
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dense(10, dtype="float32"),
+            ]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(LEARNING_RATE),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit_compile,
+        )
+    return model
+
+
+def train_and_score(
+    cell: Cell, model: keras.Model, data, batch: int = BATCH, seed: int = 0
+) -> None:
+    """Fits `model` for `EPOCHS` on `data`'s training part, shuffled with
+    `seed`, in `len // BATCH` batches of `batch` per epoch, and sets
+    `cell.accuracy`, held out."""
+    x_train, y_train, x_test, y_test = data
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        .shuffle(len(x_train), seed=seed)
+        .batch(batch, drop_remainder=True)
+        .take(len(x_train) // BATCH)
+    )
+    history = model.fit(dataset, epochs=EPOCHS, verbose=0)
+    cell.losses = [float(x) for x in history.history["loss"]]
+    logits = model(x_test, training=False)
+    cell.accuracy = float(np.mean(np.argmax(np.asarray(logits), axis=1) == y_test))
 
 
 def verdict(cell: Cell, reference: Cell) -> str:

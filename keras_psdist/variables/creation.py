@@ -369,16 +369,41 @@ def _materialize_initial_value(kwargs: dict[str, Any]):
 def _lifted(tensor: tf.Tensor, name: str | None) -> tf.Tensor:
     """The value of a tensor of a traced step's graph, given as the initial
     value of a variable created in that step (which is made eagerly, outside
-    it): its constant value, as `tf.function` lifts such an initializer."""
+    it), as `tf.function` lifts such an initializer on one device: its
+    constant value if TensorFlow folds it, else the ops that compute it
+    copied out of the step and run once (`tf.random.normal([3])`, a read of
+    another variable).
+
+    Raises:
+        ValueError: for a value computed from the step's inputs, which
+            exists only when the step runs.
+    """
     value = tf.get_static_value(tensor)
-    if value is None:
+    if value is not None:
+        return tf.constant(value, dtype=tensor.dtype)
+    from keras_psdist import _tf
+
+    step = tensor.graph
+    inputs = {t.op for t in step.inputs if t not in step.internal_captures}
+
+    def initial_value():
+        copied = _tf.lift_to_graph.lift_to_graph(
+            [tensor],
+            tf.compat.v1.get_default_graph(),
+            disallowed_placeholders=inputs,
+            handle_captures=True,
+        )
+        return copied[tensor]
+
+    try:
+        return tf.function(initial_value, autograph=False)()
+    except _tf.lift_to_graph.UnliftableError:
         raise ValueError(
             f"Variable {name or 'Variable'!r} is first created inside a traced "
-            f"step with an initial value computed in the step ({tensor!r}), "
-            "from its inputs or by ops TensorFlow cannot fold to a constant; a "
-            "variable is made once, outside the step, so its initial value "
-            "must be known there. Pass a callable (as Keras's `add_weight` "
-            "does: `tf.Variable(lambda: tf.zeros([3]) + 1.0)`) or a constant, "
-            "or create the variable before the first step."
-        )
-    return tf.constant(value, dtype=tensor.dtype)
+            f"step with an initial value computed from the step's inputs "
+            f"({tensor!r}); a variable is made once, outside the step, so its "
+            "initial value must be known there. Pass a callable (as Keras's "
+            "`add_weight` does: `tf.Variable(lambda: tf.zeros([3]) + 1.0)`) or "
+            "a value that does not depend on the inputs, or create the variable "
+            "before the first step."
+        ) from None
