@@ -213,10 +213,8 @@ def across_workers(args) -> int:
         )
         reference = references[(cell.extra, cell.configuration)]
         cell_verdict = c.verdict(cell, reference)
-        row[cell.compressor] = (
-            f"{_fmt(cell)} "
-            f"{'' if cell_verdict == 'trains' or cell is reference else cell_verdict}"
-        ).strip()
+        quiet = cell_verdict in ("trains", "refused") or cell is reference
+        row[cell.compressor] = f"{_fmt(cell)} {'' if quiet else cell_verdict}".strip()
     table = harness.markdown_table(
         list(rows.values()), ["mode", "rule", *c.COMPRESSORS]
     )

@@ -126,6 +126,22 @@ def test_every_gradient_is_applied_and_counted(full_sync_run):
 
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("sync_full")
+def test_the_chief_pops_makes_and_releases_an_update_of_fresh_gradients_in_one_call(
+    full_sync_run,
+):
+    """TF1's aggregate-apply-release as one graph (`UpdateService.
+    _pop_and_update`): after the first update (the optimizer builds its
+    variables there), an update of fresh gradients is one call; the end
+    of the fit (the workers' LEAVEs among the gradients) goes one element
+    at a time. The updates equal the synchronous run's (test above)."""
+    reports, _, _ = full_sync_run
+    steps = reports[0]["steps"]
+    assert reports[1]["updates_in_one_call"] is None  # not the chief
+    assert steps - 3 <= reports[0]["updates_in_one_call"] <= steps - 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.xdist_group("sync_full")
 def test_a_second_strategy_in_the_same_script_is_a_run_of_its_own(full_sync_run):
     """Its step count starts at 0 and its queues are its own (another model's
     gradients); the first run's counts are left as they were."""

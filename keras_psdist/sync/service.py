@@ -41,9 +41,11 @@ join; a `LEAVE` or `LOST` its leave. Each changes the counts
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import keras
 import numpy as np
@@ -60,6 +62,8 @@ from keras_psdist.sync.staging import GradientStaging
 LOG_EVERY_S = 30.0
 # What `log_counts` says at the end of a fit.
 FIT_FINISHED = "finished a fit"
+# A header `_pop_and_update` did not pop (it stopped at an earlier element).
+_NOT_POPPED = -2
 
 
 def counts_summary(
@@ -113,6 +117,12 @@ class UpdateService:
         update: `(members, counts) -> None`: one update from the members'
             gradients, the strategy's rule over them (bound to `counts`, a
             `resizing.Counts`), applied with the Keras optimizer.
+        update_in_trace: `(members, (replicas_to_aggregate,
+            num_byzantine)) -> variables`, the same update's ops inside a
+            `tf.function`, returning the variables it wrote; with it, an
+            update of fresh gradients is popped, made and released in one
+            call (`_pop_and_update`).
+        scope: The context the update runs in (the strategy's scope).
             `members[m]` is member m's staged gradient (its slot's variables,
             on the ps task): inside the update's `tf.function`,
             `service.staging.read(members[m])[v]` is its gradient of variable
@@ -127,9 +137,19 @@ class UpdateService:
         sync: SyncReplicas,
         update: Callable[[list[list], Counts], None],
         resizing: Resizing | None = None,
+        *,
+        update_in_trace: Callable[[list[list], tuple], list] | None = None,
+        scope: Callable[[], contextlib.AbstractContextManager] | None = None,
     ):
         self._sync = sync
         self._update_model = update
+        self._update_in_trace = update_in_trace
+        self._scope = scope or contextlib.nullcontext
+        self._pop_and_update_fns: dict[tuple, Any] = {}
+        self._made_an_update = False
+        # Updates made by `_pop_and_update` in one call (the rest: one call
+        # per popped element, and one for the update and its release).
+        self.updates_in_one_call = 0
         self._resizing = resizing
         config = sync.config
         # The counts updates are made with now, and each change of them:
@@ -222,22 +242,154 @@ class UpdateService:
     def _serve(self) -> None:
         self._begin(self._next_session)
         while True:
-            element = self._pop_element()
-            kind, worker, step, session, slot = element
-            self.last_activity = time.monotonic()
-            if kind == protocol.SHUTDOWN:
-                return
-            if session > self._session:
-                self._later.append(element)
-                continue
-            if session < self._session:
-                self._late(kind, worker, session, slot)
-                continue
-            self._handle(kind, worker, step, slot)
-            if not self._active:
-                self._end_session()
-                self._begin(self._session + 1)
+            if self._can_pop_and_update():
+                elements = self._pop_and_update()
+            else:
+                elements = [self._pop_element()]
+            for element in elements:
+                if self._process(element):
+                    return
+
+    def _process(self, element) -> bool:
+        """Handles one popped element; True for SHUTDOWN (the loop ends)."""
+        kind, worker, step, session, slot = element
+        self.last_activity = time.monotonic()
+        if kind == protocol.SHUTDOWN:
+            return True
+        if session > self._session:
+            self._later.append(element)
+            return False
+        if session < self._session:
+            self._late(kind, worker, session, slot)
+            return False
+        self._handle(kind, worker, step, slot)
+        if not self._active:
+            self._end_session()
+            self._begin(self._session + 1)
+        self._maybe_log()
+        return False
+
+    # ------------------------------------------ the common update, fused
+
+    def _can_pop_and_update(self) -> bool:
+        """Whether the next update may be popped, made and released in one
+        call: nothing pending or queued aside, the counts settled, one
+        gradient per worker per update, and one update made already (the
+        optimizer builds its variables in its first, which cannot be in a
+        branch)."""
+        return (
+            self._update_in_trace is not None
+            and self._made_an_update
+            and self.staging is not None
+            and not self._members
+            and not self._later
+            and not self._at_end
+            and not self._pending_change
+            and self._sync.config.pushes_per_update == 1
+            and self.counts_now.replicas_to_aggregate <= len(self._active)
+        )
+
+    def _pop_and_update(self) -> list[tuple]:
+        """Pops up to `replicas_to_aggregate` elements in one call on the ps
+        task; if they are that many fresh gradients of this step from
+        distinct active workers (the common case), the same call makes the
+        update and releases every worker (TF1's aggregate-apply-release, one
+        graph), and this returns []. Otherwise it stops popping at the first
+        other element and returns the elements popped, to be handled one by
+        one as `_pop_element`'s are."""
+        counts = self.counts_now
+        n = counts.replicas_to_aggregate
+        key = (n, counts.num_byzantine)
+        if key not in self._pop_and_update_fns:
+            self._pop_and_update_fns[key] = self._make_pop_and_update(n, key)
+        slots = [self.staging.take() for _ in range(n)]
+        active = np.zeros([self._sync.config.slots], bool)
+        active[sorted(self._active)] = True
+        with self._scope():
+            headers, made = self._pop_and_update_fns[key](
+                [self.staging.variables(slot) for slot in slots],
+                tf.constant(self._step, tf.int64),
+                tf.constant(self._session, tf.int64),
+                tf.constant(active),
+                tf.constant(self._counts),
+            )
+        headers = headers.numpy()
+        self.last_activity = time.monotonic()
+        if bool(made.numpy()):
+            for (_, worker, _, _), slot in zip(headers, slots, strict=True):
+                self._counts[protocol.APPLIED, int(worker)] += 1
+                self.staging.give_back(slot)
+            self._step += 1
+            self.updates_in_one_call += 1
             self._maybe_log()
+            return []
+        elements = []
+        for (kind, worker, step, session), slot in zip(headers, slots, strict=True):
+            if kind == _NOT_POPPED or kind != protocol.GRADIENT:
+                self.staging.give_back(slot)
+            if kind != _NOT_POPPED:
+                slot_or_none = slot if kind == protocol.GRADIENT else None
+                elements.append(
+                    (int(kind), int(worker), int(step), int(session), slot_or_none)
+                )
+        return elements
+
+    def _make_pop_and_update(self, n: int, key: tuple):
+        sync, staging = self._sync, self.staging
+        workers = sync.config.slots
+        update_in_trace = self._update_in_trace
+
+        @tf.function
+        def pop_and_update(slot_variables, step, session, active, counts):
+            fresh = tf.constant(True)
+            seen = tf.zeros([workers], tf.bool)
+            headers = []
+            for slot in slot_variables:
+
+                def pop(slot=slot):
+                    return staging.pop_ops(slot)
+
+                header = tf.cond(
+                    fresh,
+                    pop,
+                    lambda: tf.fill([4], tf.constant(_NOT_POPPED, tf.int64)),
+                )
+                worker = tf.clip_by_value(header[1], 0, workers - 1)
+                fresh = tf.reduce_all(
+                    tf.stack(
+                        [
+                            fresh,
+                            tf.equal(header[0], protocol.GRADIENT),
+                            tf.equal(header[1], worker),
+                            tf.equal(header[2], step),
+                            tf.equal(header[3], session),
+                            tf.gather(active, worker),
+                            tf.logical_not(tf.gather(seen, worker)),
+                        ]
+                    )
+                )
+                seen = tf.logical_or(seen, tf.one_hot(worker, workers, True, False))
+                headers.append(header)
+            headers = tf.stack(headers)
+
+            def update():
+                written = update_in_trace(slot_variables, key)
+                applied = tf.reduce_sum(
+                    tf.one_hot(headers[:, 1], workers, dtype=tf.int64), axis=0
+                )
+                new_counts = counts + tf.stack(
+                    [applied, tf.zeros_like(applied), tf.zeros_like(applied)]
+                )
+                # The workers read the variables once released: after every
+                # write of the update.
+                with tf.control_dependencies(_reads_after_writes(written)):
+                    release_ops(sync, step + 1, new_counts)
+                return tf.constant(True)
+
+            made = tf.cond(fresh, update, lambda: tf.constant(False))
+            return headers, made
+
+        return pop_and_update
 
     def _pop_element(self):
         if self._later and self._later[0][3] == self._session:
@@ -327,6 +479,7 @@ class UpdateService:
         self._update_model(
             [self.staging.variables(s) for _, s in self._members], self.counts_now
         )
+        self._made_an_update = True
         for worker, slot in self._members:
             self._count(protocol.APPLIED, worker)
             self.staging.give_back(slot)
@@ -568,20 +721,59 @@ class UpdateService:
 def _make_release(sync: SyncReplicas):
     @tf.function
     def release(step, counts):
-        with tf.device(sync.device):
-            assigned = [sync.global_step.assign(step), sync.counts.assign(counts)]
-            with tf.control_dependencies(assigned):
-                for queue in sync.token_queues:
-                    # A worker only needs one token newer than its tag; the
-                    # check keeps a slow worker's queue from growing.
-                    size = tf.raw_ops.QueueSizeV2(handle=queue)
-                    tf.cond(
-                        tf.equal(size, 0),
-                        lambda q=queue: _enqueue_op(q, step),
-                        lambda: tf.no_op(),
-                    )
+        release_ops(sync, step, counts)
 
     return release
+
+
+def release_ops(sync: SyncReplicas, step, counts) -> None:
+    """Publishes the new step and counts, then gives every worker a token
+    (in a trace)."""
+    with tf.device(sync.device):
+        assigned = [sync.global_step.assign(step), sync.counts.assign(counts)]
+        with tf.control_dependencies(assigned):
+            for queue in sync.token_queues:
+                # A worker only needs one token newer than its tag; the
+                # check keeps a slow worker's queue from growing.
+                size = tf.raw_ops.QueueSizeV2(handle=queue)
+                tf.cond(
+                    tf.equal(size, 0),
+                    lambda q=queue: _enqueue_op(q, step),
+                    lambda: tf.no_op(),
+                )
+
+
+def _reads_after_writes(variables) -> list:
+    """Reads of `variables` (each on its own device), after the writes
+    before them in the trace: what the release waits for."""
+    reads = []
+    for variable in _resource_variables(variables):
+        with tf.device(variable.device):
+            reads.append(
+                tf.raw_ops.ReadVariableOp(
+                    resource=variable.handle, dtype=variable.dtype
+                )
+            )
+    return reads
+
+
+def _resource_variables(variables) -> list:
+    """The resource variables behind model variables (a Keras variable's
+    backend variable, a partitioned one's shards, a ps variable's own)."""
+    out = []
+    for variable in variables:
+        if isinstance(variable, keras.Variable):
+            variable = variable.value  # the backend's variable
+        shards = getattr(variable, "shards", None)
+        if shards is not None:
+            out.extend(_resource_variables(shards))
+        elif hasattr(variable, "_v"):  # AggregatingVariable
+            out.extend(_resource_variables([variable._v]))
+        elif hasattr(variable, "values") and not hasattr(variable, "handle"):
+            out.extend(_resource_variables(variable.values))
+        else:
+            out.append(variable)
+    return out
 
 
 def _enqueue_op(queue, step):

@@ -122,29 +122,27 @@ class GradientStaging:
             components = [v.read_value() for v in slot_variables]
             return self._layout.unflatten(components, self._shapes)
 
+    def pop_ops(self, slot_variables) -> tf.Tensor:
+        """In a trace: dequeues one element (blocking), writes its gradient
+        into `slot_variables` and returns its header `[kind, worker, step,
+        session]`."""
+        with tf.device(self._device):
+            components = tf.raw_ops.QueueDequeueV2(
+                handle=self._queue, component_types=self._layout.component_types
+            )
+
+            def write():
+                for variable, value in zip(slot_variables, components[4:], strict=True):
+                    variable.assign(value, read_value=False)
+                return tf.constant(True)
+
+            # A marker (LEAVE, LOST, SHUTDOWN) carries empty components.
+            tf.cond(
+                tf.equal(components[0], protocol.GRADIENT),
+                write,
+                lambda: tf.constant(False),
+            )
+            return tf.stack(components[:4])
+
     def _make_pop(self):
-        queue, types = self._queue, self._layout.component_types
-
-        @tf.function
-        def pop(slot_variables):
-            with tf.device(self._device):
-                components = tf.raw_ops.QueueDequeueV2(
-                    handle=queue, component_types=types
-                )
-
-                def write():
-                    for variable, value in zip(
-                        slot_variables, components[4:], strict=True
-                    ):
-                        variable.assign(value, read_value=False)
-                    return tf.constant(True)
-
-                # A marker (LEAVE, LOST, SHUTDOWN) carries empty components.
-                tf.cond(
-                    tf.equal(components[0], protocol.GRADIENT),
-                    write,
-                    lambda: tf.constant(False),
-                )
-                return tf.stack(components[:4])
-
-        return pop
+        return tf.function(self.pop_ops)

@@ -539,7 +539,13 @@ class SyncTraining:
 
     def _ensure_service(self) -> UpdateService:
         if self._service is None:
-            self._service = UpdateService(self.sync, self._update_model, self._resizing)
+            self._service = UpdateService(
+                self.sync,
+                self._update_model,
+                self._resizing,
+                update_in_trace=self._update_in_trace,
+                scope=self._strategy.scope,
+            )
         return self._service
 
     def _reduction_for(self, key) -> GradientReduction:
@@ -565,39 +571,39 @@ class SyncTraining:
         """One update: the rule over the members' gradients, then Keras's
         own apply (one function call on the chief per update)."""
         if self._update_fn is None:
-            apply, variables = self._apply, self._variables
-
-            wire = self._strategy.extended.wire
-            staging = self._service.staging
-
-            device = self.sync.device
-
-            def update(slots, key):
-                # `key`, a Python value, traces one function per counts.
-                reduction = self._reduction_for(key)
-                # Each member's gradient, read on the ps task that staged it,
-                # a compressed one decompressed there (on the chief, a dense
-                # gradient per member would cross back to the ps).
-                with tf.device(device):
-                    members = [
-                        [
-                            wire.compressor.decompress(g.value)
-                            if isinstance(g, Payload)
-                            else g
-                            for g in staging.read(slot)
-                        ]
-                        for slot in slots
-                    ]
-                present = [v for v, g in enumerate(members[0]) if g is not None]
-                columns = [[m[v] for m in members] for v in present]
-                reduced = iter(reduction(tf.distribute.ReduceOp.MEAN, columns, None))
-                grads = [None if g is None else next(reduced) for g in members[0]]
-                apply(grads, variables)
-
-            self._update_fn = tf.function(update, reduce_retracing=True)
-        key = (counts.replicas_to_aggregate, counts.num_byzantine)
+            self._update_fn = tf.function(self._update_in_trace, reduce_retracing=True)
         with self._strategy.scope():
-            self._update_fn(members, key)
+            self._update_fn(members, _key(counts))
+
+    def _update_in_trace(self, slots, key) -> list:
+        """The update's ops, in a `tf.function` (the update's own, or the
+        service's pop-and-update, `UpdateService`): `key`, a Python value,
+        traces one function per counts. Returns the variables it wrote."""
+        reduction = self._reduction_for(key)
+        wire = self._strategy.extended.wire
+        staging = self._service.staging
+        # Each member's gradient, read on the ps task that staged it, a
+        # compressed one decompressed there (on the chief, a dense gradient
+        # per member would cross back to the ps).
+        with tf.device(self.sync.device):
+            members = [
+                [
+                    wire.compressor.decompress(g.value) if isinstance(g, Payload) else g
+                    for g in staging.read(slot)
+                ]
+                for slot in slots
+            ]
+        present = [v for v, g in enumerate(members[0]) if g is not None]
+        columns = [[m[v] for m in members] for v in present]
+        reduced = iter(reduction(tf.distribute.ReduceOp.MEAN, columns, None))
+        grads = [None if g is None else next(reduced) for g in members[0]]
+        self._apply(grads, self._variables)
+        return self._variables
+
+
+def _key(counts) -> tuple:
+    """The update function's trace key for `counts` (a `resizing.Counts`)."""
+    return (counts.replicas_to_aggregate, counts.num_byzantine)
 
 
 def _forge_own(attack, grads):

@@ -229,6 +229,11 @@ def _train(out_dir, config):
     if not bounded:
         sync_training = strategy.extended.sync_training
         report["namespace"] = sync_training.sync.namespace
+        service = sync_training._service
+        # On the chief: updates popped, made and released in one call.
+        report["updates_in_one_call"] = (
+            None if service is None else service.updates_in_one_call
+        )
         report["layout"] = list(sync_training.sync.layout.kinds)
         wire = strategy.extended.wire
         report["compression"] = None if wire is None else repr(wire.compressor)

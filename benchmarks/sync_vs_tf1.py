@@ -1,0 +1,130 @@
+"""SyncReplicaStrategy against TF1's SyncReplicasOptimizer: updates/s.
+
+What it measures
+----------------
+Updates per second of synchronous training between worker processes, 1 ps
+task and W workers on this machine's loopback, each run a fresh
+``keras_psdist.cluster.launch(mode="between-graph")`` of
+``benchmarks/_sync_vs_tf1_job.py``:
+
+- ``tf1``: ``tf.compat.v1.train.SyncReplicasOptimizer`` (still in TF 2),
+  graph mode, ``replica_device_setter``, ``MonitoredTrainingSession`` with
+  the optimizer's hook, as TF's docs set it up;
+- ``ours``: ``SyncReplicaStrategy()`` with Keras's ``model.fit``.
+
+The same MLP (784-512-512-10), plain SGD, ``--batch`` examples per worker
+and step, ``replicas_to_aggregate = W`` on both sides. The rate is the
+chief's: (global step at its last step - at step ``--warmup``) / the time
+between the two, so tracing and start-up are left out. The sides alternate
+(tf1, ours, tf1, ours, ...) for ``--rounds`` rounds at each W, and the ratio
+ours / tf1 is taken round by round; the table gives the median of each.
+
+How to run
+----------
+From the repository root::
+
+    python benchmarks/sync_vs_tf1.py              # W = 1, 2; ~6 min
+    python benchmarks/sync_vs_tf1.py --workers 1,2,4 --rounds 5
+
+It writes ``benchmarks/results/sync_vs_tf1.json``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import harness
+from harness import log
+
+JOB = Path(__file__).resolve().parent / "_sync_vs_tf1_job.py"
+SIDES = ("tf1", "ours")
+RUN_TIMEOUT_S = 600
+
+
+def rate(steps: list, warmup: int) -> float:
+    """Updates/s from the chief's `(time, global step)` at each step end."""
+    (t0, s0), (t1, s1) = steps[warmup - 1], steps[-1]
+    return (s1 - s0) / (t1 - t0)
+
+
+def run_one(work: Path, side: str, workers: int, args) -> float:
+    from keras_psdist.cluster.launcher import run
+
+    out_dir, log_path = harness.run_dir(work, f"{side}_w{workers}_")
+    server_command = run.SERVER_COMMAND
+    if side == "tf1":
+        run.SERVER_COMMAND = (sys.executable, str(JOB), "--serve-ps")
+    try:
+        code = _launch(out_dir, log_path, side, workers, args)
+    finally:
+        run.SERVER_COMMAND = server_command
+    [report] = harness.read_reports(out_dir, 1, log_path, code, "chief.json")
+    return rate(report["steps"], args.warmup)
+
+
+def _launch(out_dir, log_path, side, workers, args) -> int:
+    return harness.launch_logged(
+        [
+            sys.executable,
+            str(JOB),
+            "--side",
+            side,
+            "--out-dir",
+            str(out_dir),
+            "--steps",
+            str(args.steps),
+            "--batch",
+            str(args.batch),
+        ],
+        log_path,
+        num_ps=1,
+        num_workers=workers,
+        mode="between-graph",
+        timeout_s=RUN_TIMEOUT_S,
+    )
+
+
+def main(argv=None) -> int:
+    parser = harness.BenchmarkParser(__doc__.split("\n")[0], name="sync_vs_tf1")
+    parser.add_argument("--workers", type=harness.int_list, default=[1, 2])
+    parser.add_argument("--rounds", type=harness.positive, default=3)
+    parser.add_argument("--steps", type=harness.positive, default=200)
+    parser.add_argument("--warmup", type=harness.positive, default=30)
+    parser.add_argument("--batch", type=harness.positive, default=128)
+    args = parser.parse_args(argv)
+    runs = []
+    with tempfile.TemporaryDirectory() as work:
+        for workers in args.workers:
+            for round_ in range(args.rounds):
+                pair = {}
+                for side in SIDES:
+                    pair[side] = run_one(Path(work), side, workers, args)
+                    log(
+                        f"W={workers} round {round_}: {side} {pair[side]:.1f} updates/s"
+                    )
+                runs.append(
+                    {"workers": workers, **pair, "ratio": pair["ours"] / pair["tf1"]}
+                )
+    rows = []
+    for workers in args.workers:
+        mine = [r for r in runs if r["workers"] == workers]
+        rows.append(
+            {
+                "W": workers,
+                "TF1 updates/s": f"{statistics.median(r['tf1'] for r in mine):.1f}",
+                "ours updates/s": f"{statistics.median(r['ours'] for r in mine):.1f}",
+                "ours / TF1": f"{statistics.median(r['ratio'] for r in mine):.2f}",
+            }
+        )
+    print(harness.markdown_table(rows, list(rows[0])))
+    harness.write_results(
+        args.json, {"runs": runs, "args": vars(args) | {"json": None}}
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
