@@ -386,15 +386,26 @@ def test_an_end_token_of_an_earlier_session_is_a_leftover(sync):
 @pytest.mark.timeout(120)
 def test_a_release_ahead_of_the_end_token_still_ends_the_session(sync):
     """The last release sat in the queue before the end token: the wait
-    takes the release, and reads that the chief has finished with the
-    global step, so the next step does not push (over a slow link, seconds)
-    before it finds the end token."""
+    takes the release (the new step, with no read of the ps), and the next
+    step reads that the chief has finished beside its compute, so it does
+    not push (over a slow link, seconds) before it finds the end token."""
     sync.global_step.assign(7)
     _enqueue_token(sync, 7)
     sync.mark_finished(1)
     _enqueue_token(sync, protocol.END + 1)
     _, finish = _wait_in_thread(sync, tag=6)
     assert finish(timeout=30)
+    assert int(sync._local_step.numpy()) == 7
+    variable = tf.Variable(tf.zeros([3]))
+
+    @tf.function
+    def step():
+        sync.worker_step([tf.ones([3])], [variable])
+
+    step()  # returns at once: it neither pushes nor waits
+    queue = sync.gradient_queue(sync.layout)
+    assert int(tf.raw_ops.QueueSizeV2(handle=queue).numpy()) == 0
+    assert sync.steps_skipped() == 1
     assert sync.session_ended(1)
 
 

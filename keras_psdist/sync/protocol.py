@@ -20,7 +20,8 @@ first parameter server and that every worker process opens by name:
 A worker's step (`SyncReplicas.worker_step`, inside Keras's train function):
 it pushes its gradient tagged with its `local_step` (the global step its
 parameters are at least as new as), then waits for a token newer than that
-tag and reads the new global step as its next tag. With
+tag: a release's token is the new global step, its next tag (two dependent
+transfers per step, TF1's count: the push and the token). With
 `replicas_to_aggregate > total_num_replicas` a worker pushes
 `ceil(replicas_to_aggregate / total_num_replicas)` gradients per update before
 it waits.
@@ -37,8 +38,8 @@ closed the token queue): when the chief's own `fit` ends, the service writes
 `finished` and gives every worker still in the session an end token
 (`END + session`). A worker blocked in its wait wakes at once; one in the
 middle of a step (computing, or pushing over a slow link) finds the token at
-its next wait, or sees `finished` when it reads the global step after a
-release. From then on its steps send nothing and wait for nothing (a local
+its next wait, or sees `finished` when its next step starts (it reads it
+beside its compute) and pushes nothing. From then on its steps send nothing and wait for nothing (a local
 flag), and its `fit` stops at the step's end (`training.py`). End tokens
 carry their session, so one that arrives after its worker moved on to its
 next `fit` is ignored.
@@ -374,11 +375,21 @@ class SyncReplicas:
         """
         layout = self.register(grads, variables)
         session = self._session.read_value()
-        return tf.cond(
-            self._ended.read_value() >= session,
-            lambda: tf.group(self._skipped.assign_add(1)),
-            lambda: self._push_and_wait(layout, grads, session),
-        )
+        # Whether the chief has finished the session, read from the ps with
+        # no input: it runs at the start of the step, beside the worker's
+        # compute, so a release that came before the end token costs no
+        # push (over a slow link, seconds) and no round trip after the wait.
+        with tf.device(self.device):
+            finished = self.finished.read_value()
+        ended = tf.logical_or(self._ended.read_value() >= session, finished >= session)
+
+        def skip():
+            return tf.group(
+                self._skipped.assign_add(1),
+                self._note_end(finished >= session, session),
+            )
+
+        return tf.cond(ended, skip, lambda: self._push_and_wait(layout, grads, session))
 
     def _push_and_wait(self, layout, grads, session):
         queue = self._gradient_queue
@@ -436,12 +447,25 @@ class SyncReplicas:
             token = tf.reshape(token, [])
         check = tf.debugging.Assert(tf.not_equal(token, POISON), [POISON_MESSAGE])
         with tf.control_dependencies([check]):
-            step, finished = self._read_step_and_finished()
-            return tf.group(
-                self._start_from(step),
-                self._note_end(
-                    tf.logical_or(tf.equal(token, end), finished >= session), session
-                ),
+            # A release's token is the new global step (written before it was
+            # sent): the worker goes on from it, with no read of the ps. Any
+            # other token (a free pass, an end token, an old token after
+            # which the step was found newer) reads the step and whether
+            # the session is over.
+            released = tf.logical_and(token > tag, token < END)
+
+            def from_the_ps():
+                step, finished = self._read_step_and_finished()
+                return tf.group(
+                    self._start_from(step),
+                    self._note_end(
+                        tf.logical_or(tf.equal(token, end), finished >= session),
+                        session,
+                    ),
+                )
+
+            return tf.cond(
+                released, lambda: tf.group(self._start_from(token)), from_the_ps
             )
 
     def _go_on_if_updated(self, tag, session):

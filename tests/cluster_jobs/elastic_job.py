@@ -243,17 +243,43 @@ class UpdateAudit:
         self._model = model
         self._inner = sync_training._update_model
         sync_training._update_model = self
+        # The updates the service pops, makes and releases in one call
+        # (`UpdateService._pop_and_update`) are audited around that call.
+        ensure_service = sync_training._ensure_service
+
+        def audited_service():
+            service = ensure_service()
+            if not getattr(service, "_audited", False):
+                service._audited = True
+                pop_and_update = service._pop_and_update
+
+                def audited_pop_and_update():
+                    before = self._kernel()
+                    counts = service.counts_now
+                    left = pop_and_update()
+                    if not left:  # one update made
+                        self._check(before, service, [], counts, [])
+                    return left
+
+                service._pop_and_update = audited_pop_and_update
+            return service
+
+        sync_training._ensure_service = audited_service
+
+    def _kernel(self):
+        return self._model.trainable_variables[0].numpy().ravel()
 
     def __call__(self, members, counts):
         service = self._training._service
         workers = [w for w, _ in service._members]
-        kernel = self._model.trainable_variables[0]
-        before = kernel.numpy().ravel()
+        before = self._kernel()
         staged = [[v.numpy().ravel().tolist() for v in slot] for slot in members]
         self._inner(members, counts)
-        after = kernel.numpy().ravel()
+        self._check(before, service, workers, counts, staged)
+
+    def _check(self, before, service, workers, counts, staged):
         self.updates += 1
-        delta = (after - before).tolist()
+        delta = (self._kernel() - before).tolist()
         if delta != [-LR] * DIM:
             self.wrong.append(
                 {
