@@ -55,16 +55,22 @@ def _check(compressors, configuration: str, attack: str, extra: str = "") -> Non
             extra=extra,
             **c.EXTRA_AXES.get(extra, {}),
         )
-        verdict = c.verdict(cell, reference)
-        if verdict == "refused" and "coordinates='leader'" not in cell.refused:
-            # A refusal must say what to use instead.
-            failures.append(f"{cell.key}: refused without a fix: {cell.refused}")
-        elif verdict == "FAILS":
-            failures.append(
-                f"{cell.key}: {cell.accuracy:.3f} against {reference.accuracy:.3f} "
-                "uncompressed"
-            )
+        failures += _failure(cell, reference, "coordinates='leader'")
     assert not failures, "\n".join(failures)
+
+
+def _failure(cell, reference, fix: str) -> list[str]:
+    """`[why]` if `cell` fails against `reference` or is refused without
+    naming `fix` (a refusal must say what to use instead), else `[]`."""
+    verdict = c.verdict(cell, reference)
+    if verdict == "refused" and fix not in cell.refused:
+        return [f"{cell.key}: refused without a fix: {cell.refused}"]
+    if verdict == "FAILS":
+        return [
+            f"{cell.key}: {cell.accuracy:.3f} against {reference.accuracy:.3f} "
+            "uncompressed"
+        ]
+    return []
 
 
 KINDS_OF_RULES = c.KINDS_OF_RULES
@@ -225,14 +231,7 @@ def _check_across_workers(reports, num_workers):
     for cell in cells:
         reference = references[(cell.extra, cell.configuration, cell.attack)]
         assert reference.refused is None, reference.refused
-        verdict = c.verdict(cell, reference)
-        if verdict == "refused" and "Use random_k" not in cell.refused:
-            failures.append(f"{cell.key}: refused without a fix: {cell.refused}")
-        elif verdict == "FAILS":
-            failures.append(
-                f"{cell.key}: {cell.accuracy:.3f} against {reference.accuracy:.3f} "
-                "uncompressed"
-            )
+        failures += _failure(cell, reference, "Use random_k")
     assert not failures, "\n".join(failures)
 
 
