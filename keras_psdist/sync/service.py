@@ -52,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist._tf import ps_values
 from keras_psdist.errors import WorkerLostError  # noqa: F401 (re-exported)
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncReplicas
@@ -767,8 +768,8 @@ def _resource_variables(variables) -> list:
         shards = getattr(variable, "shards", None)
         if shards is not None:
             out.extend(_resource_variables(shards))
-        elif hasattr(variable, "_v"):  # AggregatingVariable
-            out.extend(_resource_variables([variable._v]))
+        elif isinstance(variable, ps_values.AggregatingVariable):
+            out.extend(_resource_variables([variable.get()]))
         elif hasattr(variable, "values") and not hasattr(variable, "handle"):
             out.extend(_resource_variables(variable.values))
         else:
