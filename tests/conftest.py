@@ -70,21 +70,53 @@ def pytest_sessionstart(session):
     hosts.remove_stale()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """The modules that start processes run first, each module's tests in
-    their order.
+    their order; the tests that share a launch share an `xdist` worker.
 
     Under `-n 2` the workers take tests (or `xdist_group`s) as they free up,
     in this order, so a long cluster launch collected last could leave one
     worker idle while the other finishes it; longest first packs the two.
-    Only whole modules move, so a module's fixtures are still set up once.
+
+    A module-scoped fixture is set up once per `xdist` worker that runs a
+    test using it: a cluster launch shared by two tests that the two
+    workers took ran twice (65 s). So a process-starting test that uses a
+    module-scoped fixture of its own module joins that fixture's
+    `xdist_group` (before xdist reads the marks: `tryfirst`), unless it
+    names its group itself.
     """
+    for item in items:
+        if item.get_closest_marker("multiprocess") is None:
+            continue
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        shared = _own_module_fixtures(item)
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
     launching_modules = {
         item.module.__name__
         for item in items
         if item.get_closest_marker("multiprocess") is not None
     }
     items.sort(key=lambda item: item.module.__name__ not in launching_modules)
+
+
+def _own_module_fixtures(item) -> list[str]:
+    """The module-scoped fixtures defined in `item`'s own module that it
+    uses, as `module:fixture`."""
+    module = item.module.__name__
+    own = []
+    for name in item.fixturenames:
+        definitions = item._fixtureinfo.name2fixturedefs.get(name)
+        if not definitions:
+            continue
+        definition = definitions[-1]
+        if definition.scope == "module" and definition.baseid.endswith(
+            item.module.__file__.rsplit("/", 1)[-1]
+        ):
+            own.append(f"{module}:{name}")
+    return own
 
 
 @pytest.fixture

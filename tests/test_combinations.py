@@ -241,6 +241,7 @@ def cells_across_workers(tmp_path_factory):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("across_workers")
 def test_across_workers_every_cell_trains_or_is_refused_with_a_fix(
     cells_across_workers,
 ):
@@ -251,6 +252,7 @@ def test_across_workers_every_cell_trains_or_is_refused_with_a_fix(
 
 
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("across_workers")
 def test_every_worker_draws_random_k_s_coordinates_at_the_same_step(
     cells_across_workers,
 ):
