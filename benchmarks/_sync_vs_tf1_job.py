@@ -4,7 +4,7 @@ Run on every worker task by `keras_psdist.cluster.launch(mode="between-graph")`
 (its TF_CONFIG says which task it is)::
 
     python benchmarks/_sync_vs_tf1_job.py --side tf1|ours --out-dir DIR
-        [--steps N] [--batch B] [--lr LR]
+        [--steps N] [--batch B] [--lr LR] [--warmup N]
 
 Both sides train the same MLP (784-512-512-10, softmax cross-entropy) with
 plain SGD on the same synthetic data, each worker its own batches:
@@ -111,9 +111,14 @@ def tf1(args, worker: int, num_workers: int, cluster_spec: dict) -> list:
         save_summaries_steps=None,
         log_step_count_steps=None,
     ) as session:
+        profile = os.environ.get("KERAS_PSDIST_BENCH_PROFILE")
         while not session.should_stop():
+            if profile and is_chief and len(steps) == args.warmup:
+                tf.profiler.experimental.start(profile)
             _, step = session.run([train_op, global_step])
             steps.append((time.perf_counter(), int(step)))
+            if profile and is_chief and len(steps) == args.warmup + 20:
+                tf.profiler.experimental.stop()
     return steps
 
 
@@ -141,9 +146,17 @@ def ours(args, worker: int) -> list:
     steps = []
     training = strategy.extended.sync_training
 
+    profile = os.environ.get("KERAS_PSDIST_BENCH_PROFILE")
+
     class StepEnds(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             steps.append((time.perf_counter(), batch + 1))
+            # A TensorFlow profile of 20 steady steps (chief only), for
+            # TensorBoard's profile plugin.
+            if profile and worker == 0 and batch + 1 == args.warmup:
+                tf.profiler.experimental.start(profile)
+            if profile and worker == 0 and batch + 1 == args.warmup + 20:
+                tf.profiler.experimental.stop()
 
     model.fit(
         dataset, steps_per_epoch=args.steps, epochs=1, verbose=0, callbacks=[StepEnds()]
@@ -187,6 +200,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--warmup", type=int, default=30)
     args = parser.parse_args()
     tf_config = json.loads(os.environ["TF_CONFIG"])
     worker = int(tf_config["task"]["index"])

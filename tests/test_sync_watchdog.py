@@ -313,7 +313,8 @@ def _wait_in_thread(sync, tag):
 
     @tf.function
     def wait():
-        sync._wait_for_release(tf.constant(tag, tf.int64), tf.constant(1, tf.int64))
+        tag_, session = tf.constant(tag, tf.int64), tf.constant(1, tf.int64)
+        sync._note(sync._wait_for_release(tag_, session), session)
 
     done = threading.Event()
     thread = threading.Thread(target=lambda: (wait(), done.set()), daemon=True)
@@ -366,7 +367,8 @@ def test_an_end_token_of_an_earlier_session_is_a_leftover(sync):
 
     @tf.function
     def wait():
-        sync._wait_for_release(tf.constant(0, tf.int64), tf.constant(2, tf.int64))
+        tag, session = tf.constant(0, tf.int64), tf.constant(2, tf.int64)
+        sync._note(sync._wait_for_release(tag, session), session)
 
     done = threading.Event()
     thread = threading.Thread(target=lambda: (wait(), done.set()), daemon=True)

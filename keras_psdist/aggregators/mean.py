@@ -43,7 +43,11 @@ class Mean(Aggregator):
             )
 
     def aggregate(self, per_replica: Sequence[Sequence[tf.Tensor]]) -> list[tf.Tensor]:
-        return [_sum(vs) / tf.cast(len(vs), vs[0].dtype) for vs in per_replica]
+        # One value is its own mean: no division (a pass over the tensor).
+        return [
+            _sum(vs) if len(vs) == 1 else _sum(vs) / tf.cast(len(vs), vs[0].dtype)
+            for vs in per_replica
+        ]
 
     def step(self, reduce_op, per_replica, *, shares=None, state=()):
         """The mean of the replicas' per-example gradients, weighted by batch.

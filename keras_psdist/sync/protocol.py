@@ -366,6 +366,15 @@ class SyncReplicas:
         Once this worker knows the chief has finished the session, the step
         sends nothing and waits for nothing: no update can come.
 
+        Every op of the protocol runs on the ps task, control flow included:
+        this worker's own counters are read at the start of the step (beside
+        its compute) and written at its end, from one vector the ps sends
+        back. A branch or a counter on this worker between the push and the
+        wait would cost a round trip each (the lowered `cond`'s predicate
+        and the counter's value cross between the tasks): the critical path
+        is the gradient's transfer to the ps, the wait there, and the
+        token's transfer back, TF1's count.
+
         Args:
             grads: This worker's gradient of each variable (`None` for none).
             variables: The trainable variables, in the same order.
@@ -374,119 +383,125 @@ class SyncReplicas:
             An op that runs once the worker may start its next step.
         """
         layout = self.register(grads, variables)
+        # This worker's counters: read at the start, no input.
         session = self._session.read_value()
-        # Whether the chief has finished the session, read from the ps with
-        # no input: it runs at the start of the step, beside the worker's
-        # compute, so a release that came before the end token costs no
-        # push (over a slow link, seconds) and no round trip after the wait.
+        known_end = self._ended.read_value()
+        tag = self._local_step.read_value()
+        pushes = self._pushes.read_value()
         with tf.device(self.device):
+            # Whether the chief has finished the session, read with no
+            # input: it runs at the start of the step, beside the worker's
+            # compute, so a release that came before the end token costs no
+            # push (over a slow link, seconds) and no round trip after the
+            # wait.
             finished = self.finished.read_value()
-        ended = tf.logical_or(self._ended.read_value() >= session, finished >= session)
+            ended = tf.logical_or(known_end >= session, finished >= session)
+            outcome = tf.cond(
+                ended,
+                lambda: _outcome(tag, pushes, finished >= session, skipped=1),
+                lambda: self._push_and_wait(layout, grads, tag, pushes, session),
+            )
+        return self._note(outcome, session, known_end)
 
-        def skip():
+    def _note(self, outcome, session, known_end=None):
+        """Back on this worker: a poisoned wait fails the step, else this
+        worker's counters take the step's `outcome` (see `_outcome`)."""
+        if known_end is None:
+            known_end = self._ended.read_value()
+        check = tf.debugging.Assert(tf.equal(outcome[_POISONED], 0), [POISON_MESSAGE])
+        with tf.control_dependencies([check]):
             return tf.group(
-                self._skipped.assign_add(1),
-                self._note_end(finished >= session, session),
+                self._local_step.assign(outcome[_STEP]),
+                self._pushes.assign(outcome[_PUSHES]),
+                self._ended.assign(tf.where(outcome[_ENDED] > 0, session, known_end)),
+                self._skipped.assign_add(outcome[_SKIPPED]),
             )
 
-        return tf.cond(ended, skip, lambda: self._push_and_wait(layout, grads, session))
-
-    def _push_and_wait(self, layout, grads, session):
-        queue = self._gradient_queue
-        tag = self._local_step.read_value()
+    def _push_and_wait(self, layout, grads, tag, pushes, session):
+        """On the ps: the push, then the wait or the step's check."""
         header = [
             tf.constant(GRADIENT, tf.int64),
             tf.constant(self.worker, tf.int64),
             tag,
             session,
         ]
-        with tf.device(self.device):
-            push = tf.raw_ops.QueueEnqueueV2(
-                handle=queue, components=header + layout.flatten(grads)
-            )
+        push = tf.raw_ops.QueueEnqueueV2(
+            handle=self._gradient_queue, components=header + layout.flatten(grads)
+        )
         with tf.control_dependencies([push]):
-            pushes = self._pushes.assign_add(1)
+            pushes = pushes + 1
         return tf.cond(
             pushes >= self.config.pushes_per_update,
             lambda: self._wait_for_release(tag, session),
-            lambda: self._go_on_if_updated(tag, session),
+            lambda: self._go_on_if_updated(tag, pushes, session),
         )
 
     def _wait_for_release(self, tag, session):
         queue = self.token_queues[self.worker]
         end = END + session
-        with tf.device(self.device):
 
-            def dequeue():
-                return tf.raw_ops.QueueDequeueV2(
-                    handle=queue, component_types=[tf.int64]
-                )[0]
+        def dequeue():
+            return tf.raw_ops.QueueDequeueV2(handle=queue, component_types=[tf.int64])[
+                0
+            ]
 
-            def waiting(t):
-                # A token no newer than the tag is left over from an earlier
-                # wake, and so is the end token of another session. While it
-                # sat in the queue, a release may have skipped the queue (it
-                # gives one token to an empty queue only), so the global step
-                # says whether the update came anyway. The release writes the
-                # step before it looks at the queue, and the step is read
-                # here after the dequeue: either the step is seen, or the
-                # queue was empty when the release looked.
-                other_end = tf.logical_and(
-                    tf.logical_and(t >= END, t < FREE_PASS), tf.not_equal(t, end)
-                )
-                old = tf.logical_or(
-                    tf.logical_and(t <= tag, tf.not_equal(t, POISON)), other_end
-                )
-                return tf.cond(
-                    old,
-                    lambda: self.global_step.read_value() <= tag,
-                    lambda: tf.constant(False),
-                )
-
-            token = tf.while_loop(waiting, lambda t: [dequeue()], [dequeue()])
-            token = tf.reshape(token, [])
-        check = tf.debugging.Assert(tf.not_equal(token, POISON), [POISON_MESSAGE])
-        with tf.control_dependencies([check]):
-            # A release's token is the new global step (written before it was
-            # sent): the worker goes on from it, with no read of the ps. Any
-            # other token (a free pass, an end token, an old token after
-            # which the step was found newer) reads the step and whether
-            # the session is over.
-            released = tf.logical_and(token > tag, token < END)
-
-            def from_the_ps():
-                step, finished = self._read_step_and_finished()
-                return tf.group(
-                    self._start_from(step),
-                    self._note_end(
-                        tf.logical_or(tf.equal(token, end), finished >= session),
-                        session,
-                    ),
-                )
-
+        def waiting(t):
+            # A token no newer than the tag is left over from an earlier
+            # wake, and so is the end token of another session. While it sat
+            # in the queue, a release may have skipped the queue (it gives
+            # one token to an empty queue only), so the global step says
+            # whether the update came anyway. The release writes the step
+            # before it looks at the queue, and the step is read here after
+            # the dequeue: either the step is seen, or the queue was empty
+            # when the release looked.
+            other_end = tf.logical_and(
+                tf.logical_and(t >= END, t < FREE_PASS), tf.not_equal(t, end)
+            )
+            old = tf.logical_or(
+                tf.logical_and(t <= tag, tf.not_equal(t, POISON)), other_end
+            )
             return tf.cond(
-                released, lambda: tf.group(self._start_from(token)), from_the_ps
+                old,
+                lambda: self.global_step.read_value() <= tag,
+                lambda: tf.constant(False),
             )
 
-    def _go_on_if_updated(self, tag, session):
+        token = tf.while_loop(waiting, lambda t: [dequeue()], [dequeue()])
+        token = tf.reshape(token, [])
+
+        def released():
+            # A release's token is the new global step (written before it
+            # was sent): the worker goes on from it, with no read.
+            return _outcome(token, 0, False)
+
+        def from_the_step():
+            # Any other token (a free pass, an end token, an old token after
+            # which the step was found newer) reads the step and whether the
+            # session is over.
+            step, finished = self._read_step_and_finished()
+            return _outcome(
+                step, 0, tf.logical_or(tf.equal(token, end), finished >= session)
+            )
+
+        outcome = tf.cond(
+            tf.logical_and(token > tag, token < END), released, from_the_step
+        )
+        return tf.where(
+            tf.equal(token, POISON), _outcome(tag, 0, False, poisoned=1), outcome
+        )
+
+    def _go_on_if_updated(self, tag, pushes, session):
         step, finished = self._read_step_and_finished()
-        return tf.group(
-            tf.cond(step > tag, lambda: self._start_from(step), lambda: tf.no_op()),
-            self._note_end(finished >= session, session),
+        updated = step > tag
+        return _outcome(
+            tf.where(updated, step, tag),
+            tf.where(updated, tf.constant(0, tf.int64), pushes),
+            finished >= session,
         )
 
     def _read_step_and_finished(self):
-        # Read together on the ps, and sent back as one tensor: knowing
-        # whether the session is over costs no extra transfer.
-        with tf.device(self.device):
-            both = tf.stack([self.global_step.read_value(), self.finished.read_value()])
+        both = tf.stack([self.global_step.read_value(), self.finished.read_value()])
         return both[0], both[1]
-
-    def _start_from(self, step):
-        return tf.group(self._local_step.assign(step), self._pushes.assign(0))
-
-    def _note_end(self, ended, session):
-        return self._ended.assign(tf.where(ended, session, self._ended.read_value()))
 
     # ------------------------------------------------ session (eager, host)
 
@@ -582,6 +597,26 @@ class SyncReplicas:
         with tf.device(self.device):
             while int(tf.raw_ops.QueueSizeV2(handle=queue).numpy()) > 0:
                 tf.raw_ops.QueueDequeueV2(handle=queue, component_types=[tf.int64])
+
+
+# The outcome of a worker's step, as the ps sends it back: one int64 vector.
+_STEP, _PUSHES, _ENDED, _SKIPPED, _POISONED = range(5)
+
+
+def _outcome(step, pushes, ended, skipped=0, poisoned=0) -> tf.Tensor:
+    """The vector a step's ps part returns: the global step the worker goes
+    on from, its pushes since its last release, whether it now knows the
+    session over (1), the steps it skipped (0 or 1), whether its wait was
+    poisoned (1)."""
+    return tf.stack(
+        [
+            tf.cast(step, tf.int64),
+            tf.cast(pushes, tf.int64),
+            tf.cast(ended, tf.int64),
+            tf.constant(skipped, tf.int64),
+            tf.constant(poisoned, tf.int64),
+        ]
+    )
 
 
 @tf.function(reduce_retracing=True)

@@ -65,6 +65,9 @@ LOG_EVERY_S = 30.0
 FIT_FINISHED = "finished a fit"
 # A header `_pop_and_update` did not pop (it stopped at an earlier element).
 _NOT_POPPED = -2
+# The most updates `_pop_and_update` makes in one call (so the chief logs and
+# its watchdog sees activity in between).
+UPDATES_PER_CALL = 64
 
 
 def counts_summary(
@@ -115,20 +118,21 @@ class UpdateService:
 
     Args:
         sync: The run's shared state.
-        update: `(members, counts) -> None`: one update from the members'
+        update: `(slots, counts) -> None`: one update from the members'
             gradients, the strategy's rule over them (bound to `counts`, a
             `resizing.Counts`), applied with the Keras optimizer.
-        update_in_trace: `(members, (replicas_to_aggregate,
-            num_byzantine)) -> variables`, the same update's ops inside a
-            `tf.function`, returning the variables it wrote; with it, an
-            update of fresh gradients is popped, made and released in one
-            call (`_pop_and_update`).
-        scope: The context the update runs in (the strategy's scope).
-            `members[m]` is member m's staged gradient (its slot's variables,
+            `slots[m]` is member m's staged gradient (its slot's variables,
             on the ps task): inside the update's `tf.function`,
-            `service.staging.read(members[m])[v]` is its gradient of variable
+            `service.staging.read(slots[m])[v]` is its gradient of variable
             v (true scale, `None` where a variable has no gradient). The
             gradients stay on the ps task: see `staging.py`.
+        update_in_trace: `(members, (replicas_to_aggregate,
+            num_byzantine)) -> variables`, the same update's ops inside a
+            `tf.function` (`members[m]`, member m's gradient list on the ps
+            task), returning the variables it wrote; with it, an update of
+            fresh gradients is popped, made and released in one call
+            (`_pop_and_update`), straight from the popped tensors.
+        scope: The context the update runs in (the strategy's scope).
         resizing: Derives the counts as workers join and leave, or None
             (the workers are fixed).
     """
@@ -291,13 +295,20 @@ class UpdateService:
         )
 
     def _pop_and_update(self) -> list[tuple]:
-        """Pops up to `replicas_to_aggregate` elements in one call on the ps
-        task; if they are that many fresh gradients of this step from
-        distinct active workers (the common case), the same call makes the
-        update and releases every worker (TF1's aggregate-apply-release, one
-        graph), and this returns []. Otherwise it stops popping at the first
-        other element and returns the elements popped, to be handled one by
-        one as `_pop_element`'s are."""
+        """Pops, updates and releases on the ps task, in one call, for as
+        long as each update's members come as expected.
+
+        Each round pops up to `replicas_to_aggregate` elements; if they are
+        that many fresh gradients of this step from distinct active workers
+        (the common case), it makes the update and releases every worker
+        (TF1's aggregate-apply-release, one graph), and the next round
+        begins, still on the ps: no round trip to the chief between two
+        updates. The call returns after `UPDATES_PER_CALL` updates, or at the
+        first round with another element (a stale gradient, a marker: every
+        event this loop must handle comes through the queue); that round
+        stops popping there, and its elements are returned, to be handled
+        one by one as `_pop_element`'s are.
+        """
         counts = self.counts_now
         n = counts.replicas_to_aggregate
         key = (n, counts.num_byzantine)
@@ -307,26 +318,24 @@ class UpdateService:
         active = np.zeros([self._sync.config.slots], bool)
         active[sorted(self._active)] = True
         with self._scope():
-            headers, made = self._pop_and_update_fns[key](
+            made, headers, new_counts = self._pop_and_update_fns[key](
                 [self.staging.variables(slot) for slot in slots],
                 tf.constant(self._step, tf.int64),
                 tf.constant(self._session, tf.int64),
                 tf.constant(active),
                 tf.constant(self._counts),
+                tf.constant(UPDATES_PER_CALL, tf.int64),
             )
-        headers = headers.numpy()
+        made, headers = int(made.numpy()), headers.numpy()
         self.last_activity = time.monotonic()
-        if bool(made.numpy()):
-            for (_, worker, _, _), slot in zip(headers, slots, strict=True):
-                self._counts[protocol.APPLIED, int(worker)] += 1
-                self.staging.give_back(slot)
-            self._step += 1
-            self.updates_in_one_call += 1
+        self._counts = new_counts.numpy()
+        self._step += made
+        self.updates_in_one_call += made
+        if made:
             self._maybe_log()
-            return []
         elements = []
         for (kind, worker, step, session), slot in zip(headers, slots, strict=True):
-            if kind == _NOT_POPPED or kind != protocol.GRADIENT:
+            if kind != protocol.GRADIENT:
                 self.staging.give_back(slot)
             if kind != _NOT_POPPED:
                 slot_or_none = slot if kind == protocol.GRADIENT else None
@@ -339,21 +348,48 @@ class UpdateService:
         sync, staging = self._sync, self.staging
         workers = sync.config.slots
         update_in_trace = self._update_in_trace
+        not_popped = tf.fill([n, 4], tf.constant(_NOT_POPPED, tf.int64))
 
         @tf.function
-        def pop_and_update(slot_variables, step, session, active, counts):
+        def pop_and_update(slot_variables, step, session, active, counts, most):
+            # On the ps task, the loop, its branches and their bookkeeping
+            # too: only the inputs (known at the call) come from the chief,
+            # and only the outcome goes back. A predicate or a counter on the
+            # chief between the pop and the update would cost a round trip
+            # each on the update's critical path.
+            with tf.device(sync.device):
+
+                def another(made, headers, step, counts, fresh):
+                    return tf.logical_and(fresh, made < most)
+
+                def round_(made, headers, step, counts, fresh):
+                    headers, fresh, counts = one_round(
+                        slot_variables, step, session, active, counts
+                    )
+                    made += tf.cast(fresh, tf.int64)
+                    return made, headers, step + tf.cast(fresh, tf.int64), counts, fresh
+
+                made, headers, _, counts, fresh = tf.while_loop(
+                    another,
+                    round_,
+                    [tf.constant(0, tf.int64), not_popped, step, counts, True],
+                    parallel_iterations=1,
+                )
+                # Ended after `most` updates: the last round's elements are
+                # applied, none is left to handle.
+                return made, tf.where(fresh, not_popped, headers), counts
+
+        def one_round(slot_variables, step, session, active, counts):
+            """One round: `(headers, made, counts after it)`."""
             fresh = tf.constant(True)
             seen = tf.zeros([workers], tf.bool)
-            headers = []
-            for slot in slot_variables:
-
-                def pop(slot=slot):
-                    return staging.pop_ops(slot)
-
-                header = tf.cond(
+            headers, popped = [], []
+            not_popped_one = not_popped[0]
+            for _ in slot_variables:
+                header, components = tf.cond(
                     fresh,
-                    pop,
-                    lambda: tf.fill([4], tf.constant(_NOT_POPPED, tf.int64)),
+                    staging.pop_values,
+                    lambda: staging.nothing_popped(not_popped_one),
                 )
                 worker = tf.clip_by_value(header[1], 0, workers - 1)
                 fresh = tf.reduce_all(
@@ -371,12 +407,17 @@ class UpdateService:
                 )
                 seen = tf.logical_or(seen, tf.one_hot(worker, workers, True, False))
                 headers.append(header)
-            headers = tf.stack(headers)
+                popped.append(components)
+            stacked = tf.stack(headers)
 
             def update():
-                written = update_in_trace(slot_variables, key)
+                # Straight from the dequeued tensors: no slot's write and
+                # read on the critical path.
+                written = update_in_trace(
+                    [staging.unflatten(components) for components in popped], key
+                )
                 applied = tf.reduce_sum(
-                    tf.one_hot(headers[:, 1], workers, dtype=tf.int64), axis=0
+                    tf.one_hot(stacked[:, 1], workers, dtype=tf.int64), axis=0
                 )
                 new_counts = counts + tf.stack(
                     [applied, tf.zeros_like(applied), tf.zeros_like(applied)]
@@ -385,10 +426,18 @@ class UpdateService:
                 # write of the update.
                 with tf.control_dependencies(_reads_after_writes(written)):
                     release_ops(sync, step + 1, new_counts)
-                return tf.constant(True)
+                    return tf.identity(new_counts)
 
-            made = tf.cond(fresh, update, lambda: tf.constant(False))
-            return headers, made
+            def keep():
+                # Handled one by one in Python: each popped gradient waits in
+                # its slot.
+                for slot, header, components in zip(
+                    slot_variables, headers, popped, strict=True
+                ):
+                    staging.write_ops(slot, header, components)
+                return tf.identity(counts)
+
+            return stacked, fresh, tf.cond(fresh, update, keep)
 
         return pop_and_update
 

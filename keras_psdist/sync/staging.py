@@ -18,6 +18,10 @@ back once the gradient is applied or dropped; there are at most
 later session, so the slots' memory is bounded by that many gradients (what
 the popped tensors held before).
 
+When the popped gradients are an update's members as they come (the
+common case), the service applies them in the same call straight from the
+dequeued tensors, and no slot is written (`UpdateService._pop_and_update`).
+
 Every read of a slot is inside `tf.device(<the ps device>)`: `read_value`'s
 Identity is otherwise placed on the caller's device, the same round trip.
 """
@@ -119,30 +123,63 @@ class GradientStaging:
         # On the slot's device: `read_value`'s Identity would otherwise be
         # placed on the caller's (the chief's) device, a round trip.
         with tf.device(self._device):
-            components = [v.read_value() for v in slot_variables]
-            return self._layout.unflatten(components, self._shapes)
+            return self.unflatten([v.read_value() for v in slot_variables])
 
     def pop_ops(self, slot_variables) -> tf.Tensor:
         """In a trace: dequeues one element (blocking), writes its gradient
         into `slot_variables` and returns its header `[kind, worker, step,
         session]`."""
+        header, components = self.pop_values()
+        self.write_ops(slot_variables, header, components)
+        return header
+
+    def pop_values(self) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """In a trace: dequeues one element (blocking) and returns its header
+        and its gradient's components, on the ps device, unwritten: the
+        update that applies them at once needs no slot (see
+        `UpdateService`)."""
         with tf.device(self._device):
             components = tf.raw_ops.QueueDequeueV2(
                 handle=self._queue, component_types=self._layout.component_types
             )
+            return tf.reshape(tf.stack(components[:4]), [4]), list(components[4:])
+
+    def nothing_popped(self, header: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """`pop_values`'s shape with no element: `header` and empty
+        components (the other branch of a `tf.cond` around `pop_values`)."""
+        with tf.device(self._device):
+            empty = [
+                tf.zeros([0] * spec.shape.rank, spec.dtype) for spec in self._specs
+            ]
+            return header, empty
+
+    def write_ops(self, slot_variables, header, components) -> None:
+        """In a trace: writes a popped gradient's `components` into
+        `slot_variables` if its `header` says it is a gradient (a marker,
+        LEAVE, LOST or SHUTDOWN, carries empty components)."""
+        with tf.device(self._device):
 
             def write():
-                for variable, value in zip(slot_variables, components[4:], strict=True):
+                for variable, value in zip(slot_variables, components, strict=True):
                     variable.assign(value, read_value=False)
                 return tf.constant(True)
 
-            # A marker (LEAVE, LOST, SHUTDOWN) carries empty components.
             tf.cond(
-                tf.equal(components[0], protocol.GRADIENT),
+                tf.equal(header[0], protocol.GRADIENT),
                 write,
                 lambda: tf.constant(False),
             )
-            return tf.stack(components[:4])
+
+    def unflatten(self, components) -> list:
+        """Inside the update's function: the gradient list that `components`
+        (a slot's values, or `pop_values`') make, as `Layout.unflatten`
+        gives it. Each component gets its static shape (a queue's has none),
+        checked when it runs."""
+        shaped = [
+            tf.ensure_shape(c, spec.shape)
+            for c, spec in zip(components, self._specs, strict=True)
+        ]
+        return self._layout.unflatten(shaped, self._shapes)
 
     def _make_pop(self):
         return tf.function(self.pop_ops)

@@ -567,31 +567,36 @@ class SyncTraining:
             )
         return self._reductions[key]
 
-    def _update_model(self, members, counts) -> None:
-        """One update: the rule over the members' gradients, then Keras's
-        own apply (one function call on the chief per update)."""
+    def _update_model(self, slots, counts) -> None:
+        """One update: the rule over the gradients in the members' `slots`,
+        then Keras's own apply (one function call on the chief per update)."""
         if self._update_fn is None:
-            self._update_fn = tf.function(self._update_in_trace, reduce_retracing=True)
-        with self._strategy.scope():
-            self._update_fn(members, _key(counts))
 
-    def _update_in_trace(self, slots, key) -> list:
+            def update(slots, key):
+                staging = self._service.staging
+                return self._update_in_trace([staging.read(s) for s in slots], key)
+
+            self._update_fn = tf.function(update, reduce_retracing=True)
+        with self._strategy.scope():
+            self._update_fn(slots, _key(counts))
+
+    def _update_in_trace(self, members, key) -> list:
         """The update's ops, in a `tf.function` (the update's own, or the
-        service's pop-and-update, `UpdateService`): `key`, a Python value,
-        traces one function per counts. Returns the variables it wrote."""
+        service's pop-and-update, `UpdateService`): `members`, each member's
+        gradient list on the ps task; `key`, a Python value, traces one
+        function per counts. Returns the variables it wrote."""
         reduction = self._reduction_for(key)
         wire = self._strategy.extended.wire
-        staging = self._service.staging
-        # Each member's gradient, read on the ps task that staged it, a
-        # compressed one decompressed there (on the chief, a dense gradient
-        # per member would cross back to the ps).
+        # A compressed gradient is decompressed on the ps task that staged
+        # it (on the chief, a dense gradient per member would cross back to
+        # the ps).
         with tf.device(self.sync.device):
             members = [
                 [
                     wire.compressor.decompress(g.value) if isinstance(g, Payload) else g
-                    for g in staging.read(slot)
+                    for g in member
                 ]
-                for slot in slots
+                for member in members
             ]
         present = [v for v, g in enumerate(members[0]) if g is not None]
         columns = [[m[v] for m in members] for v in present]

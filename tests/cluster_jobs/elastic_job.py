@@ -254,11 +254,14 @@ class UpdateAudit:
                 pop_and_update = service._pop_and_update
 
                 def audited_pop_and_update():
-                    before = self._kernel()
+                    # It makes any number of updates (each a change of -LR)
+                    # before it returns, with the elements it stopped at.
+                    before, step = self._kernel(), service._step
                     counts = service.counts_now
                     left = pop_and_update()
-                    if not left:  # one update made
-                        self._check(before, service, [], counts, [])
+                    made = service._step - step
+                    if made:
+                        self._check(before, service, [], counts, [], made)
                     return left
 
                 service._pop_and_update = audited_pop_and_update
@@ -277,10 +280,10 @@ class UpdateAudit:
         self._inner(members, counts)
         self._check(before, service, workers, counts, staged)
 
-    def _check(self, before, service, workers, counts, staged):
-        self.updates += 1
+    def _check(self, before, service, workers, counts, staged, made=1):
+        self.updates += made
         delta = (self._kernel() - before).tolist()
-        if delta != [-LR] * DIM:
+        if delta != [-LR * made] * DIM:
             self.wrong.append(
                 {
                     "update": self.updates,
