@@ -324,7 +324,6 @@ class UpdateService:
                 tf.constant(self._session, tf.int64),
                 tf.constant(active),
                 tf.constant(self._counts),
-                tf.constant(UPDATES_PER_CALL, tf.int64),
             )
         made, headers = int(made.numpy()), headers.numpy()
         self.last_activity = time.monotonic()
@@ -348,23 +347,24 @@ class UpdateService:
         sync, staging = self._sync, self.staging
         workers = sync.config.slots
         update_in_trace = self._update_in_trace
-        not_popped = tf.fill([n, 4], tf.constant(_NOT_POPPED, tf.int64))
 
         @tf.function
-        def pop_and_update(slot_variables, step, session, active, counts, most):
+        def pop_and_update(slot_variables, step, session, active, counts):
             # On the ps task, the loop, its branches and their bookkeeping
             # too: only the inputs (known at the call) come from the chief,
             # and only the outcome goes back. A predicate or a counter on the
             # chief between the pop and the update would cost a round trip
             # each on the update's critical path.
             with tf.device(sync.device):
+                # Made here, on the ps: not an input from the chief.
+                not_popped = tf.fill([n, 4], tf.constant(_NOT_POPPED, tf.int64))
 
                 def another(made, headers, step, counts, fresh):
-                    return tf.logical_and(fresh, made < most)
+                    return tf.logical_and(fresh, made < UPDATES_PER_CALL)
 
                 def round_(made, headers, step, counts, fresh):
                     headers, fresh, counts = one_round(
-                        slot_variables, step, session, active, counts
+                        slot_variables, step, session, active, counts, not_popped[0]
                     )
                     made += tf.cast(fresh, tf.int64)
                     return made, headers, step + tf.cast(fresh, tf.int64), counts, fresh
@@ -379,12 +379,11 @@ class UpdateService:
                 # applied, none is left to handle.
                 return made, tf.where(fresh, not_popped, headers), counts
 
-        def one_round(slot_variables, step, session, active, counts):
+        def one_round(slot_variables, step, session, active, counts, not_popped_one):
             """One round: `(headers, made, counts after it)`."""
             fresh = tf.constant(True)
             seen = tf.zeros([workers], tf.bool)
             headers, popped = [], []
-            not_popped_one = not_popped[0]
             for _ in slot_variables:
                 header, components = tf.cond(
                     fresh,
