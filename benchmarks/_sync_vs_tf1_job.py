@@ -119,6 +119,10 @@ def tf1(args, worker: int, num_workers: int, cluster_spec: dict) -> list:
             steps.append((time.perf_counter(), int(step)))
             if profile and is_chief and len(steps) == args.warmup + 20:
                 tf.profiler.experimental.stop()
+        # Reported before the session closes: the close can block for good
+        # (its queue runner stuck in an enqueue on the ps), and it is not
+        # part of what is measured.
+        finish(args.out_dir, worker, steps)
     return steps
 
 
@@ -212,14 +216,23 @@ def main() -> int:
         steps = tf1(args, worker, num_workers, cluster)
     else:
         steps = ours(args, worker)
+    finish(args.out_dir, worker, steps)
+    return 0
+
+
+def finish(out_dir: Path, worker: int, steps: list) -> None:
+    """Writes the chief's report, then ends this process (the chief at
+    once, another worker once the chief is done)."""
     if worker == 0:
-        (args.out_dir / "chief.json").write_text(json.dumps({"steps": steps}))
-        (args.out_dir / "done").touch()
+        (out_dir / "chief.json").write_text(json.dumps({"steps": steps}))
+        (out_dir / "done").touch()
     else:
         # Finished its steps before the chief: wait for the chief's file.
-        while not (args.out_dir / "done").exists():
+        while not (out_dir / "done").exists():
             time.sleep(0.1)
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

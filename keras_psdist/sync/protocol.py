@@ -389,17 +389,28 @@ class SyncReplicas:
         tag = self._local_step.read_value()
         pushes = self._pushes.read_value()
         with tf.device(self.device):
+            # The counters' copies on the ps, sent at the start of the step.
+            # A lowered `cond` or `while_loop` puts the `Switch` (`Enter`) of
+            # an input beside the input: a counter read on this worker would
+            # bring each branch's predicate here and its value back, a round
+            # trip per nesting level on the critical path.
+            on_ps = [tf.identity(t) for t in (session, known_end, tag, pushes)]
+            session_ps, known_end_ps, tag_ps, pushes_ps = on_ps
             # Whether the chief has finished the session, read with no
             # input: it runs at the start of the step, beside the worker's
             # compute, so a release that came before the end token costs no
             # push (over a slow link, seconds) and no round trip after the
             # wait.
             finished = self.finished.read_value()
-            ended = tf.logical_or(known_end >= session, finished >= session)
+            ended = tf.logical_or(known_end_ps >= session_ps, finished >= session_ps)
+            # The gradients' `Switch`es stay on this worker: an ended step
+            # sends none.
             outcome = tf.cond(
                 ended,
-                lambda: _outcome(tag, pushes, finished >= session, skipped=1),
-                lambda: self._push_and_wait(layout, grads, tag, pushes, session),
+                lambda: _outcome(tag_ps, pushes_ps, finished >= session_ps, skipped=1),
+                lambda: self._push_and_wait(
+                    layout, grads, tag_ps, pushes_ps, session_ps
+                ),
             )
         return self._note(outcome, session, known_end)
 

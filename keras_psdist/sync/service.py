@@ -356,6 +356,13 @@ class UpdateService:
             # chief between the pop and the update would cost a round trip
             # each on the update's critical path.
             with tf.device(sync.device):
+                # The inputs' copies on the ps. A lowered `while_loop` or
+                # `cond` puts an input's `Enter` (`Switch`) beside the input:
+                # one left on the chief would bring every round's predicate
+                # to the chief and the value back.
+                step, session, active, counts = (
+                    tf.identity(t) for t in (step, session, active, counts)
+                )
                 # Made here, on the ps: not an input from the chief.
                 not_popped = tf.fill([n, 4], tf.constant(_NOT_POPPED, tf.int64))
 
