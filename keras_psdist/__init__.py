@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
+    # The same names as `_PUBLIC` (tests/test_layout.py checks they agree).
     from keras_psdist import (  # noqa: F401
         aggregators,
         attacks,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
         partitioners,
         placement,
         routing,
+        spelling,
     )
     from keras_psdist.evaluator import SidecarEvaluator  # noqa: F401
     from keras_psdist.strategies.ps import PSStrategy  # noqa: F401
@@ -40,60 +42,55 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
 
 __version__ = "0.3.0"
 
-__all__ = [
-    "PSStrategy",
-    "SidecarEvaluator",
-    "SyncReplicaStrategy",
-    "__version__",
-    "aggregators",
-    "attacks",
-    "callbacks",
-    "compression",
-    "dense_choice",
-    "errors",
-    "evaluator",
-    "heterogeneity",
-    "membership",
-    "partitioners",
-    "placement",
-    "routing",
-]
-
-# Public name -> the module that defines it.
-_ATTRIBUTES = {
+# The public surface, in one table: each public name -> the module it comes
+# from (a submodule's own path: the name is the module). `__all__`, `dir()`
+# and `__getattr__` are derived from it.
+_PUBLIC = {
     "PSStrategy": "keras_psdist.strategies.ps",
     "SidecarEvaluator": "keras_psdist.evaluator",
     "SyncReplicaStrategy": "keras_psdist.strategies.sync_replica",
+    **{
+        name: f"keras_psdist.{name}"
+        for name in (
+            "aggregators",
+            "attacks",
+            "callbacks",
+            "cluster",
+            "compression",
+            "dense_choice",
+            "errors",
+            "evaluator",
+            "heterogeneity",
+            "membership",
+            "partitioners",
+            "placement",
+            "routing",
+            "spelling",
+        )
+    },
 }
 
-_SUBMODULES = (
-    "aggregators",
-    "attacks",
-    "callbacks",
-    "cluster",
-    "compression",
-    "dense_choice",
-    "errors",
-    "evaluator",
-    "heterogeneity",
-    "membership",
-    "partitioners",
-    "placement",
-    "routing",
-    "synchronization",  # deprecated: renamed dense_choice in 0.2
-)
+# Old names that still import, with a warning, until the version given.
+_DEPRECATED = {
+    "synchronization": "0.5",  # renamed dense_choice in 0.2
+}
+
+__all__ = ["__version__", *sorted(_PUBLIC)]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
+    module = _PUBLIC.get(name)
+    if module is None and name in _DEPRECATED:
+        module = f"{__name__}.{name}"
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if module == f"{__name__}.{name}":
         # Importing a submodule also sets it as this package's attribute.
-        return importlib.import_module(f"{__name__}.{name}")
-    if name in _ATTRIBUTES:
-        value = getattr(importlib.import_module(_ATTRIBUTES[name]), name)
-        globals()[name] = value  # Later look-ups skip this function.
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module(module)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # Later look-ups skip this function.
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_ATTRIBUTES, *_SUBMODULES})
+    return sorted({*globals(), *_PUBLIC})

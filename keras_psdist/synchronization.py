@@ -1,4 +1,4 @@
-"""Deprecated: renamed `keras_psdist.dense_choice` in 0.2.
+"""Deprecated: renamed `keras_psdist.dense_choice` in 0.2; removed in 0.5.
 
 The module chooses which trainable variables are replicated
 (`PSStrategy(dense=...)`); it has nothing to do with `keras_psdist.sync`, so
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
     warnings.warn(
         f"keras_psdist.synchronization is now keras_psdist.dense_choice (it "
         f"picks the dense= choice; renamed in 0.2). Import {name} from "
-        "keras_psdist.dense_choice; the old name will be removed.",
+        "keras_psdist.dense_choice; the old name will be removed in 0.5.",
         DeprecationWarning,
         stacklevel=2,
     )

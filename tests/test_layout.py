@@ -126,3 +126,61 @@ def test_every_folder_says_what_its_modules_do():
     for init in PACKAGE.rglob("__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert doc, f"{init.relative_to(PACKAGE)} has no docstring"
+
+
+def _type_checking_names():
+    """The names `keras_psdist/__init__.py` imports for type checkers."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    [block] = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+    ]
+    return {
+        alias.asname or alias.name
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+def test_the_public_surface_is_one_table():
+    # What type checkers see, what `import *` gives and what resolves at run
+    # time are the same names: `_PUBLIC`'s.
+    public = set(keras_psdist._PUBLIC)
+    assert _type_checking_names() == public
+    assert set(keras_psdist.__all__) == public | {"__version__"}
+    assert public <= set(dir(keras_psdist))
+    for name in sorted(public):
+        value = getattr(keras_psdist, name)
+        module = keras_psdist._PUBLIC[name]
+        if module == f"keras_psdist.{name}":
+            assert value.__name__ == module
+        else:
+            assert value.__module__ == module
+
+
+def test_the_docs_public_modules_resolve():
+    # The docs use `kpd.spelling` and `kpd.cluster`.
+    assert keras_psdist.spelling.__name__ == "keras_psdist.spelling"
+    assert keras_psdist.cluster.__name__ == "keras_psdist.cluster"
+
+
+def test_a_deprecated_name_warns_and_says_its_removal_version():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        keras_psdist.synchronization.DenseChoice  # noqa: B018
+    [warning] = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert "keras_psdist.dense_choice" in str(warning.message)
+    assert f"removed in {keras_psdist._DEPRECATED['synchronization']}" in str(
+        warning.message
+    )
+
+
+def test_an_unknown_name_raises_attribute_error():
+    import pytest
+
+    with pytest.raises(AttributeError, match="no attribute 'spellings'"):
+        keras_psdist.spellings  # noqa: B018
