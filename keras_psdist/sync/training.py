@@ -67,7 +67,7 @@ from keras_psdist.cluster import task_loss
 from keras_psdist.distribute.reduction import GradientReduction, ReductionState
 from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
 from keras_psdist.gradients.wire import Payload
-from keras_psdist.sync import per_worker, protocol
+from keras_psdist.sync import per_worker, plain_sgd, protocol
 from keras_psdist.sync.protocol import SyncReplicas
 from keras_psdist.sync.service import UpdateService, WorkerLostError, say
 from keras_psdist.variables.staged_merge import in_replica_control_flow
@@ -130,6 +130,7 @@ class SyncTraining:
         self._attack = attack
         self._parameter_devices = tuple(parameter_devices)
         self._apply = None
+        self._optimizer = None
         self._variables = None
         self._service: UpdateService | None = None
         self.worker_momentum = worker_momentum
@@ -188,6 +189,7 @@ class SyncTraining:
         # Keras's own apply of this optimizer: the chief's update service
         # calls it (the optimizer's public `apply` would push again).
         self._apply = apply
+        self._optimizer = optimizer
         self._variables = variables
         scale = optimizer.loss_scale_factor
         grads = [g if g is None or scale is None else g / scale for g in grads]
@@ -602,7 +604,10 @@ class SyncTraining:
         columns = [[m[v] for m in members] for v in present]
         reduced = iter(reduction(tf.distribute.ReduceOp.MEAN, columns, None))
         grads = [None if g is None else next(reduced) for g in members[0]]
-        self._apply(grads, self._variables)
+        # Plain SGD in one kernel per variable where that is exactly Keras's
+        # update (TF1's path), else Keras's own apply.
+        if not plain_sgd.apply(self._optimizer, grads, self._variables):
+            self._apply(grads, self._variables)
         return self._variables
 
 
