@@ -27,6 +27,14 @@ From the repository root::
     python benchmarks/sync_vs_tf1.py --workers 1,2,4 --rounds 5
 
 It writes ``benchmarks/results/sync_vs_tf1.json``.
+
+``--update-only`` measures instead the ps's update alone, in this process:
+Keras's ``SGD.apply`` (a multiply and a subtract per variable) against the
+sync service's ``keras_psdist.sync.plain_sgd.apply`` (TF1's one
+``ResourceApplyGradientDescent`` per variable), each in a ``tf.function``,
+alternating, for this benchmark's MLP and for 4 variables of 2048 x 2048::
+
+    python benchmarks/sync_vs_tf1.py --update-only --json benchmarks/results/sync_update.json
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import harness
@@ -87,6 +96,72 @@ def _launch(out_dir, log_path, side, workers, args) -> int:
     )
 
 
+UPDATE_MODELS = {
+    "MLP 784-512-512-10 (1.3M)": [
+        (784, 512),
+        (512,),
+        (512, 512),
+        (512,),
+        (512, 10),
+        (10,),
+    ],
+    "4 x 2048x2048 (16.8M)": [(2048, 2048)] * 4,
+}
+
+
+def _update_call(side, optimizer, grads, variables):
+    """A traced update of `side` ("keras" or "fused")."""
+    import tensorflow as tf
+
+    from keras_psdist.sync import plain_sgd
+
+    if side == "keras":
+        return tf.function(lambda: optimizer.apply(grads, variables))
+    return tf.function(lambda: plain_sgd.apply(optimizer, grads, variables))
+
+
+def update_costs(args) -> int:
+    """ms per update of Keras's SGD and of the fused kernel, alternating."""
+    harness.prepare_tensorflow()
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    rows = []
+    for model, shapes in UPDATE_MODELS.items():
+        rng = np.random.default_rng(0)
+        initial = [rng.normal(size=s).astype(np.float32) for s in shapes]
+        grads = [tf.constant(rng.normal(size=s).astype(np.float32)) for s in shapes]
+        calls = {}
+        for side in ("keras", "fused"):
+            variables = [keras.Variable(v) for v in initial]
+            optimizer = keras.optimizers.SGD(0.01)
+            optimizer.build(variables)
+            calls[side] = _update_call(side, optimizer, grads, variables)
+            calls[side]()  # traced
+        n = max(20, int(2e8 / sum(int(np.prod(s)) for s in shapes)))
+        times = {"keras": [], "fused": []}
+        for _ in range(args.rounds * 2):
+            for side, call in calls.items():
+                start = time.perf_counter()
+                for _ in range(n):
+                    call()
+                times[side].append((time.perf_counter() - start) / n * 1e3)
+        keras_ms, fused_ms = (statistics.median(times[s]) for s in ("keras", "fused"))
+        log(f"{model}: keras {keras_ms:.3f} ms, fused {fused_ms:.3f} ms")
+        rows.append(
+            {
+                "variables": model,
+                "Keras SGD ms": f"{keras_ms:.3f}",
+                "fused ms": f"{fused_ms:.3f}",
+                "fused / Keras": f"{fused_ms / keras_ms:.2f}",
+            }
+        )
+    print(harness.markdown_table(rows, list(rows[0])))
+    harness.write_results(args.json, {"args": vars(args) | {"json": None}})
+    return 0
+
+
 def main(argv=None) -> int:
     parser = harness.BenchmarkParser(__doc__.split("\n")[0], name="sync_vs_tf1")
     parser.add_argument("--workers", type=harness.int_list, default=[1, 2])
@@ -94,7 +169,14 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=harness.positive, default=200)
     parser.add_argument("--warmup", type=harness.positive, default=30)
     parser.add_argument("--batch", type=harness.positive, default=128)
+    parser.add_argument(
+        "--update-only",
+        action="store_true",
+        help="time the ps's SGD update alone (Keras's against the fused kernel)",
+    )
     args = parser.parse_args(argv)
+    if args.update_only:
+        return update_costs(args)
     runs = []
     with tempfile.TemporaryDirectory() as work:
         for workers in args.workers:
