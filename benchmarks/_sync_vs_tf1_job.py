@@ -15,8 +15,9 @@ plain SGD on the same synthetic data, each worker its own batches:
   W`; its ps tasks are standard servers (`--serve-ps`, `server.join()`).
 - `ours`: `SyncReplicaStrategy()` and Keras's `model.fit`.
 
-The chief (worker 0) writes `DIR/chief.json`: the time at the end of each
-of its steps and the global step then. It then touches `DIR/done`; every
+The chief (worker 0) writes `DIR/chief.json`: at the end of each of its
+steps, the time, the global step, and the CPU seconds used so far by itself
+and by the ps task (`CpuClock`). It then touches `DIR/done`; every
 other worker exits as soon as it sees that file (TF1's workers otherwise
 block for a token that never comes once the chief has stopped).
 """
@@ -45,6 +46,56 @@ def data(worker: int) -> tuple[np.ndarray, np.ndarray]:
     x = rng.normal(size=(EXAMPLES, SIZES[0])).astype(np.float32)
     y = rng.integers(0, SIZES[-1], size=EXAMPLES).astype(np.int32)
     return x, y
+
+
+class CpuClock:
+    """CPU seconds used so far by this process and by the ps task (found
+    once, among this machine's processes, by its TF_CONFIG: the ps of this
+    cluster). The ps's is None if it cannot be read."""
+
+    def __init__(self, cluster: dict):
+        self._ps = cluster["ps"][0]
+        self._pid = None
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def _find_ps(self):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                if not item.startswith(b"TF_CONFIG="):
+                    continue
+                try:
+                    config = json.loads(item[len(b"TF_CONFIG=") :])
+                except ValueError:
+                    break
+                task, cluster = config.get("task", {}), config.get("cluster", {})
+                if (
+                    task.get("type") == "ps"
+                    and cluster.get("ps", [None])[0] == self._ps
+                ):
+                    return int(entry.name)
+                break
+        return None
+
+    def now(self) -> tuple[float, float | None]:
+        own = time.process_time()
+        if self._pid is None:
+            self._pid = self._find_ps()
+        if self._pid is None:
+            return own, None
+        try:
+            fields = (
+                Path(f"/proc/{self._pid}/stat").read_text().rsplit(")", 1)[1].split()
+            )
+        except OSError:
+            return own, None
+        # utime and stime: fields 14 and 15 of stat, 12 and 13 after the name.
+        return own, (int(fields[11]) + int(fields[12])) / self._tick
 
 
 def exit_when_done(out_dir: Path) -> None:
@@ -102,6 +153,7 @@ def tf1(args, worker: int, num_workers: int, cluster_spec: dict) -> list:
         operation_timeout_in_ms=600_000,
     )
     steps = []
+    clock = CpuClock(cluster_spec)
     with v1.train.MonitoredTrainingSession(
         master=server.target,
         is_chief=is_chief,
@@ -116,7 +168,7 @@ def tf1(args, worker: int, num_workers: int, cluster_spec: dict) -> list:
             if profile and is_chief and len(steps) == args.warmup:
                 tf.profiler.experimental.start(profile)
             _, step = session.run([train_op, global_step])
-            steps.append((time.perf_counter(), int(step)))
+            steps.append((time.perf_counter(), int(step), *clock.now()))
             if profile and is_chief and len(steps) == args.warmup + 20:
                 tf.profiler.experimental.stop()
         # Reported before the session closes: the close can block for good
@@ -126,7 +178,7 @@ def tf1(args, worker: int, num_workers: int, cluster_spec: dict) -> list:
     return steps
 
 
-def ours(args, worker: int) -> list:
+def ours(args, worker: int, cluster: dict) -> list:
     import keras
 
     import keras_psdist as kpd
@@ -149,12 +201,13 @@ def ours(args, worker: int) -> list:
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(args.batch)
     steps = []
     training = strategy.extended.sync_training
+    clock = CpuClock(cluster)
 
     profile = os.environ.get("KERAS_PSDIST_BENCH_PROFILE")
 
     class StepEnds(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            steps.append((time.perf_counter(), batch + 1))
+            steps.append((time.perf_counter(), batch + 1, *clock.now()))
             # A TensorFlow profile of 20 steady steps (chief only), for
             # TensorBoard's profile plugin.
             if profile and worker == 0 and batch + 1 == args.warmup:
@@ -215,7 +268,7 @@ def main() -> int:
     if args.side == "tf1":
         steps = tf1(args, worker, num_workers, cluster)
     else:
-        steps = ours(args, worker)
+        steps = ours(args, worker, cluster)
     finish(args.out_dir, worker, steps)
     return 0
 

@@ -53,13 +53,29 @@ SIDES = ("tf1", "ours")
 RUN_TIMEOUT_S = 600
 
 
-def rate(steps: list, warmup: int) -> float:
-    """Updates/s from the chief's `(time, global step)` at each step end."""
-    (t0, s0), (t1, s1) = steps[warmup - 1], steps[-1]
-    return (s1 - s0) / (t1 - t0)
+def rate(steps: list, warmup: int) -> dict:
+    """Updates/s, and CPU ms per update of the chief and of the ps task,
+    from the chief's `(time, global step, its CPU s, the ps's CPU s)` at
+    each step end, between step `warmup` and the last."""
+    (t0, s0, c0, p0), (t1, s1, c1, p1) = steps[warmup - 1], steps[-1]
+    updates = s1 - s0
+    return {
+        "rate": updates / (t1 - t0),
+        "chief_cpu_ms": (c1 - c0) / updates * 1e3,
+        "ps_cpu_ms": None if p0 is None or p1 is None else (p1 - p0) / updates * 1e3,
+    }
 
 
-def run_one(work: Path, side: str, workers: int, args) -> float:
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ms(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def run_one(work: Path, side: str, workers: int, args) -> dict:
     from keras_psdist.cluster.launcher import run
 
     out_dir, log_path = harness.run_dir(work, f"{side}_w{workers}_")
@@ -185,10 +201,20 @@ def main(argv=None) -> int:
                 for side in SIDES:
                     pair[side] = run_one(Path(work), side, workers, args)
                     log(
-                        f"W={workers} round {round_}: {side} {pair[side]:.1f} updates/s"
+                        f"W={workers} round {round_}: {side} "
+                        f"{pair[side]['rate']:.1f} updates/s, ps CPU "
+                        f"{_ms(pair[side]['ps_cpu_ms'])} ms/update"
                     )
                 runs.append(
-                    {"workers": workers, **pair, "ratio": pair["ours"] / pair["tf1"]}
+                    {
+                        "workers": workers,
+                        **{side: pair[side]["rate"] for side in SIDES},
+                        "cpu_ms": {
+                            side: {k: v for k, v in pair[side].items() if k != "rate"}
+                            for side in SIDES
+                        },
+                        "ratio": pair["ours"]["rate"] / pair["tf1"]["rate"],
+                    }
                 )
     rows = []
     for workers in args.workers:
@@ -199,6 +225,13 @@ def main(argv=None) -> int:
                 "TF1 updates/s": f"{statistics.median(r['tf1'] for r in mine):.1f}",
                 "ours updates/s": f"{statistics.median(r['ours'] for r in mine):.1f}",
                 "ours / TF1": f"{statistics.median(r['ratio'] for r in mine):.2f}",
+                **{
+                    f"{name} CPU ms/update, {label}": _ms(
+                        _median(r["cpu_ms"][side][key] for r in mine)
+                    )
+                    for name, key in (("ps", "ps_cpu_ms"), ("chief", "chief_cpu_ms"))
+                    for side, label in (("tf1", "TF1"), ("ours", "ours"))
+                },
             }
         )
     print(harness.markdown_table(rows, list(rows[0])))
