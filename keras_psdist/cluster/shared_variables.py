@@ -136,6 +136,12 @@ class SharedVariables:
             trainable=False,
         )
 
+    def critical_section(self, device: str, name: str) -> tf.CriticalSection:
+        """A shared mutex on `device` (a `tf.CriticalSection`): every process
+        that opens `name` in this container locks the same one."""
+        with tf.init_scope(), tf.device(None), tf.device(device):
+            return tf.CriticalSection(shared_name=f"{self._container}/{name}")
+
     def _check_shape(self, handle, shape, shared_name, device):
         """The variable another process created must have this one's shape."""
         held = tf.TensorShape(
