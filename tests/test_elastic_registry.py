@@ -134,3 +134,101 @@ def test_a_slot_left_by_its_holder_is_taken_at_once():
     assert holder.look(SLOT)[0] == LEFT
     joiner.admit(beats, PERIOD, timeout=30.0)  # no wait: nobody holds it
     assert joiner.look(SLOT)[:2] == (MEMBER, joiner.token)
+
+
+# ----------------------------------- leaving after a fit failed by a lost ps
+
+
+class _Registry:
+    """A registry whose `left()` runs `left` (blocks, or raises): as a write
+    to a ps that is cut off or gone would."""
+
+    names = NAMES
+    slot = SLOT
+
+    def __init__(self, left):
+        self._left = left
+        self.lefts = 0
+
+    def rejoin(self):
+        pass
+
+    def left(self):
+        self.lefts += 1
+        self._left()
+
+
+def _fit_failing_with(error, training):
+    """Runs a `fit` (the session around its body) that raises `error`, in a
+    thread; returns the error it raised, or None if it hangs."""
+    raised = []
+
+    def fit():
+        try:
+            with training.session():
+                raise error
+        except BaseException as e:  # noqa: BLE001 (kept for the assertions)
+            raised.append(e)
+
+    thread = threading.Thread(target=fit, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    return raised[0] if raised else None
+
+
+LOST = {"ps:0": "127.0.0.1:1 (Connection refused)"}
+
+
+def _lost_ps_errors():
+    from keras_psdist.errors import TaskLostError
+
+    return [
+        # The fit's error names the lost ps (`reporting_lost_tasks`).
+        (TaskLostError(LOST, "worker:1"), {}),
+        # A raw op error, and the ps does not answer a probe.
+        (tf.errors.UnavailableError(None, None, "Connection reset by peer"), LOST),
+    ]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [0, 1], ids=["task_lost", "unreachable"])
+def test_an_elastic_fit_failed_by_a_lost_ps_raises_its_error_and_writes_nothing(
+    case,
+):
+    from keras_psdist.cluster.elastic import ElasticTraining
+
+    error, unreachable = _lost_ps_errors()[case]
+    release = threading.Event()
+    registry = _Registry(left=lambda: release.wait(60))  # a write that hangs
+    training = ElasticTraining(registry, unreachable_servers=lambda: unreachable)
+    try:
+        raised = _fit_failing_with(error, training)
+    finally:
+        release.set()
+    assert raised is error, f"the fit raised {raised!r} (None: it hung), not {error!r}"
+    assert registry.lefts == 0
+
+
+@pytest.mark.timeout(60)
+def test_an_elastic_fit_whose_leaving_fails_raises_its_own_error():
+    from keras_psdist.cluster.elastic import ElasticTraining
+
+    def left():
+        raise tf.errors.UnavailableError(None, None, "Connection reset by peer")
+
+    registry = _Registry(left)
+    training = ElasticTraining(registry, unreachable_servers=lambda: {})
+    error = ValueError("the fit's own error")
+    assert _fit_failing_with(error, training) is error
+    assert registry.lefts == 1  # it tried: the ps answered a probe
+
+
+@pytest.mark.timeout(60)
+def test_an_elastic_fit_that_ends_marks_its_slot_left():
+    from keras_psdist.cluster.elastic import ElasticTraining
+
+    registry = _Registry(left=lambda: None)
+    training = ElasticTraining(registry, unreachable_servers=lambda: LOST)
+    with training.session():
+        pass
+    assert registry.lefts == 1

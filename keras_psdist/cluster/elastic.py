@@ -63,7 +63,7 @@ from absl import logging
 from keras_psdist.cluster import task_loss
 from keras_psdist.cluster.config import LEAVE_FILE_ENV, MAX_WORKERS_ENV
 from keras_psdist.cluster.shared_variables import SharedVariables
-from keras_psdist.errors import JoinRefusedError
+from keras_psdist.errors import JoinRefusedError, TaskLostError
 
 __all__ = ["LEAVE_FILE_ENV", "MAX_WORKERS_ENV"]
 
@@ -341,11 +341,20 @@ class ElasticTraining:
         registry: The run's `Registry`.
         leave_file: A path whose existence asks this worker to leave
             (`KERAS_PSDIST_LEAVE_FILE`), or None.
+        unreachable_servers: The ps tasks that do not answer now (task ->
+            where, why; `cluster.task_loss.unreachable_tasks`), asked after
+            a failed `fit`. Defaults to `None`: none known.
     """
 
-    def __init__(self, registry: Registry, leave_file: str | None = None):
+    def __init__(
+        self,
+        registry: Registry,
+        leave_file: str | None = None,
+        unreachable_servers: Callable[[], dict[str, str]] | None = None,
+    ):
         self.registry = registry
         self._leave_file = leave_file
+        self._unreachable_servers = unreachable_servers
         self._in_session = False
 
     def worker_apply(self, optimizer, apply, grads, variables) -> Any:
@@ -361,9 +370,17 @@ class ElasticTraining:
         self._in_session = True
         try:
             yield
-        finally:
+        except BaseException as error:
             self._in_session = False
-            self.registry.left()
+            leave(
+                self.registry,
+                failed=True,
+                error=error,
+                unreachable_servers=self._unreachable_servers,
+            )
+            raise
+        self._in_session = False
+        leave(self.registry)
 
     def check_steps(self, steps: int) -> None:
         return None
@@ -384,6 +401,49 @@ class ElasticTraining:
 
     def checkpointed(self) -> dict[str, tf.Module]:
         return {}
+
+
+def leave(
+    registry: Registry,
+    *,
+    failed: bool = False,
+    error: BaseException | None = None,
+    unreachable_servers: Callable[[], dict[str, str]] | None = None,
+) -> None:
+    """Marks `registry`'s slot left at the end of a `fit`.
+
+    After a `fit` that failed (with `error`, if known), it writes nothing to
+    a ps that is lost (`error` is a `TaskLostError`, or
+    `unreachable_servers()` names one): a call on a lost ps can wait
+    forever. And a write that fails is logged, not raised: the error to see
+    is the `fit`'s, re-raised by the caller.
+    """
+    if not failed:
+        registry.left()
+        return
+    name = registry.names[registry.slot]
+    if isinstance(error, TaskLostError):
+        lost = error.tasks
+    else:
+        lost = unreachable_servers() if unreachable_servers is not None else {}
+    if lost:
+        logging.warning(
+            "keras_psdist: %s does not mark its slot left: %s cannot be "
+            "reached (the error of its fit follows).",
+            name,
+            ", ".join(lost),
+        )
+        return
+    try:
+        registry.left()
+    except Exception as e:  # noqa: BLE001 (the fit's error is raised)
+        logging.warning(
+            "keras_psdist: %s could not mark its slot left (%s: %s); the error "
+            "of its fit follows.",
+            name,
+            type(e).__name__,
+            e,
+        )
 
 
 class MembershipWatcher:
