@@ -13,7 +13,9 @@ import sys
 import pytest
 import slurm_cluster  # tests/, beside this module
 
+from keras_psdist.cluster.config import ClusterConfig
 from keras_psdist.cluster.slurm import (
+    _serve_while_training,
     expand_hostlist,
     expand_tasks_per_node,
     from_slurm,
@@ -168,6 +170,8 @@ def test_a_step_s_ranks_run_their_tasks_and_the_ps_stops_after_training(tmp_path
                     "between-graph",
                     "--port",
                     str(port),
+                    "--serve-idle-timeout",
+                    "5",
                     "--",
                     sys.executable,
                     FAKE_TRAINER,
@@ -209,3 +213,48 @@ def test_the_cli_says_what_is_missing(tmp_path):
     )
     assert result.returncode == 2
     assert "SLURM_PROCID is not set: run this under `srun`" in result.stderr
+
+
+class _Server:
+    """A `keras-psdist serve` process that runs until it is stopped."""
+
+    returncode = None
+
+    def poll(self):
+        return None
+
+
+def _ps_of(worker_port):
+    return ClusterConfig(
+        {"ps": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{worker_port}"]}, "ps", 0
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_no_training_task_ever_reaches_stops_saying_so(capsys):
+    # Nothing listens at the worker's address: the training never came up.
+    port = slurm_cluster.free_port_run(1)
+    config = _ps_of(port)
+    code = _serve_while_training(_Server(), config, "between-graph", 40.0, 1.0)
+    said = capsys.readouterr().out
+    assert code == 1
+    assert f"ps:0: no training task came up within 1 s (127.0.0.1:{port})" in said
+    assert "--serve-start-timeout" in said
+
+
+@pytest.mark.timeout(60)
+def test_a_server_stops_once_the_training_tasks_are_gone_for_its_setting(capsys):
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    config = _ps_of(listener.getsockname()[1])
+    # The worker answers for a while, then ends.
+    threading.Timer(1.5, listener.close).start()
+    code = _serve_while_training(_Server(), config, "between-graph", 1.0, 600.0)
+    said = capsys.readouterr().out
+    assert code == 0
+    assert (
+        "ps:0: the training tasks have ended; stopping the server (none has "
+        "answered for 1 s)" in said
+    )

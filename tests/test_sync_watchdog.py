@@ -449,3 +449,52 @@ def test_a_session_the_chief_finished_before_it_began_is_ended_at_once(sync):
     assert int(tf.raw_ops.QueueSizeV2(handle=queue).numpy()) == 0
     sync.begin_session()  # the next fit is its own
     assert not sync.session_ended(3)
+
+
+# ------------------------------- the end of a fit that failed by a lost ps
+
+
+class _Registry:
+    """An elastic registry whose `left()` waits on a ps that is gone."""
+
+    names = ("chief:0", "worker:1", "worker:2")
+    slot = 2
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.lefts = 0
+
+    def rejoin(self):
+        pass
+
+    def left(self):
+        self.lefts += 1
+        self.release.wait(60)
+
+
+@pytest.mark.timeout(120)
+def test_a_sync_fit_failed_by_a_lost_ps_raises_its_error_and_leaves_nothing():
+    from keras_psdist.errors import TaskLostError
+
+    training, sync = _worker(finished_session=0)
+    registry = _Registry()
+    training._registry = registry
+    sync.begin_session = lambda: 1
+    lost = {"ps:0": "127.0.0.1:1 (Connection refused)"}
+    sync.servers_lost = lambda: lost
+    error = TaskLostError(lost, "worker:2")
+    raised = []
+
+    def fit():
+        try:
+            with training.session():
+                raise error
+        except BaseException as e:  # noqa: BLE001 (kept for the assertions)
+            raised.append(e)
+
+    thread = threading.Thread(target=fit, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    registry.release.set()
+    assert raised == [error], f"the fit raised {raised} (or hung: [])"
+    assert registry.lefts == 0

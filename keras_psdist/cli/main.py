@@ -158,6 +158,18 @@ flags.DEFINE_integer(
     8888,
     "slurm: the port of a node's first task (its other tasks use the next ones); k8s: every task's port.",
 )
+flags.DEFINE_float(
+    "serve_idle_timeout",
+    40.0,
+    "slurm: a server rank stops once the training tasks, seen up, have all "
+    "been gone this many seconds.",
+)
+flags.DEFINE_float(
+    "serve_start_timeout",
+    600.0,
+    "slurm: a server rank stops (exit 1) once no training task has come up "
+    "this many seconds after it started.",
+)
 flags.DEFINE_string("name", None, "k8s: the job's name (a DNS label).")
 flags.DEFINE_string("image", None, "k8s: the container image with the script.")
 
@@ -207,7 +219,7 @@ _COMMAND_FLAGS = {
         "evaluator",
         "verbose",
     ),
-    "slurm": ("num_ps", "mode", "port"),
+    "slurm": ("num_ps", "mode", "port", "serve_idle_timeout", "serve_start_timeout"),
     "k8s": ("name", "image", "num_ps", "num_workers", "mode", "evaluator", "port"),
 }
 
@@ -511,12 +523,24 @@ def slurm_command(args: Sequence[str] = ()) -> int:
             "`slurm` needs the training command after `--`, e.g. `srun --ntasks 3 "
             f"{PROG} slurm --num-ps 1 --mode between-graph -- python train.py`."
         )
+    for name in ("serve_idle_timeout", "serve_start_timeout"):
+        value = getattr(FLAGS, name)
+        if not value > 0:
+            raise _CliError(
+                f"`{_flag(name)}` must be > 0. Received: {_flag(name)}={value}"
+            )
     try:
         mode = _mode_flag("slurm")
         config = from_slurm(FLAGS.num_ps, mode, FLAGS.port)
     except ValueError as e:
         raise _CliError(str(e)) from e
-    return run_task(config, mode, list(args))
+    return run_task(
+        config,
+        mode,
+        list(args),
+        gone_s=FLAGS.serve_idle_timeout,
+        never_s=FLAGS.serve_start_timeout,
+    )
 
 
 def k8s_command(args: Sequence[str] = ()) -> int:

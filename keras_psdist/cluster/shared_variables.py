@@ -117,7 +117,16 @@ class SharedVariables:
             )
             if self._is_chief:
                 if not _is_initialized(handle):
-                    variable.assign(tf.cast(tf.convert_to_tensor(initial_value), dtype))
+                    variable.assign(
+                        tf.cast(tf.convert_to_tensor(initial_value), dtype),
+                        read_value=False,
+                    )
+                    # The remote write is sent without waiting for it, and a
+                    # function that writes the variable next can land first
+                    # (then be overwritten): wait for the value, as
+                    # `keras_psdist.devices.device_variable` does (the race
+                    # and its measure are there; `tests/test_remote_init.py`).
+                    _is_initialized(handle)
                     return variable
             else:
                 self._wait_for_value(handle, shared_name, device)
@@ -135,6 +144,12 @@ class SharedVariables:
             name=name,
             trainable=False,
         )
+
+    def critical_section(self, device: str, name: str) -> tf.CriticalSection:
+        """A shared mutex on `device` (a `tf.CriticalSection`): every process
+        that opens `name` in this container locks the same one."""
+        with tf.init_scope(), tf.device(None), tf.device(device):
+            return tf.CriticalSection(shared_name=f"{self._container}/{name}")
 
     def _check_shape(self, handle, shape, shared_name, device):
         """The variable another process created must have this one's shape."""

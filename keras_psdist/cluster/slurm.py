@@ -34,8 +34,15 @@ from keras_psdist.cluster.mode_names import IN_GRAPH
 from keras_psdist.cluster.ports import connect_error
 
 # A server task stops once the training tasks, seen up, have all been gone
-# this long (Slurm's step ends only when every rank has exited).
-TRAINING_GONE_S = 5.0
+# this long (Slurm's step ends only when every rank has exited): longer than
+# a live training process can stay out of reach and go on, its default
+# `heartbeat_timeout` (30 s) plus its server watch's looks (about 6 s,
+# `task_loss.exit_within`).
+TRAINING_GONE_S = 40.0
+# ... or once no training task has come up this long after it started
+# (else it would serve until the allocation ends): room for a slow start,
+# as the workers' `init_timeout` (120 s) waits for the chief, several times.
+TRAINING_NEVER_S = 600.0
 
 # Where TensorFlow's SlurmClusterResolver starts too.
 DEFAULT_PORT = 8888
@@ -207,11 +214,30 @@ def training_job(mode: str) -> str:
     return "chief" if mode == IN_GRAPH else "worker"
 
 
-def run_task(config: ClusterConfig, mode: str, command: Sequence[str]) -> int:
+def run_task(
+    config: ClusterConfig,
+    mode: str,
+    command: Sequence[str],
+    *,
+    gone_s: float = TRAINING_GONE_S,
+    never_s: float = TRAINING_NEVER_S,
+) -> int:
     """Runs this rank's task: the training command (replacing this process),
     or `keras-psdist serve` until the training tasks have come and gone.
-    Returns the server's exit code (0 when it was stopped because training
-    ended)."""
+
+    Args:
+        config: This rank's task.
+        mode: The run's mode.
+        command: The training command.
+        gone_s: A server stops once the training tasks, seen up, have all
+            been gone this long. Defaults to `TRAINING_GONE_S`.
+        never_s: A server stops once no training task has come up this long
+            after it started. Defaults to `TRAINING_NEVER_S`.
+
+    Returns:
+        The server's exit code: 0 when it was stopped because training
+        ended, 1 when no training task ever came up.
+    """
     env = dict(
         os.environ,
         TF_CONFIG=json.dumps(config.to_tf_config()),
@@ -223,7 +249,7 @@ def run_task(config: ClusterConfig, mode: str, command: Sequence[str]) -> int:
     print(f"[slurm] {config.task_name}: serving at {config.task_address}", flush=True)
     server = subprocess.Popen([sys.executable, "-m", "keras_psdist", "serve"], env=env)
     try:
-        return _serve_while_training(server, config, mode)
+        return _serve_while_training(server, config, mode, gone_s, never_s)
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
@@ -233,20 +259,32 @@ def run_task(config: ClusterConfig, mode: str, command: Sequence[str]) -> int:
                 server.kill()
 
 
-def _serve_while_training(server, config: ClusterConfig, mode: str) -> int:
+def _serve_while_training(
+    server, config: ClusterConfig, mode: str, gone_s: float, never_s: float
+) -> int:
     addresses = config.addresses(training_job(mode))
+    started = time.monotonic()
     seen, gone_since = False, None
     while server.poll() is None:
         if any(connect_error(address, 0.5) is None for address in addresses):
             seen, gone_since = True, None
         elif seen:
             gone_since = gone_since or time.monotonic()
-            if time.monotonic() - gone_since > TRAINING_GONE_S:
+            if time.monotonic() - gone_since > gone_s:
                 print(
                     f"[slurm] {config.task_name}: the training tasks have ended; "
-                    "stopping the server.",
+                    f"stopping the server (none has answered for {gone_s:g} s).",
                     flush=True,
                 )
                 return 0
-        time.sleep(1.0)
+        elif time.monotonic() - started > never_s:
+            print(
+                f"[slurm] {config.task_name}: no training task came up within "
+                f"{never_s:g} s ({', '.join(addresses)}); stopping the server. "
+                "Did the training command start on the worker ranks? A slower "
+                "start needs a larger `--serve-start-timeout`.",
+                flush=True,
+            )
+            return 1
+        time.sleep(min(1.0, gone_s / 5, never_s / 5))
     return server.returncode

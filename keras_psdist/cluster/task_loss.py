@@ -97,6 +97,13 @@ PROBE_TIMEOUT_S = 2.0
 REFUSED = "Connection refused"
 
 
+def exit_within(grace_s: float) -> float:
+    """Seconds from a cut to the exit of a process whose `ServerWatch` has
+    `grace_s` (the bound in the module doc): the longest a live process may
+    wait on a lost ps, its heartbeat paused, before it goes on or ends."""
+    return min(1.0, grace_s / 5) + 2 * PROBE_TIMEOUT_S + grace_s
+
+
 def server_jobs(mode: str) -> tuple[str, ...]:
     """The jobs whose tasks a process of a `mode` run depends on."""
     return ("ps", "worker") if mode == "in-graph" else ("ps",)

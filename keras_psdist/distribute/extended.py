@@ -23,6 +23,7 @@ replica and each updates its own copy.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 from typing import Any
@@ -226,7 +227,11 @@ class PSExtended(
         if self.registry is not None and self.sync_training is None:
             # Elastic async: count each update, leave when asked.
             self.sync_training = elastic.ElasticTraining(
-                self.registry, os.environ.get(elastic.LEAVE_FILE_ENV)
+                self.registry,
+                os.environ.get(elastic.LEAVE_FILE_ENV),
+                unreachable_servers=functools.partial(
+                    task_loss.unreachable_tasks, topology.config, ("ps",)
+                ),
             )
         # The rule's state, for checkpoints (see `training_state`).
         self._training_state = tf.Module(name="training_state")

@@ -63,7 +63,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.aggregators.momentum import moving_averages
-from keras_psdist.cluster import task_loss
+from keras_psdist.cluster import elastic, task_loss
 from keras_psdist.distribute.reduction import GradientReduction, ReductionState
 from keras_psdist.errors import StalledError  # noqa: F401 (re-exported)
 from keras_psdist.gradients.wire import Payload
@@ -259,7 +259,7 @@ class SyncTraining:
             daemon=True,
         )
         watchdog.start()
-        failed = True
+        error = None
         try:
             # A lost ps is named (also in a custom loop, which no `fit`
             # wrapper sees); `_end` then sends it nothing: a call on it can
@@ -271,12 +271,14 @@ class SyncTraining:
                     if protocol.POISON_MESSAGE not in str(e):
                         raise
                     raise self._stop_error() from None
-            failed = False
+        except BaseException as e:
+            error = e
+            raise
         finally:
             stop.set()
             watchdog.join()
             self._in_session = False
-            self._end(failed)
+            self._end(error is not None, error)
 
     def check_steps(self, steps: int) -> None:
         """Refuses a `fit` of `steps` steps per worker that can make no update."""
@@ -370,7 +372,8 @@ class SyncTraining:
             return []
         return list(self._service.changes)
 
-    def _end(self, failed: bool) -> None:
+    def _end(self, failed: bool, error: BaseException | None = None) -> None:
+        """Ends this worker's session; `error`: the failed fit's, if known."""
         sync = self.sync
         if failed and sync.is_chief:
             # Without the chief no update can come: stop everyone now.
@@ -380,7 +383,14 @@ class SyncTraining:
             return
         sync.send_marker(protocol.LEAVE)
         if self._registry is not None:
-            self._registry.left()
+            # After a failure: nothing to a lost ps, and the fit's error
+            # stays the one raised.
+            elastic.leave(
+                self._registry,
+                failed=failed,
+                error=error,
+                unreachable_servers=sync.servers_lost,
+            )
         if not sync.is_chief:
             skipped = 0 if failed or self._said_end else sync.steps_skipped()
             if skipped:

@@ -3,16 +3,22 @@ and the first function that writes it (see `keras_psdist.devices.device_variable
 
     python tests/scripts/remote_init_race.py --runs 400 --make plain
     python tests/scripts/remote_init_race.py --runs 400 --make device_variable
+    python tests/scripts/remote_init_race.py --runs 400 --make shared_variables
 
 Starts one ps task and connects to it as `chief:0`. Two threads run remote
 functions on the ps all along (as the chief's training thread does while its
 update service works). The main thread, `--runs` times, makes three new
 `[256, 64]` variables of zeros on the ps (`--make plain`: a bare
 `ResourceVariable`; `device_variable`: keras_psdist's, which waits for the
-initial value), writes ones into them with one `tf.function`, and reads them
-back with another. Prints how many reads did not see the ones. Measured on a
-2-core machine, two such processes at once: `plain` 2, 2, 3 and 6 of 400,
-400, 600 and 300; `device_variable` 0 of 1,700.
+initial value; `shared_variables`: the chief's
+`keras_psdist.cluster.shared_variables.SharedVariables.create`), writes ones
+into them with one `tf.function`, and reads them back with another. Prints
+how many reads did not see the ones, and exits 1 if any did
+(`tests/test_remote_init.py` runs it). Measured on a 2-core machine, two such
+processes at once: `plain` 2, 2, 3 and 6 of 400, 400, 600 and 300;
+`device_variable` 0 of 1,700. `shared_variables`, one process, before
+`SharedVariables.create` waited for its write: 112 of 200 and 68 of 100;
+since: 0 of 300.
 """
 
 import argparse
@@ -45,7 +51,11 @@ def _serve(cluster):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=400)
-    parser.add_argument("--make", choices=("plain", "device_variable"), default="plain")
+    parser.add_argument(
+        "--make",
+        choices=("plain", "device_variable", "shared_variables"),
+        default="plain",
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -60,6 +70,7 @@ def main():
         import tensorflow as tf
 
         from keras_psdist._tf import resource_variable_ops
+        from keras_psdist.cluster.shared_variables import SharedVariables
         from keras_psdist.devices import device_variable
 
         time.sleep(4)  # the ps's server up
@@ -95,11 +106,16 @@ def main():
         def make(name):
             if args.make == "device_variable":
                 return device_variable(tf.zeros(SHAPE), device, name)
+            if args.make == "shared_variables":
+                return shared.create(
+                    device, tf.zeros(SHAPE), tf.TensorShape(SHAPE), tf.float32, name
+                )
             with tf.init_scope(), tf.device(device):
                 return resource_variable_ops.ResourceVariable(
                     tf.zeros(SHAPE), trainable=False, name=name
                 )
 
+        shared = SharedVariables(is_chief=True, chief="chief:0", init_timeout=10)
         threads = [threading.Thread(target=busy, daemon=True) for _ in range(2)]
         for thread in threads:
             thread.start()
@@ -109,12 +125,15 @@ def main():
             write(variables)
             missed += float(total(variables).numpy()) != 3 * SHAPE[0] * SHAPE[1]
         stop.set()
+        for thread in threads:
+            thread.join()
         print(
             f"{args.make}: {missed} of {args.runs} reads missed the write", flush=True
         )
     finally:
         ps.kill()
         ps.wait()
+    sys.exit(1 if missed else 0)
 
 
 if __name__ == "__main__":
