@@ -17,7 +17,7 @@ in the same run:
 * ``dense_gradient``: the same read, and the gradient densified to the
   table's shape before it is sent (what strategies that all-reduce
   embeddings densely do, e.g. Horovod's ``sparse_as_dense``).
-* ``rows``: unpartitioned, looked up by ``PSStrategy`` (``keras_psdist.routing``):
+* ``rows``: unpartitioned, looked up by ``PSStrategy`` (``keras_psdist.partitioners``):
   the rows are gathered on the ps, and only they travel.
 * ``partitioned``: the table split over the 2 ps tasks
   (``partitioner=``), each row gathered on the shard that owns it.

@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
         membership,
         partitioners,
         placement,
-        routing,
         spelling,
     )
     from keras_psdist.evaluator import SidecarEvaluator  # noqa: F401
@@ -64,7 +63,6 @@ _PUBLIC = {
             "membership",
             "partitioners",
             "placement",
-            "routing",
             "spelling",
         )
     },
@@ -72,6 +70,7 @@ _PUBLIC = {
 
 # Old names that still import, with a warning, until the version given.
 _DEPRECATED = {
+    "routing": "0.5",  # folded into partitioners in 0.4
     "synchronization": "0.5",  # renamed dense_choice in 0.2
 }
 

@@ -20,8 +20,25 @@ registry's. A partitioner needs its shard count or sizes, so it is named by a
 config dict (`{"class_name": "fixed", "config": {"num_shards": 2}}`) or an
 instance, never by a bare id.
 
+A partitioned variable's update runs shard by shard, on each shard's
+device with the shard's rows of the gradient and of every optimizer slot,
+when the optimizer's update is *row-separable*: each row of the new variable
+and slots depends only on that row of the old ones and of the gradient (plus
+scalars). That is true of SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta,
+Adamax, Nadam, Ftrl, Lion and ScheduleFreeAdamW. Adafactor (factored
+moments), Lamb (whole-tensor trust ratio) and Muon (orthogonalises whole
+matrices) are not: for them a partitioned variable is gathered and updated
+whole, which is exact but moves the variable each step (a warning says so
+once). A custom optimizer whose `update_step` is elementwise says so with
+`register_row_separable`; `is_row_separable` answers for any optimizer.
+(Row lookups, `ops.take(table, ids)` as `Embedding` calls it, gather on the
+devices that hold the rows: only the touched rows travel.)
+
 Examples:
 
+>>> import keras
+>>> is_row_separable(keras.optimizers.Adam()), is_row_separable(keras.optimizers.Lamb())
+(True, False)
 >>> import tensorflow as tf
 >>> partitioner = MinSize(min_shard_bytes=1024, max_shards=4)
 >>> partitioner(tf.TensorShape([1000, 8]), tf.float32)  # 32000 bytes
@@ -603,3 +620,85 @@ def shard_rows(num_rows: int, num_shards: int) -> tuple[int, ...]:
         )
     base, extra = divmod(num_rows, num_shards)
     return tuple(base + 1 if i < extra else base for i in range(num_shards))
+
+
+# ---------------------------------------------- row-separable optimizers
+
+_row_separable_updates: set = set()
+_builtins_registered = False
+
+
+def register_row_separable(optimizer_class: type) -> type:
+    """Declares `optimizer_class.update_step` row-separable (see module doc).
+
+    Partitioned variables are then updated shard by shard, where each shard
+    lives, by this optimizer. Usable as a class decorator.
+
+    Args:
+        optimizer_class: A `keras.optimizers.Optimizer` subclass.
+
+    Returns:
+        `optimizer_class`.
+
+    Raises:
+        ValueError: if it is not a Keras optimizer class.
+
+    Examples:
+
+    >>> import keras
+    >>> @register_row_separable
+    ... class SignSGD(keras.optimizers.Optimizer):
+    ...     def update_step(self, gradient, variable, learning_rate):
+    ...         variable.assign_sub(learning_rate * keras.ops.sign(gradient))
+    >>> is_row_separable(SignSGD(learning_rate=0.1))
+    True
+    """
+    import keras
+
+    if not (
+        isinstance(optimizer_class, type)
+        and issubclass(optimizer_class, keras.optimizers.Optimizer)
+    ):
+        raise ValueError(
+            "register_row_separable expects a keras.optimizers.Optimizer "
+            f"subclass. Received: {optimizer_class!r}."
+        )
+    _row_separable_updates.add(optimizer_class.update_step)
+    return optimizer_class
+
+
+def _register_keras_builtins() -> None:
+    global _builtins_registered
+    import keras
+
+    _builtins_registered = True
+    for name in (
+        "SGD",
+        "Adam",
+        "AdamW",
+        "RMSprop",
+        "Adagrad",
+        "Adadelta",
+        "Adamax",
+        "Nadam",
+        "Ftrl",
+        "Lion",
+        "ScheduleFreeAdamW",
+    ):
+        optimizer_class = getattr(keras.optimizers, name, None)
+        if optimizer_class is not None:
+            register_row_separable(optimizer_class)
+
+
+def is_row_separable(optimizer) -> bool:
+    """Whether `optimizer`'s `update_step` may run shard by shard.
+
+    Decided by the function, not the class name: a subclass that keeps a
+    registered `update_step` (a new learning-rate schedule, say) is
+    separable; one that overrides it is not, until registered.
+    """
+    # Not "while the set is empty": a user's class registered first (before
+    # any optimizer was asked about) must not keep Keras's own out.
+    if not _builtins_registered:
+        _register_keras_builtins()
+    return type(optimizer).update_step in _row_separable_updates

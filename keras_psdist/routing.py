@@ -1,36 +1,32 @@
-"""How Keras's row lookups and optimizer updates reach parameter devices.
+"""Deprecated: folded into `keras_psdist.partitioners` in 0.4; removed in 0.5.
 
-Two Keras internals decide what crosses the network each step, and
-`keras_psdist.integration.keras_patches` wraps both, with
-`integration.routed_take.routed_take` and `row_separable.with_optimizer`, for variables of a keras_psdist strategy only
-(every other call is passed through untouched):
-
-| Keras does | keras_psdist does |
-|---|---|
-| `ops.take(table, ids, axis=0)` (`Embedding.call`): the TF backend first reads the *whole* table, then gathers | gathers the rows where they live: on the parameter device, or on each shard that owns some of them; only the touched rows travel to the replica |
-| `optimizer.update_step(g, v, lr)` inside `extended.update` | once per shard of a partitioned `v`, on the shard's device, with the shard's rows of `g` and of every slot, when the optimizer's update is row-separable; else once, on the whole variable |
-
-An update is row-separable when each row of the new variable and slots
-depends only on that row of the old ones and of the gradient (plus scalars):
-true of SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, Adamax, Nadam, Ftrl,
-Lion and ScheduleFreeAdamW. Adafactor (factored moments), Lamb (whole-tensor
-trust ratio) and Muon (orthogonalises whole matrices) are not: for them a
-partitioned variable is gathered and updated whole, which is exact but moves
-the variable each step (a warning says so once). A custom optimizer whose
-`update_step` is elementwise can say so with `register_row_separable`.
-
-Examples:
-
->>> import keras
->>> is_row_separable(keras.optimizers.Adam())
-True
->>> is_row_separable(keras.optimizers.Lamb())
-False
+`is_row_separable` and `register_row_separable` (which optimizers update a
+partitioned variable shard by shard) are `keras_psdist.partitioners`'s now.
+Every name still reads from here, with a `DeprecationWarning`.
 """
 
-from keras_psdist.variables.row_separable import (
-    is_row_separable,
-    register_row_separable,
-)
+from __future__ import annotations
 
-__all__ = ["is_row_separable", "register_row_separable"]
+import warnings
+from typing import Any
+
+from keras_psdist import partitioners
+
+_NAMES = ("is_row_separable", "register_row_separable")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"keras_psdist.routing.{name} is now keras_psdist.partitioners.{name} "
+        "(folded into partitioners in 0.4). Import it from "
+        "keras_psdist.partitioners; the old name will be removed in 0.5.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(partitioners, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(_NAMES)

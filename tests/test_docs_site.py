@@ -57,6 +57,8 @@ _NAMED = {
         "keras_psdist.partitioners.MinSize",
         "keras_psdist.partitioners.MaxSize",
         "keras_psdist.partitioners.get",
+        "keras_psdist.partitioners.register_row_separable",
+        "keras_psdist.partitioners.is_row_separable",
     ],
     "api/placement": [
         "keras_psdist.placement.Placement",
@@ -64,10 +66,6 @@ _NAMED = {
         "keras_psdist.placement.Placement.shards_of",
         "keras_psdist.placement.GreedyPlacement",
         "keras_psdist.placement.RoundRobinPlacement",
-    ],
-    "api/routing": [
-        "keras_psdist.routing.register_row_separable",
-        "keras_psdist.routing.is_row_separable",
     ],
     "api/callbacks": [
         "keras_psdist.callbacks.AggregationReport",

@@ -9,6 +9,8 @@ import ast
 import pathlib
 from collections import defaultdict
 
+import pytest
+
 import keras_psdist
 
 PACKAGE = pathlib.Path(keras_psdist.__file__).parent
@@ -166,21 +168,28 @@ def test_the_docs_public_modules_resolve():
     assert keras_psdist.cluster.__name__ == "keras_psdist.cluster"
 
 
-def test_a_deprecated_name_warns_and_says_its_removal_version():
+@pytest.mark.parametrize(
+    "old, name, new",
+    [
+        ("synchronization", "DenseChoice", "keras_psdist.dense_choice"),
+        ("routing", "register_row_separable", "keras_psdist.partitioners"),
+        ("routing", "is_row_separable", "keras_psdist.partitioners"),
+    ],
+)
+def test_a_deprecated_name_warns_and_says_its_removal_version(old, name, new):
+    import importlib
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        keras_psdist.synchronization.DenseChoice  # noqa: B018
+        value = getattr(getattr(keras_psdist, old), name)
     [warning] = [w for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert "keras_psdist.dense_choice" in str(warning.message)
-    assert f"removed in {keras_psdist._DEPRECATED['synchronization']}" in str(
-        warning.message
-    )
+    assert new in str(warning.message)
+    assert f"removed in {keras_psdist._DEPRECATED[old]}" in str(warning.message)
+    assert value is getattr(importlib.import_module(new), name)
+    assert old not in keras_psdist.__all__
 
 
 def test_an_unknown_name_raises_attribute_error():
-    import pytest
-
     with pytest.raises(AttributeError, match="no attribute 'spellings'"):
         keras_psdist.spellings  # noqa: B018

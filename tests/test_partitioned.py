@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import keras_psdist as kpd
-from keras_psdist import aggregators, attacks, routing
+from keras_psdist import aggregators, attacks, partitioners
 from keras_psdist.variables.partitioned import PartitionedVariable
 from keras_psdist.variables.shard_layout import ShardLayout
 
@@ -256,33 +256,33 @@ def test_an_update_that_is_not_row_separable_runs_whole_and_says_so(
         )
     assert_same_weights(actual, expected)
     assert "NormalizedSGD's update is not row-separable" in caplog.text
-    assert not routing.is_row_separable(NormalizedSGD())
-    assert routing.is_row_separable(type("Scheduled", (keras.optimizers.Adam,), {})())
+    assert not partitioners.is_row_separable(NormalizedSGD())
+    assert partitioners.is_row_separable(
+        type("Scheduled", (keras.optimizers.Adam,), {})()
+    )
 
 
 def test_a_class_registered_before_any_question_keeps_keras_optimizers_in(
     monkeypatch,
 ):
     # As in a fresh process whose first call is the user's registration.
-    from keras_psdist.variables import row_separable
+    monkeypatch.setattr(partitioners, "_row_separable_updates", set())
+    monkeypatch.setattr(partitioners, "_builtins_registered", False)
 
-    monkeypatch.setattr(row_separable, "_row_separable_updates", set())
-    monkeypatch.setattr(row_separable, "_builtins_registered", False)
-
-    @routing.register_row_separable
+    @partitioners.register_row_separable
     class SignSGD(keras.optimizers.Optimizer):
         def update_step(self, gradient, variable, learning_rate):
             variable.assign_sub(learning_rate * keras.ops.sign(gradient))
 
-    assert routing.is_row_separable(SignSGD(learning_rate=0.1))
-    assert routing.is_row_separable(keras.optimizers.Adam())
+    assert partitioners.is_row_separable(SignSGD(learning_rate=0.1))
+    assert partitioners.is_row_separable(keras.optimizers.Adam())
 
 
 def test_register_row_separable_refuses_what_is_not_an_optimizer_class():
     with pytest.raises(ValueError, match="Optimizer subclass. Received: 3"):
-        routing.register_row_separable(3)
+        partitioners.register_row_separable(3)
     with pytest.raises(ValueError, match="Received: <keras.src.optimizers"):
-        routing.register_row_separable(keras.optimizers.SGD())
+        partitioners.register_row_separable(keras.optimizers.SGD())
 
 
 def test_sparse_updates_reach_only_the_shards_that_own_the_rows(cpu_devices):

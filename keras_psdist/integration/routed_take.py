@@ -5,7 +5,7 @@ first reads the *whole* table, then gathers. `keras_patches` wraps it with
 `routed_take`, for variables of a keras_psdist strategy only: the rows are
 gathered on the parameter device, or on each shard that owns some of them,
 and only the touched rows travel to the replica. What this means for users,
-and which optimizers update shard by shard, is in `keras_psdist.routing`.
+and which optimizers update shard by shard, is in `keras_psdist.partitioners`.
 """
 
 from __future__ import annotations

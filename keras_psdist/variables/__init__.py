@@ -7,7 +7,7 @@
     partitioned.py    `PartitionedVariable`: a table split into row shards
     shard_layout.py   which rows each shard holds
     shard_updates.py  the update of a partitioned variable, shard by shard
-    row_separable.py  which optimizers can update shard by shard
+    row_separable.py  the shard-by-shard update path (which optimizers: partitioners)
     staged_merge.py   synchronisation points inside control flow
     narrow_reads.py   a replica's reads from another task in a narrower dtype
                       (`read_dtype=`)

@@ -22,7 +22,7 @@ as before.
   ordinary models are far from it). See docs/compression.md for its cost in
   accuracy and what it saves on a link.
 - Dense reads of variables on a parameter device are narrowed; the rows a
-  partitioned or row-routed table sends (`keras_psdist.routing`) and
+  partitioned or row-routed table sends (`keras_psdist.partitioners`) and
   variables replicated on the workers (`dense="all_reduce"`) are not.
 
 Examples:

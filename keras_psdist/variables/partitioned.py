@@ -33,7 +33,7 @@ arithmetic on a variable and its slots, work unchanged. An optimizer whose
 update is not row-separable (Adafactor's factored moments, Lamb's and Muon's
 whole-tensor norms) updates the whole variable instead: its reads gather the
 shards and its writes split (`shard_updates.update_shards`,
-`keras_psdist.routing`).
+`keras_psdist.partitioners`).
 
 Examples:
 

@@ -47,7 +47,7 @@ def update_shards(var, fn, args, kwargs) -> list:
     shard `i`, and arguments of the variable's full shape (the gradient) are
     split so that each shard gets only its rows: a sparse gradient's rows go
     only to the shards that own them. An optimizer whose update is not
-    row-separable (see `keras_psdist.routing`) updates the whole variable
+    row-separable (see `keras_psdist.partitioners`) updates the whole variable
     instead, on its first shard's device: its reads gather the shards, its
     writes split.
 
