@@ -1,5 +1,5 @@
-"""The elastic registry's slots (`keras_psdist.cluster.elastic.Registry`) in
-one process: the local CPU stands in for the ps task, and `Registry` objects
+"""The elastic registry's slots (`keras_psdist.cluster.elastic.SlotTable`) in
+one process: the local CPU stands in for the ps task, and `SlotTable` objects
 opened in one resource container play the processes of a job (the resources
 are real and shared, as on a ps task)."""
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 import tensorflow as tf
 
-from keras_psdist.cluster.elastic import LEFT, MEMBER, Registry
+from keras_psdist.cluster.elastic import LEFT, MEMBER, SlotTable
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.errors import JoinRefusedError
 
@@ -25,7 +25,7 @@ def _job(processes):
     as the chief does), all for slot 1, and the job's heartbeat vector."""
     container = f"test_elastic_registry_{next(_containers)}"
     registries = [
-        Registry(
+        SlotTable(
             SharedVariables(p == 0, "chief:0", 10.0, container=container),
             DEVICE,
             SLOT,

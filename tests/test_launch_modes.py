@@ -79,11 +79,11 @@ def test_the_suggested_command_keeps_the_replica_count():
     # In-graph, every worker task holds replicas and the chief only drives
     # them; between-graph, every task that runs the script is one.
     in_graph = cluster.ClusterConfig(IN_GRAPH_JOBS, "chief", 0)
-    assert runtime.launch_command(in_graph, "between-graph").startswith(
+    assert runtime.launch_command_line(in_graph, "between-graph").startswith(
         "keras-psdist launch --mode between-graph --num-ps 1 --num-workers 2 -- "
     )
     between = cluster.ClusterConfig(BETWEEN_GRAPH_JOBS, "worker", 0)
-    assert runtime.launch_command(between, "in-graph").startswith(
+    assert runtime.launch_command_line(between, "in-graph").startswith(
         "keras-psdist launch --num-ps 1 --num-workers 2 -- python "
     )
 

@@ -114,7 +114,7 @@ class Aggregator:
 
     def __init__(self, num_byzantine: int | None = None):
         if num_byzantine is not None:
-            check_count("num_byzantine", num_byzantine, minimum=0)
+            check_int_at_least("num_byzantine", num_byzantine, minimum=0)
         self.num_byzantine = num_byzantine
         self.num_replicas: int | None = None
 
@@ -166,8 +166,8 @@ class Aggregator:
             num_replicas: Number of replicas whose values are aggregated.
             num_byzantine: Number of replicas that may be faulty.
         """
-        check_count("num_replicas", num_replicas, minimum=1)
-        check_count("num_byzantine", num_byzantine, minimum=0)
+        check_int_at_least("num_replicas", num_replicas, minimum=1)
+        check_int_at_least("num_byzantine", num_byzantine, minimum=0)
 
     # ----------------------------------------------------------- the rule
 
@@ -353,7 +353,7 @@ def check_honest_majority(
         )
 
 
-def check_count(name: str, value: Any, minimum: int) -> None:
+def check_int_at_least(name: str, value: Any, minimum: int) -> None:
     """Raises a `ValueError` unless `value` is an int >= `minimum`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(

@@ -77,7 +77,7 @@ class MinimumDiameterAveraging(Aggregator):
     def check(self, num_replicas: int, num_byzantine: int = 0) -> None:
         super().check(num_replicas, num_byzantine)
         check_honest_majority(self, num_replicas, num_byzantine)
-        subsets.check_count(
+        subsets.check_subset_count(
             self,
             num_replicas,
             num_byzantine,

@@ -11,8 +11,8 @@ from keras_psdist.aggregators import combine, distances
 from keras_psdist.aggregators.base import (
     Aggregation,
     Aggregator,
-    check_count,
     check_honest_majority,
+    check_int_at_least,
 )
 from keras_psdist.aggregators.configs import check_bool
 
@@ -76,7 +76,7 @@ class MoNNA(Aggregator):
         jit_compile: bool = True,
     ):
         super().__init__(num_byzantine)
-        check_count("reference", reference, 0)
+        check_int_at_least("reference", reference, 0)
         self.reference = reference
         self.jit_compile = check_bool(type(self).__name__, "jit_compile", jit_compile)
 

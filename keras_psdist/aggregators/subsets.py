@@ -2,7 +2,7 @@
 
 MDA (the smallest diameter) and SMEA (the smallest largest eigenvalue) look at
 every subset of n - f replicas, C(n, f) of them per step, which grows
-exponentially in f; `check_count` refuses a configuration beyond a rule's
+exponentially in f; `check_subset_count` refuses a configuration beyond a rule's
 limit when it is bound, saying up to where the rule is practical.
 
 Examples:
@@ -33,7 +33,7 @@ def masks(subsets: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def check_count(
+def check_subset_count(
     rule: object, num_replicas: int, num_byzantine: int, limit: int, practical: str
 ) -> None:
     """Raises `ValueError` when C(n, f) is over `limit` subsets a step.

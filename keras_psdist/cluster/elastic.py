@@ -7,7 +7,7 @@ worker at a new address can reach the variables at any time. What fixed
 the set of workers was ours: every per-worker structure (heartbeats, the
 pieces of each batch) was sized by the TF_CONFIG's worker list. With
 `max_workers=M` they are sized by M, and who trains is data on the first
-ps task, the `Registry`:
+ps task, the `SlotTable`:
 
 - `state[M]`: each slot (`worker:k`) free, a member, or left;
 - `applied[M]`: the updates each slot has applied (counted in the same step
@@ -19,7 +19,7 @@ ps task, the `Registry`:
 A process joins by starting with a TF_CONFIG that lists its own address as
 `worker:k` (k < M; the workers before it may be listed with any address,
 they are not dialled). Before it beats or touches any shared state, it is
-admitted (`Registry.admit`): refused with a `JoinRefusedError` naming why
+admitted (`SlotTable.admit`): refused with a `JoinRefusedError` naming why
 if k >= M, if the registry was made for another M, or if slot k (the chief's
 slot included) belongs to a worker whose heartbeat still moves; a slot
 whose holder left, or stopped beating for longer than a live process can
@@ -34,7 +34,7 @@ does not change as others come and go.
 
 A worker leaves at the end of its `fit` (`state[k]` = left), or when asked
 to: the file named by `KERAS_PSDIST_LEAVE_FILE` (the launcher sets it) exists,
-or `Registry.ask_to_leave(k)` ran; its `fit` then stops after the step it is
+or `SlotTable.ask_to_leave(k)` ran; its `fit` then stops after the step it is
 in. A worker that dies is lost, as before (the chief logs it from the
 heartbeats), and its slot may be taken over.
 
@@ -71,7 +71,7 @@ FREE, MEMBER, LEFT = 0, 1, 2
 _STATES = {FREE: "free", MEMBER: "member", LEFT: "left"}
 
 
-class Registry:
+class SlotTable:
     """Who trains, on the first ps task (see the module doc).
 
     Args:
@@ -338,7 +338,7 @@ class ElasticTraining:
     counts each update it applies, leaves when its `fit` ends or when asked.
 
     Args:
-        registry: The run's `Registry`.
+        registry: The run's `SlotTable`.
         leave_file: A path whose existence asks this worker to leave
             (`KERAS_PSDIST_LEAVE_FILE`), or None.
         unreachable_servers: The ps tasks that do not answer now (task ->
@@ -348,7 +348,7 @@ class ElasticTraining:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: SlotTable,
         leave_file: str | None = None,
         unreachable_servers: Callable[[], dict[str, str]] | None = None,
     ):
@@ -404,7 +404,7 @@ class ElasticTraining:
 
 
 def leave(
-    registry: Registry,
+    registry: SlotTable,
     *,
     failed: bool = False,
     error: BaseException | None = None,
@@ -450,11 +450,11 @@ class MembershipWatcher:
     """On the chief: logs every change of the registry, and keeps them.
 
     Args:
-        registry: The run's `Registry`.
+        registry: The run's `SlotTable`.
         every: Seconds between looks.
     """
 
-    def __init__(self, registry: Registry, every: float = 0.5):
+    def __init__(self, registry: SlotTable, every: float = 0.5):
         self._registry = registry
         self._every = every
         self._lock = threading.Lock()
@@ -514,5 +514,5 @@ class MembershipWatcher:
 
 
 def state_names(states: Sequence[int]) -> list[str]:
-    """`Registry.states()` as words."""
+    """`SlotTable.states()` as words."""
     return [_STATES[int(s)] for s in np.asarray(states).tolist()]

@@ -229,7 +229,7 @@ def check_launch_mode(config: ClusterConfig, mode: str, owner: str) -> None:
         raise ValueError(
             f"{owner} trains between-graph: every worker task runs this script "
             f"and the ps tasks serve. But {found}. Launch it with "
-            f"`{launch_command(config, 'between-graph')}`{alternative}."
+            f"`{launch_command_line(config, 'between-graph')}`{alternative}."
         )
     if mode == "in-graph" and (
         launched == "between-graph" or config.task_type not in (None, "chief")
@@ -244,13 +244,13 @@ def check_launch_mode(config: ClusterConfig, mode: str, owner: str) -> None:
             f"{owner} trains in-graph: the script runs once, on the chief, which "
             f"drives every worker task's replicas; ps and worker tasks only "
             f"serve (`keras-psdist serve`). But {found}. Launch it with "
-            f"`{launch_command(config, 'in-graph')}`, or keep this launch and use "
+            f"`{launch_command_line(config, 'in-graph')}`, or keep this launch and use "
             "`PSStrategy(mode='between-graph')` (asynchronous updates) or "
             "`SyncReplicaStrategy()` (synchronous updates, backup workers)."
         )
 
 
-def launch_command(config: ClusterConfig, mode: str) -> str:
+def launch_command_line(config: ClusterConfig, mode: str) -> str:
     """The `keras-psdist launch` command that runs this script in `mode` on a
     cluster the size of `config`'s."""
     # The same replicas: in-graph, one per worker task (the chief only

@@ -188,7 +188,7 @@ class PSExtended(
         self.membership = None
         if topology.between_graph:
             if topology.max_workers is not None:
-                self.registry = elastic.Registry(
+                self.registry = elastic.SlotTable(
                     self._shared,
                     topology.parameter_devices[0],
                     topology.worker_index,

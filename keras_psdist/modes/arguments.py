@@ -21,7 +21,7 @@ from keras_psdist import dense_choice, gradients, membership
 from keras_psdist import devices as devices_lib
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
-from keras_psdist.aggregators.base import check_count
+from keras_psdist.aggregators.base import check_int_at_least
 from keras_psdist.aggregators.momentum import check_beta
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.config import MAX_WORKERS_ENV, ClusterConfig
@@ -69,7 +69,7 @@ class Arguments:
                 name == "total_num_replicas"
                 or not isinstance(membership.get(value, name), membership.CountRule)
             ):
-                check_count(name, value, minimum=1)
+                check_int_at_least(name, value, minimum=1)
         devices_lib.canonical_names(self.parameter_devices, "parameter_devices")
         runtime.check_cluster_resolver(self.cluster_resolver)
         check_placement(self.placement)
@@ -84,7 +84,7 @@ class Arguments:
         if self.num_byzantine is not None and not isinstance(
             membership.get(self.num_byzantine, "num_byzantine"), membership.CountRule
         ):
-            check_count("num_byzantine", self.num_byzantine, minimum=0)
+            check_int_at_least("num_byzantine", self.num_byzantine, minimum=0)
         compression = gradients.configure_compression(self.aggregator, self.compression)
         read_dtype = narrow_reads.check_read_dtype(self.read_dtype)
         read_compression = delta_reads.check_read_compression(self.read_compression)
@@ -93,13 +93,13 @@ class Arguments:
         )
         gradients.check_compression_with_momentum(compression, worker_momentum)
         if self.max_staleness is not None:
-            check_count("max_staleness", self.max_staleness, minimum=0)
+            check_int_at_least("max_staleness", self.max_staleness, minimum=0)
         max_workers = self.max_workers
         if max_workers is None and os.environ.get(MAX_WORKERS_ENV):
             # `keras-psdist launch --max-workers M` sets it for every worker.
             max_workers = int(os.environ[MAX_WORKERS_ENV])
         if max_workers is not None:
-            check_count("max_workers", max_workers, minimum=1)
+            check_int_at_least("max_workers", max_workers, minimum=1)
         return dataclasses.replace(
             self,
             partitioner=partitioner,

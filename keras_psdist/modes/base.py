@@ -247,7 +247,7 @@ class Mode(abc.ABC):
             topology: The run's devices.
             shared: Opens (on the chief, creates) variables on the ps tasks.
             heartbeats: This process's `cluster.liveness.Heartbeats`.
-            registry: Who trains (`cluster.elastic.Registry`) when workers
+            registry: Who trains (`cluster.elastic.SlotTable`) when workers
                 join and leave (`max_workers`), else None.
 
         Returns:
