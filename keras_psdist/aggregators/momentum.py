@@ -203,7 +203,7 @@ class WorkerMomentum(Aggregator):
     ) -> Aggregation:
         """`step`, with the momenta kept in variables and updated in place
         (`momentum_step_in_place`, what the strategy's momentum stage,
-        `keras_psdist.gradients.momentum.Momentum.apply_in_place`, runs).
+        `keras_psdist.gradients.momentum_stage.Momentum.apply_in_place`, runs).
         Same values as `step`.
 
         Args:

@@ -2,7 +2,7 @@
 
     worker momentum -> (compression) -> attack -> pre-aggregations -> rule
 
-- `Momentum` (`momentum.py`): each replica's momentum of its gradients
+- `Momentum` (`momentum_stage.py`): each replica's momentum of its gradients
   (`worker_momentum=`), kept per replica.
 - `Compression` (`compression.py`): what a replica sends, compressed on
   its own device (`compression=`), e.g. top-k with error feedback (a
@@ -10,7 +10,7 @@
   rest runs.
 - `Attacked` (`attack.py`): a simulated attack replaces what the attacked
   replicas send (their momenta, with worker momentum).
-- `Transform`s (`pre_aggregation.py`): the configuration's pre-aggregations,
+- `Transform`s (`pre_aggregation_stages.py`): the configuration's pre-aggregations,
   in the order written (`"nnm>arc>median"`: mix, then clip).
 - `Rule` (`rule.py`): the aggregate.
 
@@ -38,8 +38,8 @@ from keras_psdist.compression.casts import NoCompression
 from keras_psdist.compression.random_k import RandomK
 from keras_psdist.gradients.attack import Attacked
 from keras_psdist.gradients.compression import Compression
-from keras_psdist.gradients.momentum import Momentum
-from keras_psdist.gradients.pre_aggregation import stages_of
+from keras_psdist.gradients.momentum_stage import Momentum
+from keras_psdist.gradients.pre_aggregation_stages import stages_of
 from keras_psdist.gradients.rule import Rule
 from keras_psdist.gradients.stage import Chain, Stage, chain
 
