@@ -44,13 +44,19 @@ def fusable(optimizer, grads, variables) -> bool:
     """Whether `apply` would give exactly the optimizer's own update."""
     if type(optimizer) is not keras.optimizers.SGD:
         return False
-    if optimizer.momentum or optimizer.nesterov:
-        return False
-    if optimizer.weight_decay or optimizer.use_ema:
-        return False
-    if optimizer.gradient_accumulation_steps or optimizer.loss_scale_factor:
-        return False
-    if optimizer.clipnorm or optimizer.clipvalue or optimizer.global_clipnorm:
+    # `getattr`: an older Keras may lack a setting (then it is not set).
+    settings = (
+        "momentum",
+        "nesterov",
+        "weight_decay",
+        "use_ema",
+        "gradient_accumulation_steps",
+        "loss_scale_factor",
+        "clipnorm",
+        "clipvalue",
+        "global_clipnorm",
+    )
+    if any(getattr(optimizer, name, None) for name in settings):
         return False
     if len(grads) != len(variables):
         return False
