@@ -135,3 +135,29 @@ def across_tasks(monkeypatch):
             != tf.DeviceSpec.from_string(reading_device)
         ),
     )
+
+
+def _fit_failing_with(error, training):
+    """Runs a `fit` (`training.session()` around a body) that raises `error`,
+    in a thread; returns the error it raised, or None if it hangs (30 s)."""
+    import threading
+
+    raised = []
+
+    def fit():
+        try:
+            with training.session():
+                raise error
+        except BaseException as e:  # noqa: BLE001 (kept for the assertions)
+            raised.append(e)
+
+    thread = threading.Thread(target=fit, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    return raised[0] if raised else None
+
+
+@pytest.fixture
+def fit_failing_with():
+    """`_fit_failing_with`: how a fit that fails ends its session."""
+    return _fit_failing_with

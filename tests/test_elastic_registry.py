@@ -158,24 +158,6 @@ class _Registry:
         self._left()
 
 
-def _fit_failing_with(error, training):
-    """Runs a `fit` (the session around its body) that raises `error`, in a
-    thread; returns the error it raised, or None if it hangs."""
-    raised = []
-
-    def fit():
-        try:
-            with training.session():
-                raise error
-        except BaseException as e:  # noqa: BLE001 (kept for the assertions)
-            raised.append(e)
-
-    thread = threading.Thread(target=fit, daemon=True)
-    thread.start()
-    thread.join(timeout=30)
-    return raised[0] if raised else None
-
-
 LOST = {"ps:0": "127.0.0.1:1 (Connection refused)"}
 
 
@@ -193,7 +175,7 @@ def _lost_ps_errors():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", [0, 1], ids=["task_lost", "unreachable"])
 def test_an_elastic_fit_failed_by_a_lost_ps_raises_its_error_and_writes_nothing(
-    case,
+    case, fit_failing_with
 ):
     from keras_psdist.cluster.elastic import ElasticTraining
 
@@ -202,7 +184,7 @@ def test_an_elastic_fit_failed_by_a_lost_ps_raises_its_error_and_writes_nothing(
     registry = _Registry(left=lambda: release.wait(60))  # a write that hangs
     training = ElasticTraining(registry, unreachable_servers=lambda: unreachable)
     try:
-        raised = _fit_failing_with(error, training)
+        raised = fit_failing_with(error, training)
     finally:
         release.set()
     assert raised is error, f"the fit raised {raised!r} (None: it hung), not {error!r}"
@@ -210,7 +192,7 @@ def test_an_elastic_fit_failed_by_a_lost_ps_raises_its_error_and_writes_nothing(
 
 
 @pytest.mark.timeout(60)
-def test_an_elastic_fit_whose_leaving_fails_raises_its_own_error():
+def test_an_elastic_fit_whose_leaving_fails_raises_its_own_error(fit_failing_with):
     from keras_psdist.cluster.elastic import ElasticTraining
 
     def left():
@@ -219,7 +201,7 @@ def test_an_elastic_fit_whose_leaving_fails_raises_its_own_error():
     registry = _Registry(left)
     training = ElasticTraining(registry, unreachable_servers=lambda: {})
     error = ValueError("the fit's own error")
-    assert _fit_failing_with(error, training) is error
+    assert fit_failing_with(error, training) is error
     assert registry.lefts == 1  # it tried: the ps answered a probe
 
 

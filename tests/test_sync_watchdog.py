@@ -473,7 +473,9 @@ class _Registry:
 
 
 @pytest.mark.timeout(120)
-def test_a_sync_fit_failed_by_a_lost_ps_raises_its_error_and_leaves_nothing():
+def test_a_sync_fit_failed_by_a_lost_ps_raises_its_error_and_leaves_nothing(
+    fit_failing_with,
+):
     from keras_psdist.errors import TaskLostError
 
     training, sync = _worker(finished_session=0)
@@ -483,18 +485,7 @@ def test_a_sync_fit_failed_by_a_lost_ps_raises_its_error_and_leaves_nothing():
     lost = {"ps:0": "127.0.0.1:1 (Connection refused)"}
     sync.servers_lost = lambda: lost
     error = TaskLostError(lost, "worker:2")
-    raised = []
-
-    def fit():
-        try:
-            with training.session():
-                raise error
-        except BaseException as e:  # noqa: BLE001 (kept for the assertions)
-            raised.append(e)
-
-    thread = threading.Thread(target=fit, daemon=True)
-    thread.start()
-    thread.join(timeout=30)
+    raised = fit_failing_with(error, training)
     registry.release.set()
-    assert raised == [error], f"the fit raised {raised} (or hung: [])"
+    assert raised is error, f"the fit raised {raised!r} (None: it hung)"
     assert registry.lefts == 0
