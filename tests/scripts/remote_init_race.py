@@ -4,6 +4,7 @@ and the first function that writes it (see `keras_psdist.devices.device_variable
     python tests/scripts/remote_init_race.py --runs 400 --make plain
     python tests/scripts/remote_init_race.py --runs 400 --make device_variable
     python tests/scripts/remote_init_race.py --runs 400 --make shared_variables
+    python tests/scripts/remote_init_race.py --make device_variable shared_variables  # both, one ps
 
 Starts one ps task and connects to it as `chief:0`. Two threads run remote
 functions on the ps all along (as the chief's training thread does while its
@@ -54,7 +55,9 @@ def main():
     parser.add_argument(
         "--make",
         choices=("plain", "device_variable", "shared_variables"),
-        default="plain",
+        nargs="+",
+        default=["plain"],
+        help="the makers to check, one after another against the same ps",
     )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -103,10 +106,10 @@ def main():
             with tf.device(device):
                 return tf.add_n([tf.reduce_sum(v.read_value()) for v in variables])
 
-        def make(name):
-            if args.make == "device_variable":
+        def make(kind, name):
+            if kind == "device_variable":
                 return device_variable(tf.zeros(SHAPE), device, name)
-            if args.make == "shared_variables":
+            if kind == "shared_variables":
                 return shared.create(
                     device, tf.zeros(SHAPE), tf.TensorShape(SHAPE), tf.float32, name
                 )
@@ -120,16 +123,20 @@ def main():
         for thread in threads:
             thread.start()
         missed = 0
-        for run in range(args.runs):
-            variables = [make(f"v{run}_{c}") for c in range(3)]
-            write(variables)
-            missed += float(total(variables).numpy()) != 3 * SHAPE[0] * SHAPE[1]
+        for kind in args.make:
+            missed_now = 0
+            for run in range(args.runs):
+                variables = [make(kind, f"{kind}_v{run}_{c}") for c in range(3)]
+                write(variables)
+                missed_now += float(total(variables).numpy()) != 3 * SHAPE[0] * SHAPE[1]
+            print(
+                f"{kind}: {missed_now} of {args.runs} reads missed the write",
+                flush=True,
+            )
+            missed += missed_now
         stop.set()
         for thread in threads:
             thread.join()
-        print(
-            f"{args.make}: {missed} of {args.runs} reads missed the write", flush=True
-        )
     finally:
         ps.kill()
         ps.wait()
