@@ -84,9 +84,9 @@ class CpuClock:
 
     def now(self) -> tuple[float, float | None]:
         own = time.process_time()
-        if self._pid is None:
-            self._pid = self._find_ps()
-        if self._pid is None:
+        if self._pid is None:  # looked for once: False if not found
+            self._pid = self._find_ps() or False
+        if not self._pid:
             return own, None
         try:
             fields = (

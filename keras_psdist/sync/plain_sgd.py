@@ -37,7 +37,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_psdist._tf import ps_values
+from keras_psdist.sync import service
 
 
 def fusable(optimizer, grads, variables) -> bool:
@@ -92,17 +92,9 @@ def apply(optimizer, grads, variables) -> bool:
 
 
 def _resource(variable):
-    """The one resource variable behind a model variable, or None
-    (partitioned, replicated, or of a kind not known here): as
-    `service._resource_variables` unwraps them, one for one."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value  # the backend's variable
-    if isinstance(variable, ps_values.AggregatingVariable):
-        variable = variable.get()
-    if getattr(variable, "shards", None) is not None:
+    """The one resource variable behind a model variable, or None (split
+    into shards or copies, or of a kind not known here)."""
+    parts = service.resource_variables([variable])
+    if len(parts) != 1 or not isinstance(parts[0], tf.Variable):
         return None
-    if hasattr(variable, "values") and not hasattr(variable, "handle"):
-        return None  # replicated: one copy per device
-    if not isinstance(variable, tf.Variable):
-        return None
-    return variable
+    return parts[0]

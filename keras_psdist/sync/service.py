@@ -803,7 +803,7 @@ def _reads_after_writes(variables) -> list:
     """Reads of `variables` (each on its own device), after the writes
     before them in the trace: what the release waits for."""
     reads = []
-    for variable in _resource_variables(variables):
+    for variable in resource_variables(variables):
         with tf.device(variable.device):
             reads.append(
                 tf.raw_ops.ReadVariableOp(
@@ -813,7 +813,7 @@ def _reads_after_writes(variables) -> list:
     return reads
 
 
-def _resource_variables(variables) -> list:
+def resource_variables(variables) -> list:
     """The resource variables behind model variables (a Keras variable's
     backend variable, a partitioned one's shards, a ps variable's own)."""
     out = []
@@ -822,11 +822,11 @@ def _resource_variables(variables) -> list:
             variable = variable.value  # the backend's variable
         shards = getattr(variable, "shards", None)
         if shards is not None:
-            out.extend(_resource_variables(shards))
+            out.extend(resource_variables(shards))
         elif isinstance(variable, ps_values.AggregatingVariable):
-            out.extend(_resource_variables([variable.get()]))
+            out.extend(resource_variables([variable.get()]))
         elif hasattr(variable, "values") and not hasattr(variable, "handle"):
-            out.extend(_resource_variables(variable.values))
+            out.extend(resource_variables(variable.values))
         else:
             out.append(variable)
     return out
