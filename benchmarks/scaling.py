@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -127,6 +128,8 @@ def _child_main(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
     if args.kind == "tf_keras":
         return _tf_keras_child(args, out)
+    if args.kind == "model-step":
+        return _model_step_child(args, out)
     import keras
     import numpy as np
     from harness import mlp  # the MLP and data of strategies.py
@@ -205,6 +208,64 @@ def _child_main(args: argparse.Namespace) -> int:
     name = report["task"].replace(":", "_")
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
     return 0
+
+
+def _model_step_child(args: argparse.Namespace, out: Path) -> int:
+    """The model's own step, for the cost table's "beyond the model": the
+    same MLP, batch and steps per call in one process on one device (TF's
+    default strategy), CPU and wall ms per step over `--epochs` epochs after
+    a warm-up epoch."""
+    import keras
+    import tensorflow as tf
+    from harness import mlp
+
+    model = mlp.build_model(
+        tf.distribute.get_strategy(),
+        args.seed,
+        hidden=args.hidden,
+        steps_per_execution=args.steps_per_execution,
+    )
+    x, y = mlp.make_arrays(args.steps * (args.epochs + 1) * args.batch, args.seed)
+    marks = {}
+
+    class Clock(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            marks[epoch] = (time.perf_counter(), time.process_time())
+
+    model.fit(
+        x,
+        y,
+        batch_size=args.batch,
+        epochs=1 + args.epochs,
+        steps_per_epoch=args.steps,
+        verbose=0,
+        shuffle=False,
+        callbacks=[Clock()],
+    )
+    (w0, c0), (w1, c1) = marks[0], marks[args.epochs]
+    steps = args.steps * args.epochs
+    report = {"wall_ms": (w1 - w0) / steps * 1e3, "cpu_ms": (c1 - c0) / steps * 1e3}
+    (out / "model_step.json").write_text(json.dumps(report))
+    return 0
+
+
+def measure_model_step(args, work: Path) -> dict:
+    """The model's own step (`_model_step_child`), in a fresh process."""
+    out = Path(tempfile.mkdtemp(prefix="model-step-", dir=work))
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--role", "model-step",
+        "--out-dir", str(out), "--steps", str(max(args.steps, 50)),
+        "--epochs", str(args.epochs), "--batch", str(args.batch),
+        "--seed", str(args.seed), "--hidden", str(args.hidden),
+        "--steps-per-execution", str(args.steps_per_execution),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, timeout=RUN_TIMEOUT_S)
+    report = json.loads((out / "model_step.json").read_text())
+    harness.log(
+        f"the model's own step: {report['cpu_ms']:.2f} CPU ms, "
+        f"{report['wall_ms']:.2f} wall ms"
+    )
+    return report
 
 
 def _embedding_model(strategy, rows: int, seed: int, steps_per_execution: int):
@@ -290,6 +351,7 @@ def _tf_keras_child(args: argparse.Namespace, out: Path) -> int:
         epochs=args.epochs,
         steps_per_execution=args.steps_per_execution,
         seed=args.seed,
+        marks=out,
     )
     steps = report["steps_per_epoch"] * args.epochs
     ours = {
@@ -332,20 +394,39 @@ class _Sampler(threading.Thread):
                             h: vars(self.hosts.counters(h)) for h in self.hosts.names
                         },
                         "cpu": _cpu_times(),
+                        "host_cpu_s": {
+                            h: _host_cpu_s(self.hosts, h) for h in self.hosts.names
+                        },
                     }
             for host in self.ps_hosts:
                 self.peak_rss[host] = max(self.peak_rss[host], _rss(self.hosts, host))
 
 
-def _rss(hosts, host: str) -> int:
-    pids = subprocess.run(
+def _pids(hosts, host: str) -> list[str]:
+    return subprocess.run(
         ["ip", "netns", "pids", hosts.namespace(host)],
         capture_output=True,
         text=True,
         check=False,
     ).stdout.split()
+
+
+def _host_cpu_s(hosts, host: str) -> float:
+    """CPU seconds (user + system, every thread) of the processes on `host`."""
+    ticks = os.sysconf("SC_CLK_TCK")
     total = 0
-    for pid in pids:
+    for pid in _pids(hosts, host):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def _rss(hosts, host: str) -> int:
+    total = 0
+    for pid in _pids(hosts, host):
         try:
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
@@ -427,7 +508,7 @@ def run_once(kind: str, workers: int, num_ps: int, args, work: Path, **extra) ->
         harness.log(f"  failed (exit {code}); log {log_path}")
         return entry
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("*_[0-9]*.json"))]
-    entry.update(_summarize_run(kind, reports, sampler, ps_hosts))
+    entry.update(_summarize_run(kind, reports, sampler, placement))
     harness.log(
         f"  {entry['examples_per_s']:.0f} examples/s, "
         f"{entry['updates_per_s']:.1f} updates/s, "
@@ -436,7 +517,8 @@ def run_once(kind: str, workers: int, num_ps: int, args, work: Path, **extra) ->
     return entry
 
 
-def _summarize_run(kind, reports, sampler, ps_hosts) -> dict:
+def _summarize_run(kind, reports, sampler, placement: dict[str, str]) -> dict:
+    ps_hosts = [h for task, h in placement.items() if task.startswith("ps:")]
     if kind == "sync-backup":
         return _summarize_backup_run(reports)
     start = min(r["start_wall"] for r in reports)
@@ -472,9 +554,41 @@ def _summarize_run(kind, reports, sampler, ps_hosts) -> dict:
             for h in ps_hosts
         )
         summary["ps_link_bytes_per_update"] = ps_bytes / max(1, updates)
+        summary.update(
+            _cpu_per_update(kind, reports, begin, finish, placement, updates)
+        )
     else:
         summary["machine_busy"] = float("nan")
     return summary
+
+
+def _cpu_per_update(kind, reports, begin, finish, placement, updates) -> dict:
+    """CPU ms of the ps tasks per update, of the workers per worker step
+    (one batch of `--batch` examples), and of the chief (in-graph's, or
+    tf_keras's coordinator) per update, over the timed window, from each
+    host's processes."""
+    if "host_cpu_s" not in begin:
+        return {}
+
+    def cpu_s(role: str) -> float:
+        return sum(
+            finish["host_cpu_s"][h] - begin["host_cpu_s"][h]
+            for task, h in placement.items()
+            if task.startswith(role + ":")
+        )
+
+    workers = sum(task.startswith("worker:") for task in placement)
+    if kind in ("async", "tf_keras", "embedding"):
+        worker_steps = updates  # One update per worker step.
+    else:  # sync, in-graph: every update takes one step of each worker.
+        worker_steps = updates * workers
+    costs = {
+        "ps_cpu_ms_per_update": cpu_s("ps") / max(1, updates) * 1e3,
+        "worker_cpu_ms_per_step": cpu_s("worker") / max(1, worker_steps) * 1e3,
+    }
+    if any(task.startswith("chief:") for task in placement):
+        costs["chief_cpu_ms_per_update"] = cpu_s("chief") / max(1, updates) * 1e3
+    return costs
 
 
 def _summarize_backup_run(reports) -> dict:
@@ -510,11 +624,21 @@ def _rotated(items: list, r: int) -> list:
 
 
 def sweep_workers(args, work: Path) -> list[dict]:
+    # Our kinds again with each `--workers-compression` wire (tf_keras has
+    # none): e.g. 16-bit gradients and reads, for the cost table.
+    sides = [(kind, "none") for kind in args.kinds] + [
+        (kind, wire)
+        for wire in args.workers_compression
+        if wire != "none"
+        for kind in args.kinds
+        if kind != "tf_keras"
+    ]
     runs = []
     for r in range(args.rounds):
         for workers in args.workers:
-            for kind in _rotated(list(args.kinds), r):
-                runs.append({"round": r, **run_once(kind, workers, 1, args, work)})
+            for kind, wire in _rotated(sides, r):
+                run = run_once(kind, workers, 1, args, work, compression=wire)
+                runs.append({"round": r, **run})
     return runs
 
 
@@ -593,9 +717,10 @@ def tables(results: dict) -> None:
         straggler_table(results["straggler"])
     if results.get("workers"):
         rows = []
-        groups = _group(results["workers"], "workers", "kind")
-        for (workers, kind), runs in groups.items():
-            tf_keras = groups.get((workers, "tf_keras"), [])
+        worker_runs = [{"compression": "none", **run} for run in results["workers"]]
+        groups = _group(worker_runs, "workers", "kind", "compression")
+        for (workers, kind, wire), runs in groups.items():
+            tf_keras = groups.get((workers, "tf_keras", "none"), [])
             ours = _median(runs, "examples_per_s")
             base = _median(tf_keras, "examples_per_s")
             cpu = [
@@ -606,7 +731,7 @@ def tables(results: dict) -> None:
             rows.append(
                 [
                     workers,
-                    kind,
+                    kind if wire == "none" else f"{kind}, {wire}",
                     fmt(ours, ".0f"),
                     fmt(_median(runs, "updates_per_s"), ".1f"),
                     harness.times(harness.ratio(ours, base))
@@ -630,6 +755,8 @@ def tables(results: dict) -> None:
              "worker CPU/wall", "machine busy", ""],
             )
         )  # fmt: skip
+    if results.get("workers"):
+        cost_table(results["workers"], (results.get("model_step") or [None])[0])
     if results.get("ps"):
         rows = []
         for (rows_, num_ps), runs in _group(results["ps"], "rows", "num_ps").items():
@@ -684,6 +811,76 @@ def tables(results: dict) -> None:
              "updates/s", "ps link MB per update", "vs variables + gradient"],
             )
         )  # fmt: skip
+
+
+def cost_table(runs: list[dict], model_step: dict | None) -> None:
+    """Issue 54 §3: what one update costs, per mode and worker count, beside
+    tf_keras's PSv2 in the same rounds.
+
+    - ps CPU ms per update (the figure that says how many workers one ps
+      task serves), and its ratio to tf_keras's;
+    - worker CPU ms per worker step, and beyond the model's own step (the
+      same MLP, batch and steps per call on one device, `model_step`);
+    - the chief's CPU ms per update (in-graph's chief, tf_keras's
+      coordinator);
+    - MB through the ps host's link per update (read and write);
+    - the update period beyond the model's own step (wall): for sync and
+      in-graph, the critical path an update adds to the slowest worker's
+      step (on 2 shared cores this includes waiting for a core).
+    """
+
+    def fmt(value, spec):  # Blank where a figure does not apply.
+        return "" if value is None else f"{value:{spec}}"
+
+    if not any("ps_cpu_ms_per_update" in run for run in runs):
+        return  # Runs from before these were measured.
+    model_cpu = model_step["cpu_ms"] if model_step else None
+    model_wall = model_step["wall_ms"] if model_step else None
+    rows = []
+    runs = [{"compression": "none", **run} for run in runs]
+    groups = _group(runs, "workers", "kind", "compression")
+    for (workers, kind, wire), group in groups.items():
+        ps_cpu = _median(group, "ps_cpu_ms_per_update")
+        base = _median(
+            groups.get((workers, "tf_keras", "none"), []), "ps_cpu_ms_per_update"
+        )
+        worker_cpu = _median(group, "worker_cpu_ms_per_step")
+        link = _median(group, "ps_link_bytes_per_update")
+        rate = _median(group, "updates_per_s")
+        period = None if not rate else 1e3 / rate
+        rows.append(
+            [
+                workers,
+                kind if wire == "none" else f"{kind}, {wire}",
+                fmt(ps_cpu, ".2f"),
+                "" if kind == "tf_keras" else harness.times(harness.ratio(ps_cpu, base)),
+                fmt(worker_cpu, ".2f"),
+                fmt(
+                    None if worker_cpu is None or model_cpu is None
+                    else worker_cpu - model_cpu, ".2f",
+                ),
+                fmt(_median(group, "chief_cpu_ms_per_update"), ".2f"),
+                fmt(None if link is None else link / 2**20, ".2f"),
+                fmt(
+                    period - model_wall
+                    if kind in ("sync", "in-graph") and period and model_wall
+                    else None, ".2f",
+                ),
+            ]
+        )  # fmt: skip
+    if model_step:
+        print(
+            f"the model's own step (one device, one process): "
+            f"{model_cpu:.2f} CPU ms, {model_wall:.2f} wall ms"
+        )
+    print(
+        harness.markdown_table(
+            rows,
+            ["workers", "kind", "ps CPU ms/update", "vs tf_keras",
+             "worker CPU ms/step", "beyond the model", "chief CPU ms/update",
+             "ps link MB/update", "update period beyond the model (ms)"],
+        )
+    )  # fmt: skip
 
 
 def straggler_table(runs: list[dict]) -> None:
@@ -792,7 +989,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             "sweep; none with --quick or --only)"
         ),
     )
-    parser.add_child_role((*KINDS, "embedding", "sync-backup"))
+    parser.add_child_role((*KINDS, "embedding", "sync-backup", "model-step"))
     parser.add_argument("--hidden", type=int, default=512, help=argparse.SUPPRESS)
     parser.add_rounds(2, "rounds; each runs every configuration, kinds rotated (2)")
     parser.add_argument("--num-ps", type=int, default=1, help=argparse.SUPPRESS)
@@ -821,6 +1018,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--mbit-kinds", nargs="+", choices=("async", "in-graph", "sync"),
         default=["async"], help="the bandwidth sweep's modes (default async)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workers-compression", nargs="+", default=["none"],
+        help="the workers sweep's wires besides none, each run for our kinds "
+        "(as --compression; e.g. fp16@bfloat16: 16-bit gradients and reads)",
     )  # fmt: skip
     parser.add_argument("--steps", type=harness.positive, default=30)
     parser.add_argument("--epochs", type=harness.positive, default=2)
@@ -872,13 +1074,15 @@ def main(argv=None) -> int:
             "mbit": sweep_mbit,
             "straggler": sweep_straggler,
         }
+        if "workers" in args.only:
+            results["model_step"] = [measure_model_step(args, work)]
         for name in args.only:
             results[name] = sweeps[name](args, work)
     tables(results)
     if args.plot and not args.quick:
         plot(results, Path(args.plot))
     settings = ("only", "kinds", "workers", "ps", "rows", "mbit", "mbit_steps", "mbit_kinds",
-                "compression", "slow_mbit", "steps",
+                "compression", "workers_compression", "slow_mbit", "steps",
                 "epochs", "batch", "steps_per_execution", "rounds", "seed", "quick")  # fmt: skip
     return harness.finish(
         args, settings, load_start, time.monotonic() - start, {}, results

@@ -50,6 +50,7 @@ from harness import log
 
 JOB = Path(__file__).resolve().parent / "_sync_vs_tf1_job.py"
 SIDES = ("tf1", "ours")
+PACKED = "ours_packed"  # ours with Keras's steps_per_execution
 RUN_TIMEOUT_S = 600
 
 
@@ -57,7 +58,8 @@ def rate(steps: list, warmup: int) -> dict:
     """Updates/s, and CPU ms per update of the chief and of the ps task,
     from the chief's `(time, global step, its CPU s, the ps's CPU s)` at
     each step end, between step `warmup` and the last."""
-    (t0, s0, c0, p0), (t1, s1, c1, p1) = steps[warmup - 1], steps[-1]
+    start = next(i for i, entry in enumerate(steps) if entry[1] >= warmup)
+    (t0, s0, c0, p0), (t1, s1, c1, p1) = steps[start], steps[-1]
     updates = s1 - s0
     return {
         "rate": updates / (t1 - t0),
@@ -73,6 +75,13 @@ def _median(values):
 
 def _ms(value) -> str:
     return "n/a" if value is None else f"{value:.2f}"
+
+
+def sides(args) -> tuple[str, ...]:
+    """The sides measured: TF1, ours as the other benchmarks run Keras (one
+    step per call), and with ``--steps-per-execution N`` > 1 ours again with
+    Keras's ``steps_per_execution=N``."""
+    return SIDES + ((PACKED,) if args.steps_per_execution > 1 else ())
 
 
 def run_one(work: Path, side: str, workers: int, args) -> dict:
@@ -96,7 +105,9 @@ def _launch(out_dir, log_path, side, workers, args) -> int:
             sys.executable,
             str(JOB),
             "--side",
-            side,
+            "ours" if side == PACKED else side,
+            "--steps-per-execution",
+            str(args.steps_per_execution if side == PACKED else 1),
             "--out-dir",
             str(out_dir),
             "--steps",
@@ -186,6 +197,12 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=harness.positive, default=30)
     parser.add_argument("--batch", type=harness.positive, default=128)
     parser.add_argument(
+        "--steps-per-execution",
+        type=harness.positive,
+        default=1,
+        help="N > 1 adds a third side: ours compiled with steps_per_execution=N",
+    )
+    parser.add_argument(
         "--update-only",
         action="store_true",
         help="time the ps's SGD update alone (Keras's against the fused kernel)",
@@ -198,7 +215,7 @@ def main(argv=None) -> int:
         for workers in args.workers:
             for round_ in range(args.rounds):
                 pair = {}
-                for side in SIDES:
+                for side in sides(args):
                     pair[side] = run_one(Path(work), side, workers, args)
                     log(
                         f"W={workers} round {round_}: {side} "
@@ -208,12 +225,17 @@ def main(argv=None) -> int:
                 runs.append(
                     {
                         "workers": workers,
-                        **{side: pair[side]["rate"] for side in SIDES},
+                        **{side: pair[side]["rate"] for side in pair},
                         "cpu_ms": {
                             side: {k: v for k, v in pair[side].items() if k != "rate"}
-                            for side in SIDES
+                            for side in pair
                         },
                         "ratio": pair["ours"]["rate"] / pair["tf1"]["rate"],
+                        **(
+                            {"ratio_packed": pair[PACKED]["rate"] / pair["tf1"]["rate"]}
+                            if PACKED in pair
+                            else {}
+                        ),
                     }
                 )
     rows = []
@@ -225,6 +247,17 @@ def main(argv=None) -> int:
                 "TF1 updates/s": f"{statistics.median(r['tf1'] for r in mine):.1f}",
                 "ours updates/s": f"{statistics.median(r['ours'] for r in mine):.1f}",
                 "ours / TF1": f"{statistics.median(r['ratio'] for r in mine):.2f}",
+                **(
+                    {
+                        f"ours, steps_per_execution={args.steps_per_execution}, "
+                        "updates/s": f"{statistics.median(r[PACKED] for r in mine):.1f}",
+                        "its / TF1": (
+                            f"{statistics.median(r['ratio_packed'] for r in mine):.2f}"
+                        ),
+                    }
+                    if args.steps_per_execution > 1
+                    else {}
+                ),
                 **{
                     f"{name} CPU ms/update, {label}": _ms(
                         _median(r["cpu_ms"][side][key] for r in mine)

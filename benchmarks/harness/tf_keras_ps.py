@@ -244,13 +244,16 @@ def coordinate(
     steps_per_execution: int = STEPS_PER_EXECUTION,
     seed: int = 0,
     min_shard_bytes: int | None = None,
+    marks: Path | None = None,
 ) -> dict:
     """Trains as the coordinator of the cluster in `TF_CONFIG`; the report.
 
     One `fit` of 1 + `epochs` epochs, the first a warm-up (tracing, the
     workers' first dataset fills); each timed epoch from `on_epoch_begin` to
     `on_epoch_end`. ``examples_per_s`` is the examples of the timed epochs /
-    the wall time from the first one's start to the last one's end.
+    the wall time from the first one's start to the last one's end. With
+    `marks`, the timed window's start and end are also files there
+    (`timed_begin`, `timed_end`), for a parent reading counters.
     """
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     import tensorflow as tf
@@ -290,11 +293,15 @@ def coordinate(
             self.last_loss = None
 
         def on_epoch_begin(self, epoch, logs=None):
+            if marks is not None and epoch == 1:
+                (marks / "timed_begin").touch()
             self._begin = (time.perf_counter(), time.time())
 
         def on_epoch_end(self, epoch, logs=None):
             self.epochs.append((self._begin[0], time.perf_counter()))
             self.wall.append((self._begin[1], time.time()))
+            if marks is not None and epoch == epochs:
+                (marks / "timed_end").touch()
             if logs and "loss" in logs:
                 self.last_loss = float(logs["loss"])
 
