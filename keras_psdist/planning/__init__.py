@@ -9,6 +9,7 @@ model.py    the cost model: `Setup` -> `Prediction`, pure functions
 wire.py     bytes per worker step of each compression spelling
 inputs.py   `plan`'s argument checks; a model's variable sizes
 planner.py  `plan`, `Plan`, `Recommendation`: the predictions and the pick
+report.py   `str(plan)`: the markdown table
 """
 
 from keras_psdist.planning.costs import Costs
