@@ -34,7 +34,7 @@ class Recommendation:
     Attributes:
         mode: `"async"`, `"sync"` or `"in-graph"`.
         num_ps: The fewest ps tasks within 5 % of the mode's best.
-        compression: The compression predicted fastest at that ps count.
+        compression: The first compression listed that is within 5 % there.
         why: One sentence.
     """
 
@@ -51,7 +51,8 @@ class Plan:
     Attributes:
         predictions: One `Prediction` per mode, compression and ps count.
         recommendation: The `Recommendation`.
-        by_mode: Each mode's pick: its fewest ps tasks within 5 % of its best.
+        by_mode: Each mode's pick: its fewest ps tasks within 5 % of its best
+            (and of those, the compression listed first).
         inputs: The configuration predicted (workers, link, cores, batch,
             step_ms used, ...).
         costs: The `Costs` the predictions used.
@@ -77,10 +78,12 @@ class Plan:
         return render(self.predictions, self.by_mode, self.recommendation, self.inputs)
 
 
-def _pick(rows: list[Prediction]) -> Prediction:
+def _pick(rows: list[Prediction], order: list[str]) -> Prediction:
+    """The fewest ps tasks within 5 % of the best; of those, the compression
+    listed first (the simplest that is enough)."""
     best = max(p.examples_per_s for p in rows)
     enough = [p for p in rows if p.examples_per_s >= ENOUGH * best]
-    return min(enough, key=lambda p: (p.num_ps, -p.examples_per_s))
+    return min(enough, key=lambda p: (p.num_ps, order.index(p.compression)))
 
 
 def _recommend(by_mode: dict[str, Prediction], exact: bool, counts: tuple[int, ...]):
@@ -160,7 +163,8 @@ def plan(
         modes: Which of `"async"`, `"sync"`, `"in-graph"` to predict.
         compressions: Spellings as `benchmarks/scaling.py --compression`
             writes them: `"none"`, `"fp16"`, `"bf16"`, `"top_k(ratio=0.01)"`,
-            with `@bfloat16` for 16-bit reads (`keras_psdist.planning.wire`).
+            with `@bfloat16` for 16-bit reads (`keras_psdist.planning.wire`);
+            in order of preference: within 5 %, the first listed is picked.
         exact: Recommend only a mode whose updates apply every worker's
             gradient (sync or in-graph). Defaults to False: async.
         partitioned: The variables are split evenly over the ps tasks (a
@@ -234,7 +238,8 @@ def plan(
         for n in counts
     ]  # fmt: skip
     by_mode = {
-        mode: _pick([p for p in predictions if p.mode == mode]) for mode in chosen_modes
+        mode: _pick([p for p in predictions if p.mode == mode], [w.name for w in wires])
+        for mode in chosen_modes
     }
     described = {
         "workers": workers, "num_ps": num_ps, "link_mbit": link,

@@ -54,7 +54,8 @@ def render(
     rec = recommendation
     lines += [
         "",
-        "\\* the fewest ps tasks within 5 % of the mode's best.",
+        "\\* each mode's pick: the fewest ps tasks within 5 % of its best"
+        + (", with the first compression listed." if len(compressions) > 1 else "."),
         "",
         f"Recommendation (predicted): {rec.mode}, {rec.num_ps} ps "
         f"task{'s' if rec.num_ps > 1 else ''}, compression {rec.compression}. "

@@ -1,0 +1,294 @@
+"""The planner against measurements: `keras_psdist.plan`'s predictions beside
+`benchmarks/scaling.py` runs, and its constants fitted from such runs.
+
+What it does
+------------
+Without ``--fit``: for each configuration of the grid (``--kinds`` x
+``--workers`` x ``--ps`` x ``--mbit`` x ``--compression``) it trains the
+benchmark MLP of ``scaling.py`` (64-512-512-2, Adam, 1.19 MB) once on
+separate hosts (network namespaces; ``scaling.run_once``, so root is
+needed), predicts the same configuration with ``plan(...,
+cores_per_task=os.cpu_count(), machine_cores=os.cpu_count())`` (every task
+of this machine shares its cores), and prints configuration, measured
+examples/s, predicted examples/s and the error (target: within 25 %). The
+runs go to the JSON with their predictions, in ``scaling.py``'s form, so
+``--fit`` reads them back.
+
+With ``--fit RESULTS.json...``: reads the runs of ``scaling.py``-style JSON
+(every list of runs with ``kind``, ``workers``, ``num_ps``, ``mbit``,
+``examples_per_s``, ``updates_per_s``, ``ps_link_bytes_per_update``,
+``cpu_fraction``, and optionally ``ps_cpu_ms_per_update`` and
+``worker_cpu_ms_per_step``) and prints the constants fitted to them as a
+``Costs(...)`` to paste into ``keras_psdist/planning/costs.py``: the worker
+overhead and top-k cost as medians of worker CPU per step, the ps costs as a
+least-squares line through ps CPU per update (when runs record it), the
+sync and in-graph critical paths by least squares of the log error of
+updates/s. A constant the runs cannot tell is kept, and said.
+
+How to run (from the repository root)::
+
+    python benchmarks/plan_check.py                       # the grid (root)
+    python benchmarks/plan_check.py --workers 1 --ps 1 --mbit 0 --kinds async \\
+        --steps 20 --epochs 1 --json /tmp/plan_check_smoke.json   # smoke run
+    python benchmarks/plan_check.py --fit benchmarks/results/scaling*.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+
+harness.prepare_tensorflow()
+harness.ensure_importable()
+
+from keras_psdist.planning import Costs, plan  # noqa: E402
+from keras_psdist.planning import model as cost_model  # noqa: E402
+from keras_psdist.planning import wire as wire_lib  # noqa: E402
+
+KINDS = ("async", "sync", "in-graph")
+
+
+def mlp_bytes(hidden: int = 512) -> list[int]:
+    """The variables of scaling.py's MLP (64-hidden-hidden-2), in creation order."""
+    return [4 * n for n in (64 * hidden, hidden, hidden * hidden, hidden,
+                            hidden * 2, 2)]  # fmt: skip
+
+
+def predict(run: dict, sizes: list[int], cores: float, costs: Costs, batch: int):
+    """The planner's prediction for one run's configuration."""
+    return plan(
+        variable_bytes=sizes, workers=run["workers"], num_ps=run["num_ps"],
+        link_mbit=run.get("mbit") or None, cores_per_task=cores, batch=batch,
+        machine_cores=cores, modes=(run["kind"],),
+        compressions=(run.get("compression") or "none",), costs=costs,
+    ).predictions[0]  # fmt: skip
+
+
+def error(predicted: float, measured: float) -> float:
+    return predicted / measured - 1
+
+
+def measure(args) -> int:
+    import scaling  # benchmarks/scaling.py: its run_once runs one config
+
+    from keras_psdist.testing import hosts
+
+    hosts.check_available()
+    harness.use_checkout()
+    cores, sizes, runs, rows = os.cpu_count(), mlp_bytes(), [], []
+    load_start, start = harness.loadavg(), time.monotonic()
+    grid = itertools.product(args.kinds, args.workers, args.ps, args.mbit,
+                             args.compression)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp:
+        for kind, workers, num_ps, mbit, compression in grid:
+            run = scaling.run_once(kind, workers, num_ps, args, Path(tmp),
+                                   mbit=mbit or None, compression=compression)  # fmt: skip
+            runs.append(_checked(run, sizes, cores, args.batch))
+            rows.append(_row(runs[-1]))
+    columns = ["kind", "workers", "ps", "link", "compression", "measured examples/s",
+               "predicted examples/s", "error", "predicted bottleneck",
+               "within 25 %"]  # fmt: skip
+    print(harness.markdown_table(rows, columns))
+    errors = [abs(r["prediction_error"]) for r in runs if "prediction_error" in r]
+    within = sum(e <= 0.25 for e in errors)
+    print(f"{within} of {len(errors)} configurations within 25 %")
+    out = harness.write_results(
+        args.json,
+        {
+            "settings": {k: getattr(args, k) for k in
+                         ("kinds", "workers", "ps", "mbit", "compression", "steps",
+                          "epochs", "batch", "steps_per_execution", "seed")},
+            "costs": dataclasses.asdict(Costs()),
+            "loadavg_start": load_start,
+            "loadavg_end": harness.loadavg(),
+            "wall_s": time.monotonic() - start,
+            "runs": runs,
+        },
+    )  # fmt: skip
+    print(f"wrote {out}")
+    return 1 if any("error" in r for r in runs) else 0
+
+
+def _checked(run: dict, sizes: list[int], cores: int, batch: int) -> dict:
+    """`run` with its prediction, the prediction's error, and the workers'
+    CPU per step."""
+    if "error" in run:  # the run failed; scaling.py put its log tail there
+        return run
+    prediction = predict(run, sizes, cores, Costs(), batch)
+    per_step = worker_cpu_per_step(run)
+    return {
+        **run,
+        **({"worker_cpu_ms_per_step": per_step} if per_step is not None else {}),
+        "predicted": dataclasses.asdict(prediction),
+        "prediction_error": error(prediction.examples_per_s, run["examples_per_s"]),
+    }
+
+
+def _row(run: dict) -> list:
+    config = [run["kind"], run["workers"], run["num_ps"], run["mbit"] or "unlimited",
+              run["compression"]]  # fmt: skip
+    if "error" in run:
+        return [*config, "failed", "", "", "", ""]
+    p, e = run["predicted"], run["prediction_error"]
+    return [*config, f"{run['examples_per_s']:.0f}", f"{p['examples_per_s']:.0f}",
+            f"{100 * e:+.0f} %", p["bottleneck"], "yes" if abs(e) <= 0.25 else "no"]  # fmt: skip
+
+
+def worker_cpu_per_step(run: dict) -> float | None:
+    """A worker's CPU ms per step: recorded, or from `cpu_fraction` (async:
+    each worker makes updates/workers steps; sync: the non-chief workers one
+    per update; in-graph: not known, the workers being servers)."""
+    if run.get("worker_cpu_ms_per_step") is not None:
+        return run["worker_cpu_ms_per_step"]
+    fractions = run.get("cpu_fraction") or {}
+    rate = run.get("updates_per_s")
+    if not rate or run["kind"] not in ("async", "sync"):
+        return None
+    if run["kind"] == "async":
+        samples = [f * run["workers"] / rate * 1000 for f in fractions.values()]
+    else:
+        samples = [f / rate * 1000 for t, f in fractions.items() if t != "worker:0"]
+    return statistics.median(samples) if samples else None
+
+
+def read_runs(paths: list[str]) -> tuple[list[dict], float | None]:
+    """Every run of the dense MLP in `paths`, and the machine's cores."""
+    runs, cores = [], None
+    for path in paths:
+        payload = json.loads(Path(path).read_text())
+        machine = payload.get("machine") or payload.get("environment") or {}
+        cores = cores or machine.get("cpu_count")
+        for value in payload.values():
+            if not isinstance(value, list):
+                continue
+            runs += [{"compression": "none", **run, "file": path} for run in value
+                     if isinstance(run, dict) and run.get("kind") in KINDS
+                     and not run.get("rows") and "error" not in run
+                     and isinstance(run.get("updates_per_s"), float)]  # fmt: skip
+    return runs, cores
+
+
+def _log_error(runs, sizes, cores, costs, batch) -> float:
+    return sum(math.log(predict(r, sizes, cores, costs, batch).updates_per_s
+                        / r["updates_per_s"]) ** 2 for r in runs)  # fmt: skip
+
+
+def fit(runs: list[dict], sizes: list[int], cores: float, batch: int):
+    """The fitted `Costs`, and a note per constant on what it came from."""
+    costs, notes = Costs(), {}
+    params_m = sum(sizes) / 4e6
+    step = 6 * params_m * 1e6 * batch / costs.flops_per_core_ms
+    plain = [r for r in runs if r["compression"] == "none"]
+    # Async workers on unlimited links: a slow link or the sync protocol
+    # adds CPU per step that is not the step's own.
+    fast = [r for r in runs if r["kind"] == "async" and not r.get("mbit")]
+    cpu = {id(r): c for r in fast if (c := worker_cpu_per_step(r)) is not None}
+    base = [cpu[id(r)] for r in fast if id(r) in cpu and r["compression"] == "none"]
+    if base:
+        value = max(0.0, statistics.median(base) - step)
+        costs = dataclasses.replace(costs, worker_overhead_ms=round(value, 3))
+        notes["worker_overhead_ms"] = f"median async worker CPU/step, {len(base)} runs"
+        extra = [cpu[id(r)] - statistics.median(base) for r in fast if id(r) in cpu
+                 and wire_lib.parse(r["compression"]).gradient_top_k]  # fmt: skip
+        if extra:
+            value = max(0.0, statistics.median(extra) / params_m)
+            costs = dataclasses.replace(costs, compress_ms_per_mparam=round(value, 3))
+            notes["compress_ms_per_mparam"] = f"median top-k extra, {len(extra)} runs"
+    xs, ys = [], []
+    for r in plain:
+        if r.get("ps_cpu_ms_per_update") is not None:
+            share, _ = cost_model.ps_share(sizes, r["num_ps"], partitioned=False)
+            steps = 1 if r["kind"] == "async" else r["workers"]
+            xs.append(steps * 2 * sum(sizes) / 1e6 * share)
+            apply = costs.ps_apply_ms_per_mparam * params_m * share
+            ys.append(r["ps_cpu_ms_per_update"] - apply)
+    if len(set(xs)) >= 2:
+        slope, intercept = statistics.linear_regression(xs, ys)
+        costs = dataclasses.replace(
+            costs, ps_ms_per_mb=round(max(0.0, slope), 4),
+            ps_fixed_ms=round(max(0.0, intercept), 3),
+        )  # fmt: skip
+        notes["ps_ms_per_mb"] = notes["ps_fixed_ms"] = f"least squares, {len(xs)} runs"
+    grid = [0.0] + [round(0.05 * 1.05**i, 3) for i in range(206)]  # to ~1 s
+    for name, kind in (("sync_critical_path_ms", "sync"),
+                       ("in_graph_chief_ms", "in-graph")):  # fmt: skip
+        chosen = [r for r in plain if r["kind"] == kind]
+        if chosen:
+            value = min(grid, key=lambda v: _log_error(
+                chosen, sizes, cores, dataclasses.replace(costs, **{name: v}), batch
+            ))  # fmt: skip
+            costs = dataclasses.replace(costs, **{name: value})
+            notes[name] = f"least squares of log updates/s, {len(chosen)} runs"
+    return costs, notes
+
+
+def fit_main(args) -> int:
+    runs, cores = read_runs(args.fit)
+    cores = args.machine_cores or cores or os.cpu_count()
+    if not runs:
+        print(f"no async, sync or in-graph runs in {args.fit}", file=sys.stderr)
+        return 1
+    sizes = mlp_bytes(args.hidden)
+    costs, notes = fit(runs, sizes, cores, args.batch)
+    for field in dataclasses.fields(Costs):
+        old, new = getattr(Costs(), field.name), getattr(costs, field.name)
+        said = notes.get(field.name, "kept: these runs cannot tell it")
+        print(f"{field.name:24s} {old:>12g} -> {new:<12g} {said}")
+
+    def off(run, c):  # |error| of the predicted updates/s
+        return abs(error(predict(run, sizes, cores, c, args.batch).updates_per_s,
+                         run["updates_per_s"]))  # fmt: skip
+
+    for kind in KINDS:
+        if chosen := [r for r in runs if r["kind"] == kind]:
+            before = statistics.median(off(r, Costs()) for r in chosen)
+            after = statistics.median(off(r, costs) for r in chosen)
+            print(f"{kind}: {len(chosen)} runs, median |error| of updates/s "
+                  f"{before:.0%} -> {after:.0%}")  # fmt: skip
+    fields = ", ".join(f"{f.name}={getattr(costs, f.name)!r}"
+                       for f in dataclasses.fields(Costs))  # fmt: skip
+    print(f"\nCosts({fields})")
+    return 0
+
+
+def parse_args(argv=None):
+    parser = harness.BenchmarkParser(__doc__.split("\n")[0], name="plan_check")
+    parser.add_argument("--fit", nargs="+", metavar="RESULTS.json",
+                        help="fit the constants to these runs instead of measuring")  # fmt: skip
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--workers", nargs="+", type=harness.positive,
+                        default=[1, 2, 4, 8])  # fmt: skip
+    parser.add_argument("--ps", nargs="+", type=harness.positive, default=[1, 2, 4])
+    parser.add_argument("--mbit", nargs="+", type=harness.non_negative_float,
+                        default=[0, 100, 10], help="link rates, Mbit/s; 0: unlimited")  # fmt: skip
+    parser.add_argument("--compression", nargs="+", default=["none"],
+                        help="as scaling.py's --compression (default none)")  # fmt: skip
+    parser.add_argument("--steps", type=harness.positive, default=30)
+    parser.add_argument("--epochs", type=harness.positive, default=2)
+    parser.add_argument("--batch", type=harness.positive, default=128)
+    parser.add_argument("--steps-per-execution", type=harness.positive, default=10)
+    parser.add_argument("--hidden", type=harness.positive, default=512,
+                        help="--fit: the MLP's hidden width in those runs (512)")  # fmt: skip
+    parser.add_argument("--machine-cores", type=harness.positive_float,
+                        help="--fit: the cores the runs' tasks shared (default: "
+                        "the JSON's cpu_count)")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return fit_main(args) if args.fit else measure(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
