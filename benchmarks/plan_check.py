@@ -1,31 +1,25 @@
 """The planner against measurements: `keras_psdist.plan`'s predictions beside
 `benchmarks/scaling.py` runs, and its constants fitted from such runs.
 
-What it does
-------------
-Without ``--fit``: for each configuration of the grid (``--kinds`` x
-``--workers`` x ``--ps`` x ``--mbit`` x ``--compression``) it trains the
-benchmark MLP of ``scaling.py`` (64-512-512-2, Adam, 1.19 MB) once on
-separate hosts (network namespaces; ``scaling.run_once``, so root is
-needed), predicts the same configuration with ``plan(...,
-cores_per_task=os.cpu_count(), machine_cores=os.cpu_count())`` (every task
-of this machine shares its cores), and prints configuration, measured
-examples/s, predicted examples/s and the error (target: within 25 %). The
-runs go to the JSON with their predictions, in ``scaling.py``'s form, so
-``--fit`` reads them back.
+Without ``--fit``: each configuration of the grid (``--kinds`` x
+``--workers`` x ``--ps`` x ``--mbit`` x ``--compression``) trains the MLP of
+``scaling.py`` (64-512-512-2, Adam, 1.19 MB) once on separate hosts (network
+namespaces, root: ``scaling.run_once``) and is predicted with ``plan(...,
+cores_per_task=os.cpu_count(), machine_cores=os.cpu_count())`` (the tasks
+share this machine's cores); the table gives measured and predicted
+examples/s and the error (target: within 25 %). The JSON holds the runs, in
+``scaling.py``'s form, with their predictions: ``--fit`` reads it back.
 
-With ``--fit RESULTS.json...``: reads the runs of ``scaling.py``-style JSON
-(every list of runs with ``kind``, ``workers``, ``num_ps``, ``mbit``,
-``examples_per_s``, ``updates_per_s``, ``ps_link_bytes_per_update``,
-``cpu_fraction``, and optionally ``ps_cpu_ms_per_update`` and
-``worker_cpu_ms_per_step``) and prints the constants fitted to them as a
-``Costs(...)`` to paste into ``keras_psdist/planning/costs.py``: the worker
-overhead and top-k cost as medians of worker CPU per step, the ps costs as a
-least-squares line through ps CPU per update (when runs record it), the
-sync and in-graph critical paths by least squares of the log error of
-updates/s. A constant the runs cannot tell is kept, and said.
+``--fit RESULTS.json...``: the runs of ``scaling.py``-style JSON (lists of
+runs with ``kind``, ``workers``, ``num_ps``, ``mbit``, ``updates_per_s``,
+``cpu_fraction``; optionally ``worker_cpu_ms_per_step`` and the busiest ps
+task's ``ps_cpu_ms_per_update``) give a ``Costs(...)`` to paste into
+``keras_psdist/planning/costs.py``: the worker overhead and top-k cost from
+medians of worker CPU per step, the ps costs by least squares on ps CPU per
+update (when recorded), the sync and in-graph critical paths by least
+squares of log updates/s. A constant the runs cannot tell is kept, and said.
 
-How to run (from the repository root)::
+From the repository root::
 
     python benchmarks/plan_check.py                       # the grid (root)
     python benchmarks/plan_check.py --workers 1 --ps 1 --mbit 0 --kinds async \\
@@ -47,13 +41,12 @@ import time
 from pathlib import Path
 
 import harness
+import numpy as np
 
 harness.prepare_tensorflow()
 harness.ensure_importable()
 
-from keras_psdist.planning import Costs, plan  # noqa: E402
-from keras_psdist.planning import model as cost_model  # noqa: E402
-from keras_psdist.planning import wire as wire_lib  # noqa: E402
+from keras_psdist.planning import Costs, model, plan, wire  # noqa: E402
 
 KINDS = ("async", "sync", "in-graph")
 
@@ -199,26 +192,37 @@ def fit(runs: list[dict], sizes: list[int], cores: float, batch: int):
         costs = dataclasses.replace(costs, worker_overhead_ms=round(value, 3))
         notes["worker_overhead_ms"] = f"median async worker CPU/step, {len(base)} runs"
         extra = [cpu[id(r)] - statistics.median(base) for r in fast if id(r) in cpu
-                 and wire_lib.parse(r["compression"]).gradient_top_k]  # fmt: skip
+                 and wire.parse(r["compression"]).gradient_top_k]  # fmt: skip
         if extra:
             value = max(0.0, statistics.median(extra) / params_m)
             costs = dataclasses.replace(costs, compress_ms_per_mparam=round(value, 3))
             notes["compress_ms_per_mparam"] = f"median top-k extra, {len(extra)} runs"
-    xs, ys = [], []
+    rows = []  # (1, worker steps, MB per task) -> ps CPU less the apply
     for r in plain:
         if r.get("ps_cpu_ms_per_update") is not None:
-            share, _ = cost_model.ps_share(sizes, r["num_ps"], partitioned=False)
+            share, _ = model.ps_share(sizes, r["num_ps"], partitioned=False)
             steps = 1 if r["kind"] == "async" else r["workers"]
-            xs.append(steps * 2 * sum(sizes) / 1e6 * share)
             apply = costs.ps_apply_ms_per_mparam * params_m * share
-            ys.append(r["ps_cpu_ms_per_update"] - apply)
-    if len(set(xs)) >= 2:
-        slope, intercept = statistics.linear_regression(xs, ys)
+            rows.append((1.0, steps, steps * 2 * sum(sizes) / 1e6 * share,
+                         r["ps_cpu_ms_per_update"] - apply))  # fmt: skip
+    table = np.array(rows).reshape(-1, 4)
+    if len(rows) >= 3 and np.linalg.matrix_rank(table[:, :3]) == 3:
+        fixed, request, per_mb = np.linalg.lstsq(table[:, :3], table[:, 3])[0]
+        names = ("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb")
+    elif len(set(table[:, 2])) >= 2:  # requests and bytes move together
+        request = costs.ps_request_ms
+        y = table[:, 3] - table[:, 1] * request
+        per_mb, fixed = statistics.linear_regression(table[:, 2], y)
+        names = ("ps_fixed_ms", "ps_ms_per_mb")
+    else:
+        names = ()
+    if names:
         costs = dataclasses.replace(
-            costs, ps_ms_per_mb=round(max(0.0, slope), 4),
-            ps_fixed_ms=round(max(0.0, intercept), 3),
+            costs, ps_fixed_ms=round(max(0.0, float(fixed)), 3),
+            ps_request_ms=round(max(0.0, float(request)), 3),
+            ps_ms_per_mb=round(max(0.0, float(per_mb)), 4),
         )  # fmt: skip
-        notes["ps_ms_per_mb"] = notes["ps_fixed_ms"] = f"least squares, {len(xs)} runs"
+        notes.update(dict.fromkeys(names, f"least squares, {len(rows)} runs"))
     grid = [0.0] + [round(0.05 * 1.05**i, 3) for i in range(206)]  # to ~1 s
     for name, kind in (("sync_critical_path_ms", "sync"),
                        ("in_graph_chief_ms", "in-graph")):  # fmt: skip

@@ -148,6 +148,22 @@ def test_exact_recommends_the_faster_of_sync_and_in_graph():
     assert result.recommendation.mode == faster
 
 
+def test_the_first_compression_listed_wins_within_5_percent():
+    both = ("none", "top_k(ratio=0.01)@bfloat16")
+    # Bound by a long step, the two are within 5 %: the first listed wins.
+    fast = plan(variable_bytes=MLP, workers=4, num_ps=1, compressions=both,
+                step_ms=1_000)  # fmt: skip
+    slow = plan(variable_bytes=MLP, workers=4, num_ps=1, compressions=both,
+                link_mbit=10)  # fmt: skip
+    assert fast.recommendation.compression == "none"
+    assert slow.recommendation.compression == both[1]
+
+
+def test_costs_refuse_a_negative_constant():
+    with pytest.raises(ValueError, match="Received: rtt_ms=-1"):
+        Costs(rtt_ms=-1)
+
+
 @pytest.mark.parametrize(
     "compression, read, gradient",
     [

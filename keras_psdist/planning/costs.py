@@ -42,20 +42,34 @@ class Costs:
         rtt_ms: Network round trips per worker step. 0.2: assumed (a few
             round trips inside a data centre); nothing here measures it
             apart.
-        ps_fixed_ms: A ps task's CPU per update that does not grow with the
-            bytes. 1.55: the intercept, 1.99 ms, of a least-squares line
-            through the sync service's ps CPU per update against W (9
-            runs, W = 1, 2, 4: `python benchmarks/sync_vs_tf1.py --workers
-            1,2,4 --rounds 3 --steps 600 --warmup 50`,
-            `benchmarks/results/sync_vs_tf1.json`, `cpu_ms.ours.ps_cpu_ms`),
-            less that run's fused SGD apply, 0.434 ms (`python
-            benchmarks/sync_vs_tf1.py --update-only --rounds 3`,
+        ps_fixed_ms: A ps task's CPU per update that grows neither with
+            the bytes nor with the worker steps. 1.55: the intercept, 1.99
+            ms, of a least-squares line through the sync service's ps CPU
+            per update against W (9 runs, W = 1, 2, 4: `python
+            benchmarks/sync_vs_tf1.py --workers 1,2,4 --rounds 3 --steps 600
+            --warmup 50`, `benchmarks/results/sync_vs_tf1.json`,
+            `cpu_ms.ours.ps_cpu_ms`), less that run's fused SGD apply, 0.434
+            ms (`python benchmarks/sync_vs_tf1.py --update-only --rounds 3`,
             `benchmarks/results/sync_update.json`).
-        ps_ms_per_mb: A ps task's CPU per MB it serves or receives. 0.845:
-            the slope of that line, 4.53 ms per worker, over the 5.36 MB a
-            worker reads and sends per update (sync_vs_tf1.json). A
-            per-request cost cannot be told apart from it with one model
-            size: a model of other sizes (`plan_check.py --fit`) can.
+        ps_request_ms: A ps task's CPU per worker step it serves (the
+            step's reads and its push: the calls, not the bytes). 3.40: see
+            `ps_ms_per_mb`, from which it is split.
+        ps_ms_per_mb: A ps task's CPU per MB it serves or receives. 0.21.
+            The sync line's slope, 4.53 ms per worker, is `ps_request_ms +
+            5.36 MB * ps_ms_per_mb` (a worker reads and sends 5.36 MB per
+            update); one model size cannot split the two, so a second
+            equation comes from the async runs on unlimited links of
+            scaling_compression.json and scaling_delta_reads.json (the
+            quietest, load 0.8 and 1.1): the machine's CPU per update (busy
+            fraction x 2 cores / updates/s, 14.0 and 14.2 ms) less the
+            worker's (7.5 and 7.8 ms) leaves 6.42 ms for the ps, which is
+            `ps_fixed_ms + ps_request_ms + 2.38 MB * ps_ms_per_mb` plus the
+            Adam apply (0.97 ms). Together: 3.40 ms per request and 0.21 ms
+            per MB. The 6.42 ms also holds the launcher's and the
+            benchmark's sampler's CPU, so 3.40 is an upper bound. It is the
+            least-known constant here, and the one that bounds sync
+            training on many workers: `plan_check.py --fit` splits it from
+            runs that record `ps_cpu_ms_per_update` at several ps counts.
         ps_apply_ms_per_mparam: CPU per million parameters of the
             optimizer's update on the ps (Adam). 3.27: the PS column's
             "optimizer update and other elementwise", 0.97 ms per step for
@@ -66,16 +80,17 @@ class Costs:
             chief's release). 0.5: the least-squares fit of this model's
             sync updates/s to the 9 runs of sync_vs_tf1.json (1 ps, W = 1, 2,
             4 on loopback, 2 shared cores, SGD; predictions 81, 61 and 32
-            updates/s against medians of 80, 55 and 30). scaling.json's sync
-            runs predate that protocol (2026-11-28) and are left out.
+            updates/s against medians of 80, 55 and 30). The sync runs of
+            scaling*.json (2026-11-28) predate that protocol and are left
+            out.
         in_graph_chief_ms: The in-graph chief's time per worker per step
-            (it drives each worker's part of the step). 8.3: the
+            (it drives each worker's part of the step). 7.3: the
             least-squares fit of this model's in-graph updates/s to the 7
             in-graph runs on unlimited links without compression
             (scaling.json at W = 1, 2, 4, 8, and scaling_compression.json,
             scaling_reads.json, scaling_delta_reads.json at W = 2; errors
             -21 % to +25 %). The chief's own CPU per update there grew by
-            about 2.4 ms per worker; the rest of its 8.3 ms is waiting, on
+            about 2.4 ms per worker; the rest of its 7.3 ms is waiting, on
             2 shared cores.
         compress_ms_per_mparam: CPU per million parameters to select a
             top-k, on the worker for its gradient and on the ps and the
@@ -89,10 +104,11 @@ class Costs:
     worker_overhead_ms: float = 6.0
     rtt_ms: float = 0.2
     ps_fixed_ms: float = 1.55
-    ps_ms_per_mb: float = 0.845
+    ps_request_ms: float = 3.40
+    ps_ms_per_mb: float = 0.21
     ps_apply_ms_per_mparam: float = 3.27
     sync_critical_path_ms: float = 0.5
-    in_graph_chief_ms: float = 8.3
+    in_graph_chief_ms: float = 7.3
     compress_ms_per_mparam: float = 12.4
 
     def __post_init__(self):

@@ -4,9 +4,10 @@ Per update, with `B` the variables' bytes, `Rb` the bytes a worker reads and
 `G` the bytes it sends per step (`wire.py`), `s` the busiest ps task's share
 of the variables (`ps_share`), `c` the cores per task, `W` the workers:
 
-- ps CPU per update, on the busiest ps task: `ps_fixed_ms + ps_ms_per_mb *
-  k (Rb + G) s + ps_apply_ms_per_mparam * params s`, with `k = 1` steps per
-  update for async and `k = W` for sync and in-graph.
+- ps CPU per update, on the busiest ps task: `ps_fixed_ms + k ps_request_ms
+  + ps_ms_per_mb k (Rb + G) s + ps_apply_ms_per_mparam * params s`, with
+  `k = 1` worker steps per update for async and `k = W` for sync and
+  in-graph (each step's requests reach every ps task holding a variable).
 - async: a worker's step takes `step_ms / c + worker_overhead_ms + rtt_ms +
   (Rb + G) / link + ps CPU` (it waits for its own update on the ps);
   updates/s is the least of `W / step`, `c / ps CPU` and, the link carrying
@@ -156,13 +157,14 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
     steps = 1 if mode == ASYNC else workers  # worker steps per update
     ps_mb = steps * (read_mb + grad_mb) * share
     select = steps * compress_ms if wire.read_top_k else 0.0
+    per_task = costs.ps_fixed_ms + steps * costs.ps_request_ms
     ps_cpu = (
-        costs.ps_fixed_ms
+        per_task
         + costs.ps_ms_per_mb * ps_mb
         + (costs.ps_apply_ms_per_mparam * params_m + select) * share
     )
     ps_cpu_all = (
-        costs.ps_fixed_ms * used
+        per_task * used
         + costs.ps_ms_per_mb * steps * (read_mb + grad_mb)
         + costs.ps_apply_ms_per_mparam * params_m
         + select

@@ -109,9 +109,11 @@ def _recommend(by_mode: dict[str, Prediction], exact: bool, counts: tuple[int, .
         why += f"; the other exact mode, {rivals[0]}, predicts {others[rivals[0]]:,.0f}"
     elif mode == ASYNC and others:
         fastest = max(others, key=others.get)
-        why += (
-            f"; updates need not be exact (exact=False), and it predicts "
-            f"{pick.examples_per_s / others[fastest]:.2f}x {fastest}'s examples/s"
+        ratio = pick.examples_per_s / others[fastest]
+        why += "; updates need not be exact (exact=False), " + (
+            f"and it predicts {ratio:.2f}x {fastest}'s examples/s"
+            if ratio >= 1
+            else f"though {fastest} predicts {1 / ratio:.2f}x its examples/s"
         )
     return Recommendation(mode, pick.num_ps, pick.compression, why + ".")
 
