@@ -152,7 +152,7 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
 
     compress_ms = costs.compress_ms_per_mparam * params_m
     worker_cpu = setup.step_ms + costs.worker_overhead_ms
-    worker_cpu += compress_ms * (wire.gradient_top_k + wire.read_top_k)
+    worker_cpu += compress_ms * (int(wire.gradient_top_k) + int(wire.read_top_k))
     compute = worker_cpu - setup.step_ms + setup.step_ms / cores + costs.rtt_ms
     steps = 1 if mode == ASYNC else workers  # worker steps per update
     ps_mb = steps * (read_mb + grad_mb) * share

@@ -201,7 +201,6 @@ def plan(
     ...
     ValueError: `workers` must be >= 1. Received: workers=0
     """
-    sizes = inputs.variable_bytes(model, variable_bytes)
     workers = inputs.integer("workers", workers)
     counts = (
         (FEW_PS if workers < 64 else MANY_PS)
@@ -225,6 +224,8 @@ def plan(
     costs = Costs() if costs is None else costs
     if not isinstance(costs, Costs):
         raise ValueError(f"`costs` must be a Costs. Received: costs={costs!r}")
+    # Last: it may load a .keras file, once everything else is known good.
+    sizes = inputs.variable_bytes(model, variable_bytes)
     params = sum(sizes) // 4
     given = step_ms is not None
     step = (
