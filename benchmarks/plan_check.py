@@ -12,8 +12,8 @@ examples/s and the error (target: within 25 %). The JSON holds the runs, in
 
 ``--fit RESULTS.json...``: the runs of ``scaling.py``-style JSON (lists of
 runs with ``kind``, ``workers``, ``num_ps``, ``mbit``, ``updates_per_s``,
-``cpu_fraction``; optionally ``worker_cpu_ms_per_step`` and the busiest ps
-task's ``ps_cpu_ms_per_update``) give a ``Costs(...)`` to paste into
+``cpu_fraction``; optionally ``worker_cpu_ms_per_step``, every ps task's
+``ps_cpu_ms_per_update`` summed, and ``model_step``'s ``cpu_ms``) give a ``Costs(...)`` to paste into
 ``keras_psdist/planning/costs.py``: the worker overhead and top-k cost from
 medians of worker CPU per step, the ps costs by least squares on ps CPU per
 update (when recorded), the sync and in-graph critical paths by least
@@ -67,10 +67,6 @@ def predict(run: dict, sizes: list[int], cores: float, costs: Costs, batch: int)
     ).predictions[0]  # fmt: skip
 
 
-def error(predicted: float, measured: float) -> float:
-    return predicted / measured - 1
-
-
 def measure(args) -> int:
     import scaling  # benchmarks/scaling.py: its run_once runs one config
 
@@ -113,18 +109,12 @@ def measure(args) -> int:
 
 
 def _checked(run: dict, sizes: list[int], cores: int, batch: int) -> dict:
-    """`run` with its prediction, the prediction's error, and the workers'
-    CPU per step."""
+    """`run` with its prediction and the prediction's error."""
     if "error" in run:  # the run failed; scaling.py put its log tail there
         return run
-    prediction = predict(run, sizes, cores, Costs(), batch)
-    per_step = worker_cpu_per_step(run)
-    return {
-        **run,
-        **({"worker_cpu_ms_per_step": per_step} if per_step is not None else {}),
-        "predicted": dataclasses.asdict(prediction),
-        "prediction_error": error(prediction.examples_per_s, run["examples_per_s"]),
-    }
+    p = predict(run, sizes, cores, Costs(), batch)
+    error = p.examples_per_s / run["examples_per_s"] - 1
+    return {**run, "predicted": dataclasses.asdict(p), "prediction_error": error}
 
 
 def _row(run: dict) -> list:
@@ -154,13 +144,15 @@ def worker_cpu_per_step(run: dict) -> float | None:
     return statistics.median(samples) if samples else None
 
 
-def read_runs(paths: list[str]) -> tuple[list[dict], float | None]:
-    """Every run of the dense MLP in `paths`, and the machine's cores."""
-    runs, cores = [], None
+def read_runs(paths: list[str]) -> tuple[list[dict], float | None, list[float]]:
+    """Every run of the dense MLP in `paths`, the machine's cores, and the
+    CPU ms of the model's own step on one device (`model_step`), if timed."""
+    runs, cores, steps = [], None, []
     for path in paths:
         payload = json.loads(Path(path).read_text())
         machine = payload.get("machine") or payload.get("environment") or {}
         cores = cores or machine.get("cpu_count")
+        steps += [m["cpu_ms"] for m in payload.get("model_step") or [] if m]
         for value in payload.values():
             if not isinstance(value, list):
                 continue
@@ -168,7 +160,7 @@ def read_runs(paths: list[str]) -> tuple[list[dict], float | None]:
                      if isinstance(run, dict) and run.get("kind") in KINDS
                      and not run.get("rows") and "error" not in run
                      and isinstance(run.get("updates_per_s"), float)]  # fmt: skip
-    return runs, cores
+    return runs, cores, steps
 
 
 def _log_error(runs, sizes, cores, costs, batch) -> float:
@@ -176,10 +168,17 @@ def _log_error(runs, sizes, cores, costs, batch) -> float:
                         / r["updates_per_s"]) ** 2 for r in runs)  # fmt: skip
 
 
-def fit(runs: list[dict], sizes: list[int], cores: float, batch: int):
+def fit(runs: list[dict], sizes: list[int], cores: float, batch: int, steps=()):
     """The fitted `Costs`, and a note per constant on what it came from."""
     costs, notes = Costs(), {}
     params_m = sum(sizes) / 4e6
+    apply_ms = costs.ps_apply_ms_per_mparam * params_m  # the Adam update
+    if steps and statistics.median(steps) > apply_ms:  # one device applies too
+        own = statistics.median(steps) - apply_ms
+        costs = dataclasses.replace(
+            costs, flops_per_core_ms=round(6 * params_m * 1e6 * batch / own, -4)
+        )
+        notes["flops_per_core_ms"] = f"the model's own step, {len(steps)} timed"
     step = 6 * params_m * 1e6 * batch / costs.flops_per_core_ms
     plain = [r for r in runs if r["compression"] == "none"]
     # Async workers on unlimited links: a slow link or the sync protocol
@@ -197,25 +196,23 @@ def fit(runs: list[dict], sizes: list[int], cores: float, batch: int):
             value = max(0.0, statistics.median(extra) / params_m)
             costs = dataclasses.replace(costs, compress_ms_per_mparam=round(value, 3))
             notes["compress_ms_per_mparam"] = f"median top-k extra, {len(extra)} runs"
-    rows = []  # (1, worker steps, MB per task) -> ps CPU less the apply
-    for r in plain:
+    rows = []  # every ps task's CPU per update less the apply, against the
+    for r in plain:  # tasks holding variables, their requests, and the MB
         if r.get("ps_cpu_ms_per_update") is not None:
-            share, _ = model.ps_share(sizes, r["num_ps"], partitioned=False)
-            steps = 1 if r["kind"] == "async" else r["workers"]
-            apply = costs.ps_apply_ms_per_mparam * params_m * share
-            rows.append((1.0, steps, steps * 2 * sum(sizes) / 1e6 * share,
-                         r["ps_cpu_ms_per_update"] - apply))  # fmt: skip
-    table = np.array(rows).reshape(-1, 4)
-    if len(rows) >= 3 and np.linalg.matrix_rank(table[:, :3]) == 3:
-        fixed, request, per_mb = np.linalg.lstsq(table[:, :3], table[:, 3])[0]
+            used = model.ps_share(sizes, r["num_ps"], partitioned=False)[1]
+            k = 1 if r["kind"] == "async" else r["workers"]  # steps per update
+            rows.append((used, k * used, k * 2 * sum(sizes) / 1e6,
+                         r["ps_cpu_ms_per_update"] - apply_ms))  # fmt: skip
+    table = np.array(rows, dtype=float).reshape(-1, 4)
+    a, y = table[:, :3], table[:, 3]
+    names, request = (), costs.ps_request_ms
+    if len(rows) >= 3 and np.linalg.matrix_rank(a) == 3:
+        fixed, request, per_mb = np.linalg.lstsq(a, y)[0]
         names = ("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb")
-    elif len(set(table[:, 2])) >= 2:  # requests and bytes move together
-        request = costs.ps_request_ms
-        y = table[:, 3] - table[:, 1] * request
-        per_mb, fixed = statistics.linear_regression(table[:, 2], y)
+    elif len(rows) >= 2 and np.linalg.matrix_rank(a[:, [0, 2]]) == 2:
+        # Requests move with the bytes (one ps count): keep the request cost.
+        fixed, per_mb = np.linalg.lstsq(a[:, [0, 2]], y - a[:, 1] * request)[0]
         names = ("ps_fixed_ms", "ps_ms_per_mb")
-    else:
-        names = ()
     if names:
         costs = dataclasses.replace(
             costs, ps_fixed_ms=round(max(0.0, float(fixed)), 3),
@@ -237,21 +234,21 @@ def fit(runs: list[dict], sizes: list[int], cores: float, batch: int):
 
 
 def fit_main(args) -> int:
-    runs, cores = read_runs(args.fit)
+    runs, cores, steps = read_runs(args.fit)
     cores = args.machine_cores or cores or os.cpu_count()
     if not runs:
         print(f"no async, sync or in-graph runs in {args.fit}", file=sys.stderr)
         return 1
     sizes = mlp_bytes(args.hidden)
-    costs, notes = fit(runs, sizes, cores, args.batch)
+    costs, notes = fit(runs, sizes, cores, args.batch, steps)
     for field in dataclasses.fields(Costs):
         old, new = getattr(Costs(), field.name), getattr(costs, field.name)
         said = notes.get(field.name, "kept: these runs cannot tell it")
         print(f"{field.name:24s} {old:>12g} -> {new:<12g} {said}")
 
     def off(run, c):  # |error| of the predicted updates/s
-        return abs(error(predict(run, sizes, cores, c, args.batch).updates_per_s,
-                         run["updates_per_s"]))  # fmt: skip
+        rate = predict(run, sizes, cores, c, args.batch).updates_per_s
+        return abs(rate / run["updates_per_s"] - 1)
 
     for kind in KINDS:
         if chosen := [r for r in runs if r["kind"] == kind]:
