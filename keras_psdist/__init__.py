@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
         spelling,
     )
     from keras_psdist.evaluator import SidecarEvaluator  # noqa: F401
+    from keras_psdist.planning.planner import plan  # noqa: F401
     from keras_psdist.strategies.ps import PSStrategy  # noqa: F401
     from keras_psdist.strategies.sync_replica import SyncReplicaStrategy  # noqa: F401
 
@@ -48,6 +49,7 @@ _PUBLIC = {
     "PSStrategy": "keras_psdist.strategies.ps",
     "SidecarEvaluator": "keras_psdist.evaluator",
     "SyncReplicaStrategy": "keras_psdist.strategies.sync_replica",
+    "plan": "keras_psdist.planning.planner",
     **{
         name: f"keras_psdist.{name}"
         for name in (

@@ -19,6 +19,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags  # noqa: E402
 
 from keras_psdist import spelling  # noqa: E402
+from keras_psdist.cli import plan  # noqa: E402  (defines `plan`'s flags)
 from keras_psdist.cluster.launcher import banner  # noqa: E402
 from keras_psdist.cluster.mode_names import (  # noqa: E402
     IN_GRAPH,
@@ -88,7 +89,7 @@ flags.DEFINE_string(
 flags.DEFINE_integer("task", None, "Task index to serve, instead of TF_CONFIG's.")
 
 # `launch`
-flags.DEFINE_integer("num_ps", 1, "Number of parameter-server tasks.")
+flags.DEFINE_integer("num_ps", 1, "Number of parameter-server tasks (plan: 1-8 tried).")
 flags.DEFINE_integer("num_workers", 1, "Number of worker tasks.")
 flags.DEFINE_string(
     "mode",
@@ -221,6 +222,7 @@ _COMMAND_FLAGS = {
     ),
     "slurm": ("num_ps", "mode", "port", "serve_idle_timeout", "serve_start_timeout"),
     "k8s": ("name", "image", "num_ps", "num_workers", "mode", "evaluator", "port"),
+    "plan": plan.FLAG_NAMES,
 }
 
 # What follows the flags on each command's usage line.
@@ -586,6 +588,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "serve": serve_command,
     "slurm": slurm_command,
     "k8s": k8s_command,
+    "plan": plan.plan_command,
 }
 
 # Commands that take a command line after `--`.

@@ -1,0 +1,295 @@
+"""The planner against measurements: `keras_psdist.plan`'s predictions beside
+`benchmarks/scaling.py` runs, and its constants fitted from such runs.
+
+Without ``--fit``: each configuration of the grid (``--kinds`` x
+``--workers`` x ``--ps`` x ``--mbit`` x ``--compression``) trains the MLP of
+``scaling.py`` (64-512-512-2, Adam, 1.19 MB) once on separate hosts (network
+namespaces, root: ``scaling.run_once``) and is predicted with ``plan(...,
+cores_per_task=os.cpu_count(), machine_cores=os.cpu_count())`` (the tasks
+share this machine's cores); the table gives measured and predicted
+examples/s and the error (target: within 25 %). The JSON holds the runs, in
+``scaling.py``'s form, with their predictions: ``--fit`` reads it back.
+
+``--fit RESULTS.json...``: the runs of ``scaling.py``-style JSON (lists of
+runs with ``kind``, ``workers``, ``num_ps``, ``mbit``, ``updates_per_s``,
+``cpu_fraction``; optionally ``worker_cpu_ms_per_step``, every ps task's
+``ps_cpu_ms_per_update`` summed, and ``model_step``'s ``cpu_ms``) give a ``Costs(...)`` to paste into
+``keras_psdist/planning/costs.py``: the worker overhead and top-k cost from
+medians of worker CPU per step, the ps costs by least squares on ps CPU per
+update (when recorded), the sync and in-graph critical paths by least
+squares of log updates/s. A constant the runs cannot tell is kept, and said.
+
+From the repository root::
+
+    python benchmarks/plan_check.py                       # the grid (root)
+    python benchmarks/plan_check.py --workers 1 --ps 1 --mbit 0 --kinds async \\
+        --steps 20 --epochs 1 --json /tmp/plan_check_smoke.json   # smoke run
+    python benchmarks/plan_check.py --fit benchmarks/results/scaling*.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+import numpy as np
+
+harness.prepare_tensorflow()
+harness.ensure_importable()
+
+from keras_psdist.planning import Costs, model, plan, wire  # noqa: E402
+
+KINDS = ("async", "sync", "in-graph")
+
+
+def mlp_bytes(hidden: int = 512) -> list[int]:
+    """The variables of scaling.py's MLP (64-hidden-hidden-2), in creation order."""
+    return [4 * n for n in (64 * hidden, hidden, hidden * hidden, hidden,
+                            hidden * 2, 2)]  # fmt: skip
+
+
+def predict(run: dict, sizes: list[int], cores: float, costs: Costs, batch: int):
+    """The planner's prediction for one run's configuration."""
+    return plan(
+        variable_bytes=sizes, workers=run["workers"], num_ps=run["num_ps"],
+        link_mbit=run.get("mbit") or None, cores_per_task=cores, batch=batch,
+        machine_cores=cores, modes=(run["kind"],),
+        compressions=(run.get("compression") or "none",), costs=costs,
+    ).predictions[0]  # fmt: skip
+
+
+def measure(args) -> int:
+    import scaling  # benchmarks/scaling.py: its run_once runs one config
+
+    from keras_psdist.testing import hosts
+
+    hosts.check_available()
+    harness.use_checkout()
+    cores, sizes, runs, rows = os.cpu_count(), mlp_bytes(), [], []
+    load_start, start = harness.loadavg(), time.monotonic()
+    grid = itertools.product(args.kinds, args.workers, args.ps, args.mbit,
+                             args.compression)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp:
+        for kind, workers, num_ps, mbit, compression in grid:
+            run = scaling.run_once(kind, workers, num_ps, args, Path(tmp),
+                                   mbit=mbit or None, compression=compression)  # fmt: skip
+            runs.append(_checked(run, sizes, cores, args.batch))
+            rows.append(_row(runs[-1]))
+    columns = ["kind", "workers", "ps", "link", "compression", "measured examples/s",
+               "predicted examples/s", "error", "predicted bottleneck",
+               "within 25 %"]  # fmt: skip
+    print(harness.markdown_table(rows, columns))
+    errors = [abs(r["prediction_error"]) for r in runs if "prediction_error" in r]
+    within = sum(e <= 0.25 for e in errors)
+    print(f"{within} of {len(errors)} configurations within 25 %")
+    out = harness.write_results(
+        args.json,
+        {
+            "settings": {k: getattr(args, k) for k in
+                         ("kinds", "workers", "ps", "mbit", "compression", "steps",
+                          "epochs", "batch", "steps_per_execution", "seed")},
+            "costs": dataclasses.asdict(Costs()),
+            "loadavg_start": load_start,
+            "loadavg_end": harness.loadavg(),
+            "wall_s": time.monotonic() - start,
+            "runs": runs,
+        },
+    )  # fmt: skip
+    print(f"wrote {out}")
+    return 1 if any("error" in r for r in runs) else 0
+
+
+def _checked(run: dict, sizes: list[int], cores: int, batch: int) -> dict:
+    """`run` with its prediction and the prediction's error."""
+    if "error" in run:  # the run failed; scaling.py put its log tail there
+        return run
+    p = predict(run, sizes, cores, Costs(), batch)
+    error = p.examples_per_s / run["examples_per_s"] - 1
+    return {**run, "predicted": dataclasses.asdict(p), "prediction_error": error}
+
+
+def _row(run: dict) -> list:
+    config = [run["kind"], run["workers"], run["num_ps"], run["mbit"] or "unlimited",
+              run["compression"]]  # fmt: skip
+    if "error" in run:
+        return [*config, "failed", "", "", "", ""]
+    p, e = run["predicted"], run["prediction_error"]
+    return [*config, f"{run['examples_per_s']:.0f}", f"{p['examples_per_s']:.0f}",
+            f"{100 * e:+.0f} %", p["bottleneck"], "yes" if abs(e) <= 0.25 else "no"]  # fmt: skip
+
+
+def worker_cpu_per_step(run: dict) -> float | None:
+    """A worker's CPU ms per step: recorded, or from `cpu_fraction` (async:
+    each worker makes updates/workers steps; sync: the non-chief workers one
+    per update; in-graph: not known, the workers being servers)."""
+    if run.get("worker_cpu_ms_per_step") is not None:
+        return run["worker_cpu_ms_per_step"]
+    fractions = run.get("cpu_fraction") or {}
+    rate = run.get("updates_per_s")
+    if not rate or run["kind"] not in ("async", "sync"):
+        return None
+    if run["kind"] == "async":
+        samples = [f * run["workers"] / rate * 1000 for f in fractions.values()]
+    else:
+        samples = [f / rate * 1000 for t, f in fractions.items() if t != "worker:0"]
+    return statistics.median(samples) if samples else None
+
+
+def read_runs(paths: list[str]) -> tuple[list[dict], float | None, list[float]]:
+    """Every run of the dense MLP in `paths`, the machine's cores, and the
+    CPU ms of the model's own step on one device (`model_step`), if timed."""
+    runs, cores, steps = [], None, []
+    for path in paths:
+        payload = json.loads(Path(path).read_text())
+        machine = payload.get("machine") or payload.get("environment") or {}
+        cores = cores or machine.get("cpu_count")
+        steps += [m["cpu_ms"] for m in payload.get("model_step") or [] if m]
+        for value in payload.values():
+            if not isinstance(value, list):
+                continue
+            runs += [{"compression": "none", **run, "file": path} for run in value
+                     if isinstance(run, dict) and run.get("kind") in KINDS
+                     and not run.get("rows") and "error" not in run
+                     and isinstance(run.get("updates_per_s"), float)]  # fmt: skip
+    return runs, cores, steps
+
+
+def _log_error(runs, sizes, cores, costs, batch) -> float:
+    return sum(math.log(predict(r, sizes, cores, costs, batch).updates_per_s
+                        / r["updates_per_s"]) ** 2 for r in runs)  # fmt: skip
+
+
+def fit(runs: list[dict], sizes: list[int], cores: float, batch: int, steps=()):
+    """The fitted `Costs`, and a note per constant on what it came from."""
+    costs, notes = Costs(), {}
+    params_m = sum(sizes) / 4e6
+    apply_ms = costs.ps_apply_ms_per_mparam * params_m  # the Adam update
+    if steps and statistics.median(steps) > apply_ms:  # one device applies too
+        own = statistics.median(steps) - apply_ms
+        costs = dataclasses.replace(
+            costs, flops_per_core_ms=round(6 * params_m * 1e6 * batch / own, -4)
+        )
+        notes["flops_per_core_ms"] = f"the model's own step, {len(steps)} timed"
+    step = 6 * params_m * 1e6 * batch / costs.flops_per_core_ms
+    plain = [r for r in runs if r["compression"] == "none"]
+    # Async workers on unlimited links: a slow link or the sync protocol
+    # adds CPU per step that is not the step's own.
+    fast = [r for r in runs if r["kind"] == "async" and not r.get("mbit")]
+    cpu = {id(r): c for r in fast if (c := worker_cpu_per_step(r)) is not None}
+    base = [cpu[id(r)] for r in fast if id(r) in cpu and r["compression"] == "none"]
+    if base:
+        value = max(0.0, statistics.median(base) - step)
+        costs = dataclasses.replace(costs, worker_overhead_ms=round(value, 3))
+        notes["worker_overhead_ms"] = f"median async worker CPU/step, {len(base)} runs"
+        extra = [cpu[id(r)] - statistics.median(base) for r in fast if id(r) in cpu
+                 and wire.parse(r["compression"]).gradient_top_k]  # fmt: skip
+        if extra:
+            value = max(0.0, statistics.median(extra) / params_m)
+            costs = dataclasses.replace(costs, compress_ms_per_mparam=round(value, 3))
+            notes["compress_ms_per_mparam"] = f"median top-k extra, {len(extra)} runs"
+    rows = []  # every ps task's CPU per update less the apply, against the
+    for r in plain:  # tasks holding variables, their requests, and the MB
+        if r.get("ps_cpu_ms_per_update") is not None:
+            used = model.ps_share(sizes, r["num_ps"], partitioned=False)[1]
+            k = 1 if r["kind"] == "async" else r["workers"]  # steps per update
+            rows.append((used, k * used, k * 2 * sum(sizes) / 1e6,
+                         r["ps_cpu_ms_per_update"] - apply_ms))  # fmt: skip
+    table = np.array(rows, dtype=float).reshape(-1, 4)
+    a, y = table[:, :3], table[:, 3]
+    names, request = (), costs.ps_request_ms
+    if len(rows) >= 3 and np.linalg.matrix_rank(a) == 3:
+        fixed, request, per_mb = np.linalg.lstsq(a, y)[0]
+        names = ("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb")
+    elif len(rows) >= 2 and np.linalg.matrix_rank(a[:, [0, 2]]) == 2:
+        # Requests move with the bytes (one ps count): keep the request cost.
+        fixed, per_mb = np.linalg.lstsq(a[:, [0, 2]], y - a[:, 1] * request)[0]
+        names = ("ps_fixed_ms", "ps_ms_per_mb")
+    if names:
+        costs = dataclasses.replace(
+            costs, ps_fixed_ms=round(max(0.0, float(fixed)), 3),
+            ps_request_ms=round(max(0.0, float(request)), 3),
+            ps_ms_per_mb=round(max(0.0, float(per_mb)), 4),
+        )  # fmt: skip
+        notes.update(dict.fromkeys(names, f"least squares, {len(rows)} runs"))
+    grid = [0.0] + [round(0.05 * 1.05**i, 3) for i in range(206)]  # to ~1 s
+    for name, kind in (("sync_critical_path_ms", "sync"),
+                       ("in_graph_chief_ms", "in-graph")):  # fmt: skip
+        chosen = [r for r in plain if r["kind"] == kind]
+        if chosen:
+            value = min(grid, key=lambda v: _log_error(
+                chosen, sizes, cores, dataclasses.replace(costs, **{name: v}), batch
+            ))  # fmt: skip
+            costs = dataclasses.replace(costs, **{name: value})
+            notes[name] = f"least squares of log updates/s, {len(chosen)} runs"
+    return costs, notes
+
+
+def fit_main(args) -> int:
+    runs, cores, steps = read_runs(args.fit)
+    cores = args.machine_cores or cores or os.cpu_count()
+    if not runs:
+        print(f"no async, sync or in-graph runs in {args.fit}", file=sys.stderr)
+        return 1
+    sizes = mlp_bytes(args.hidden)
+    costs, notes = fit(runs, sizes, cores, args.batch, steps)
+    for field in dataclasses.fields(Costs):
+        old, new = getattr(Costs(), field.name), getattr(costs, field.name)
+        said = notes.get(field.name, "kept: these runs cannot tell it")
+        print(f"{field.name:24s} {old:>12g} -> {new:<12g} {said}")
+
+    def off(run, c):  # |error| of the predicted updates/s
+        rate = predict(run, sizes, cores, c, args.batch).updates_per_s
+        return abs(rate / run["updates_per_s"] - 1)
+
+    for kind in KINDS:
+        if chosen := [r for r in runs if r["kind"] == kind]:
+            before = statistics.median(off(r, Costs()) for r in chosen)
+            after = statistics.median(off(r, costs) for r in chosen)
+            print(f"{kind}: {len(chosen)} runs, median |error| of updates/s "
+                  f"{before:.0%} -> {after:.0%}")  # fmt: skip
+    fields = ", ".join(f"{f.name}={getattr(costs, f.name)!r}"
+                       for f in dataclasses.fields(Costs))  # fmt: skip
+    print(f"\nCosts({fields})")
+    return 0
+
+
+def parse_args(argv=None):
+    parser = harness.BenchmarkParser(__doc__.split("\n")[0], name="plan_check")
+    parser.add_argument("--fit", nargs="+", metavar="RESULTS.json",
+                        help="fit the constants to these runs instead of measuring")  # fmt: skip
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--workers", nargs="+", type=harness.positive,
+                        default=[1, 2, 4, 8])  # fmt: skip
+    parser.add_argument("--ps", nargs="+", type=harness.positive, default=[1, 2, 4])
+    parser.add_argument("--mbit", nargs="+", type=harness.non_negative_float,
+                        default=[0, 100, 10], help="link rates, Mbit/s; 0: unlimited")  # fmt: skip
+    parser.add_argument("--compression", nargs="+", default=["none"],
+                        help="as scaling.py's --compression (default none)")  # fmt: skip
+    parser.add_argument("--steps", type=harness.positive, default=30)
+    parser.add_argument("--epochs", type=harness.positive, default=2)
+    parser.add_argument("--batch", type=harness.positive, default=128)
+    parser.add_argument("--steps-per-execution", type=harness.positive, default=10)
+    parser.add_argument("--hidden", type=harness.positive, default=512,
+                        help="--fit: the MLP's hidden width in those runs (512)")  # fmt: skip
+    parser.add_argument("--machine-cores", type=harness.positive_float,
+                        help="--fit: the cores the runs' tasks shared (default: "
+                        "the JSON's cpu_count)")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return fit_main(args) if args.fit else measure(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The planner (`keras_psdist.plan`, `keras-psdist plan`): its predictions
+move the way the costs say they must, it names the bottleneck of
+constructed cases, it recommends the fewest sufficient ps tasks, and it
+refuses bad input with what it received. Pure Python: no process starts."""
+
+import json
+import math
+
+import keras
+import pytest
+
+from keras_psdist.cli import main as cli
+from keras_psdist.planning import Costs, Plan, plan
+from keras_psdist.planning.model import MODES, Setup, ps_share
+
+pytestmark = pytest.mark.timeout(60)
+
+# The MLP of benchmarks/scaling.py, 64-512-512-2, float32.
+MLP = [4 * n for n in (64 * 512, 512, 512 * 512, 512, 512 * 2, 2)]
+EQUAL = [1_000_000] * 8
+
+
+def _one(mode="async", **kwargs):
+    """The single prediction of one mode, compression and ps count."""
+    kwargs.setdefault("variable_bytes", MLP)
+    kwargs.setdefault("num_ps", 1)
+    [prediction] = plan(modes=(mode,), **kwargs).predictions
+    return prediction
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_faster_link_never_predicts_less(mode):
+    rates = [0.5, 1, 10, 100, 1_000, 10_000, None]
+    speeds = [_one(mode, workers=4, link_mbit=r).examples_per_s for r in rates]
+    assert speeds == sorted(speeds)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_twice_the_bytes_on_a_link_bound_config_halve_the_updates(mode):
+    small = _one(mode, variable_bytes=EQUAL, workers=4, link_mbit=1, step_ms=1)
+    large = _one(
+        mode, variable_bytes=[2 * b for b in EQUAL], workers=4, link_mbit=1, step_ms=1
+    )
+    assert small.bottleneck == large.bottleneck == "ps link"
+    assert large.updates_per_s / small.updates_per_s == pytest.approx(0.5, rel=0.01)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "sizes, partitioned", [(EQUAL, False), ([8_000_000], True)], ids=["whole", "split"]
+)
+def test_more_ps_tasks_lower_each_tasks_cpu_and_bytes(mode, sizes, partitioned):
+    rows = [
+        _one(mode, variable_bytes=sizes, workers=4, num_ps=n, partitioned=partitioned)
+        for n in (1, 2, 4, 8)
+    ]
+    cpu = [p.ps_cpu_ms_per_update for p in rows]
+    link = [p.ps_link_mb_per_update for p in rows]
+    assert cpu == sorted(cpu, reverse=True) and len(set(cpu)) == 4
+    assert link == sorted(link, reverse=True) and len(set(link)) == 4
+
+
+def test_whole_variables_go_as_greedy_placement_puts_them():
+    # The 1 MB kernel stays whole: a second ps task takes only the rest.
+    share, used = ps_share(MLP, 2, partitioned=False)
+    assert share == pytest.approx((MLP[1] + MLP[2]) / sum(MLP))
+    assert used == 2
+    assert ps_share(MLP, 8, partitioned=False)[1] == 6  # one task per variable
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tiny_link_is_the_ps_link(mode):
+    assert _one(mode, workers=4, link_mbit=0.01).bottleneck == "ps link"
+
+
+def test_one_async_worker_on_a_tiny_link_waits_on_its_own_link():
+    assert _one(workers=1, link_mbit=0.01).bottleneck == "worker link"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_huge_step_is_worker_compute(mode):
+    assert _one(mode, workers=4, step_ms=1e6).bottleneck == "worker compute"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_few_shared_cores_are_the_shared_cores(mode):
+    # Each task alone would be fast; 0.01 cores shared by all are not.
+    result = _one(mode, workers=4, cores_per_task=8, machine_cores=0.01)
+    assert result.bottleneck == "shared cores"
+
+
+def test_the_critical_paths_are_named():
+    quick = dict(workers=8, step_ms=0.01, costs=Costs(sync_critical_path_ms=1e4))
+    assert _one("sync", **quick).bottleneck == "sync critical path"
+    assert _one("in-graph", workers=64, step_ms=0.01).bottleneck == (
+        "in-graph critical path"
+    )
+
+
+def test_sync_examples_grow_with_the_workers_when_compute_bound():
+    base = _one("sync", workers=1, step_ms=10_000).examples_per_s
+    for workers in (2, 4, 8, 16):
+        speed = _one("sync", workers=workers, step_ms=10_000).examples_per_s
+        assert speed / base == pytest.approx(workers, rel=0.02)
+
+
+def test_an_async_update_is_one_step_a_sync_update_all_workers():
+    async_, sync = (_one(m, workers=4, step_ms=1e6) for m in ("async", "sync"))
+    assert async_.examples_per_s == pytest.approx(async_.updates_per_s * 128)
+    assert sync.examples_per_s == pytest.approx(sync.updates_per_s * 4 * 128)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(variable_bytes=[4_000_000] * 4, workers=8, link_mbit=100),
+        dict(variable_bytes=[8_000_000], workers=64, link_mbit=10_000,
+             cores_per_task=8, partitioned=True),
+        dict(variable_bytes=MLP, workers=16),
+    ],
+    ids=["link", "many-workers", "mlp"],
+)  # fmt: skip
+def test_the_recommendation_is_the_fewest_ps_tasks_within_5_percent(config):
+    result = plan(**config)
+    for mode, pick in result.by_mode.items():
+        rows = [p for p in result.predictions if p.mode == mode]
+        best = max(p.examples_per_s for p in rows)
+        assert pick.examples_per_s >= 0.95 * best
+        assert all(
+            p.examples_per_s < 0.95 * best for p in rows if p.num_ps < pick.num_ps
+        )
+    assert result.recommendation.mode == "async"
+    assert result.recommendation.num_ps == result.by_mode["async"].num_ps
+
+
+def test_four_equal_variables_on_a_slow_link_want_four_ps_tasks():
+    result = plan(variable_bytes=[4_000_000] * 4, workers=8, link_mbit=100)
+    assert result.recommendation.num_ps == 4
+    assert max(p.num_ps for p in result.predictions) == 8
+    many = plan(variable_bytes=MLP, workers=64)
+    assert max(p.num_ps for p in many.predictions) == 64
+
+
+def test_exact_recommends_the_faster_of_sync_and_in_graph():
+    result = plan(variable_bytes=MLP, workers=8, exact=True)
+    sync, in_graph = result.by_mode["sync"], result.by_mode["in-graph"]
+    faster = "sync" if sync.examples_per_s > in_graph.examples_per_s else "in-graph"
+    assert result.recommendation.mode == faster
+
+
+def test_the_first_compression_listed_wins_within_5_percent():
+    both = ("none", "top_k(ratio=0.01)@bfloat16")
+    # Bound by a long step, the two are within 5 %: the first listed wins.
+    fast = plan(variable_bytes=MLP, workers=4, num_ps=1, compressions=both,
+                step_ms=1_000)  # fmt: skip
+    slow = plan(variable_bytes=MLP, workers=4, num_ps=1, compressions=both,
+                link_mbit=10)  # fmt: skip
+    assert fast.recommendation.compression == "none"
+    assert slow.recommendation.compression == both[1]
+
+
+def test_costs_refuse_a_negative_constant():
+    with pytest.raises(ValueError, match="Received: rtt_ms=-1"):
+        Costs(rtt_ms=-1)
+
+
+@pytest.mark.parametrize(
+    "compression, read, gradient",
+    [
+        ("none", 1, 1),
+        ("fp16", 1, 0.5),
+        ("bfloat16", 1, 0.5),
+        ("top_k(ratio=0.01)", 1, 0.02),
+        ("none@bfloat16", 0.5, 1),
+        ("top_k(ratio=0.05)@bfloat16", 0.5, 0.1),
+    ],
+)
+def test_compression_shrinks_the_bytes_through_the_ps_link(compression, read, gradient):
+    prediction = _one(variable_bytes=EQUAL, workers=2, compressions=(compression,))
+    assert prediction.ps_link_mb_per_update == pytest.approx(8 * (read + gradient))
+
+
+def _tiny_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(2)]
+    )
+
+
+def _same(a: Plan, b: Plan) -> None:
+    assert a.predictions == b.predictions
+    assert a.recommendation == b.recommendation
+
+
+def test_a_model_plans_as_its_variable_bytes():
+    sizes = [8 * 4 * 4, 4 * 4, 4 * 2 * 4, 2 * 4]
+    _same(plan(_tiny_model(), workers=4), plan(variable_bytes=sizes, workers=4))
+
+
+def test_a_keras_file_plans_as_its_model(tmp_path):
+    path = tmp_path / "tiny.keras"
+    _tiny_model().save(path)
+    _same(plan(str(path), workers=4), plan(_tiny_model(), workers=4))
+
+
+def test_the_plan_is_labelled_a_prediction_in_text_and_json():
+    result = plan(variable_bytes=MLP, workers=4, compressions=("none", "fp16"))
+    text = str(result)
+    assert "not measured" in text and "Recommendation (predicted)" in text
+    assert text.count("| async |") == 16  # 2 compressions x 8 ps counts
+    payload = json.loads(json.dumps(result.to_dict()))
+    assert payload["label"] == "prediction"
+    assert {p["label"] for p in payload["predictions"]} == {"prediction"}
+    assert payload["recommendation"]["mode"] == "async"
+
+
+def _cli(*args: str) -> int:
+    try:
+        return cli._main(cli._parse_flags(["keras-psdist", *args]))
+    finally:
+        cli.FLAGS.unparse_flags()
+
+
+def test_the_cli_prints_the_table_and_exits_0(capsys):
+    sizes = ",".join(map(str, MLP))
+    assert _cli("plan", f"--variable-bytes={sizes}", "--workers=4") == 0
+    out = capsys.readouterr().out
+    assert "| mode | ps tasks | predicted updates/s" in out
+    assert "Recommendation (predicted): async" in out
+
+
+def test_the_cli_says_a_bad_flag_in_flag_words(capsys):
+    assert _cli("plan", "--variable-bytes=4096", "--workers=0") == 2
+    assert "`--workers` must be >= 1. Received: --workers=0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "kwargs, received",
+    [
+        (dict(variable_bytes=MLP, workers=0), "workers=0"),
+        (dict(model=_tiny_model, variable_bytes=MLP, workers=2), "Received: both"),
+        (dict(workers=2), "Received: neither"),
+        (dict(variable_bytes=MLP, workers=2, modes=("async", "asink")), "'asink'"),
+        (dict(variable_bytes=MLP, workers=2, compressions=("topk",)), "'topk'"),
+        (dict(variable_bytes=MLP, workers=2, compressions=("random_k",)), "random_k"),
+        (dict(variable_bytes=MLP, workers=2, num_ps=0), "num_ps=0"),
+        (dict(variable_bytes=MLP, workers=2, link_mbit=0), "link_mbit=0"),
+        (dict(variable_bytes=MLP, workers=2, link_mbit=math.nan), "link_mbit=nan"),
+        (dict(variable_bytes=[], workers=2), "variable_bytes=[]"),
+        (dict(variable_bytes=[1, -4], workers=2), "variable_bytes[i]=-4"),
+        (dict(model="model.h5", workers=2), "model='model.h5'"),
+        (dict(variable_bytes=MLP, workers=2, modes=("async",), exact=True),
+         "modes=('async',)"),
+    ],
+)  # fmt: skip
+def test_bad_input_raises_value_error_naming_what_it_received(kwargs, received):
+    if callable(kwargs.get("model")):
+        kwargs = dict(kwargs, model=kwargs["model"]())
+    with pytest.raises(ValueError, match="Received") as raised:
+        plan(**kwargs)
+    assert received in str(raised.value)
+
+
+def test_setup_defaults_predict_without_plan():
+    # The model's functions stand alone (plan_check.py calls them too).
+    from keras_psdist.planning import model, wire
+
+    setup = Setup(tuple(MLP), workers=2, num_ps=1)
+    prediction = model.predict("sync", wire.parse("none"), setup, Costs())
+    assert prediction.updates_per_s > 0 and prediction.label == "prediction"
