@@ -124,7 +124,7 @@ def _launch(out_dir, log_path, side, workers, args) -> int:
 
 
 UPDATE_MODELS = {
-    "MLP 784-512-512-10 (1.3M)": [
+    "MLP 784-512-512-10 (0.67M)": [
         (784, 512),
         (512,),
         (512, 512),

@@ -28,7 +28,7 @@ the benchmarks and the docs' tables write a configuration the same way:
   never collide, so the first stage says which it is.
 
 `parse` turns a string into the config dict `aggregators.get` builds (the
-rule innermost, as `serialize` writes it), `spell` writes a config dict
+rule innermost, as `serialize` writes it), `spell_config` writes a config dict
 back. This module imports no TensorFlow, so the CLI checks a configuration
 before TensorFlow loads.
 
@@ -40,7 +40,7 @@ Examples:
 0.9
 >>> parse("top_k(ratio=0.01)>trimmed_mean").compression
 {'class_name': 'top_k', 'config': {'ratio': 0.01}}
->>> spell(parse("bucketing(bucket_size=4)>centered_clipping(radius=0.5)").aggregator)
+>>> spell_config(parse("bucketing(bucket_size=4)>centered_clipping(radius=0.5)").aggregator)
 'bucketing(bucket_size=4)>centered_clipping(radius=0.5)'
 >>> parse("median>nnm")
 Traceback (most recent call last):
@@ -53,6 +53,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -199,7 +200,7 @@ def aggregator_only(text: str) -> str | dict[str, Any]:
             f"{text!r} ends with worker momentum, which the strategy "
             "keeps for each replica, not the aggregator: pass the whole "
             "string as a strategy's `aggregator=`, or "
-            f"aggregator={spell(configuration.aggregator)!r}, "
+            f"aggregator={spell_config(configuration.aggregator)!r}, "
             f"worker_momentum={configuration.worker_momentum}."
         )
     if configuration.compression is not None:
@@ -207,13 +208,31 @@ def aggregator_only(text: str) -> str | dict[str, Any]:
             f"{text!r} starts with compression, which each replica "
             "applies to what it sends, not the aggregator: pass the whole "
             "string as a strategy's `aggregator=`, or "
-            f"aggregator={spell(configuration.aggregator)!r}, "
-            f"compression={spell(configuration.compression)!r}."
+            f"aggregator={spell_config(configuration.aggregator)!r}, "
+            f"compression={spell_config(configuration.compression)!r}."
         )
     return configuration.aggregator
 
 
 def spell(
+    config: str | Mapping[str, Any],
+    worker_momentum: float = 0.0,
+    compression: str | Mapping[str, Any] | None = None,
+) -> str:
+    """Deprecated (removed in 0.5): `spell_config`, or `aggregators.spell` for
+    an aggregator object. Two public functions named `spell` took different
+    things; this one takes a config dict."""
+    warnings.warn(
+        "`keras_psdist.spelling.spell` is deprecated and will be removed in "
+        "0.5: use `keras_psdist.spelling.spell_config` (a config dict, as "
+        "here) or `keras_psdist.aggregators.spell` (an aggregator object).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return spell_config(config, worker_momentum, compression)
+
+
+def spell_config(
     config: str | Mapping[str, Any],
     worker_momentum: float = 0.0,
     compression: str | Mapping[str, Any] | None = None,
@@ -240,7 +259,7 @@ def spell(
             break
         if not isinstance(config, Mapping) or "class_name" not in config:
             raise ValueError(
-                "`spell` takes an aggregator id or config dict, e.g. "
+                "`spell_config` takes an aggregator id or config dict, e.g. "
                 f"{{'class_name': 'nnm', 'config': {{'aggregator': 'median'}}}}. "
                 f"Received: {config!r}"
             )

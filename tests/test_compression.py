@@ -267,7 +267,7 @@ def test_a_configuration_may_start_with_a_compressor():
     assert c.compression == {"class_name": "top_k", "config": {"ratio": 0.01}}
     assert c.stages == ("nnm", "trimmed_mean") and c.worker_momentum == 0.9
     assert (
-        spelling.spell(c.aggregator, c.worker_momentum, c.compression)
+        spelling.spell_config(c.aggregator, c.worker_momentum, c.compression)
         == "top_k(ratio=0.01)>nnm>trimmed_mean+wm"
     )
     assert spelling.parse("sign>median").compression == "sign"

@@ -284,7 +284,7 @@ def test_spell_leaves_out_defaults_and_matches_the_written_string():
     )
     assert aggregators.spell(aggregators.get("nnm")) == "nnm>trimmed_mean"
     assert (
-        spelling.spell(spelling.parse("arc>median+wm").aggregator, 0.9)
+        spelling.spell_config(spelling.parse("arc>median+wm").aggregator, 0.9)
         == "arc>median+wm"
     )
 
@@ -419,3 +419,9 @@ def test_a_users_pre_aggregation_with_only_apply_stays_one_stage():
     want = reference.median([a / 2 for a in arrays], f=F)
     for got, w in zip(out.values, want, strict=True):
         np.testing.assert_allclose(got.numpy(), w, rtol=1e-5)
+
+
+def test_spelling_spell_is_a_deprecated_alias_of_spell_config():
+    config = aggregators.serialize(aggregators.get("nnm>trimmed_mean"))
+    with pytest.warns(DeprecationWarning, match="spell_config"):
+        assert spelling.spell(config) == spelling.spell_config(config)

@@ -83,7 +83,7 @@ def spell(aggregator: Aggregator) -> str:
     """
     if isinstance(aggregator, str | dict):
         aggregator = get(aggregator)  # a string or config: written as `get` reads it
-    return spelling.spell(_without_defaults(serialize(aggregator)))
+    return spelling.spell_config(_without_defaults(serialize(aggregator)))
 
 
 def _without_defaults(config: dict[str, Any]) -> dict[str, Any]:

@@ -112,7 +112,7 @@ def configure_compression(aggregator: Any, compression: Any = None) -> Any:
             ):
                 raise ValueError(
                     f"aggregator={aggregator!r} starts with the compressor "
-                    f"{spelling.spell(written)!r}, but compression={compression!r}. "
+                    f"{spelling.spell_config(written)!r}, but compression={compression!r}. "
                     "Set it in one place."
                 )
             compressor = from_string

@@ -14,23 +14,29 @@ class Costs:
     """Calibrated costs of one step, update and transfer (all in ms).
 
     The defaults come from the committed results of this repository's
-    benchmarks, measured on one 2-core machine (AMD EPYC, TF 2.21, Keras
+    benchmarks (refitted on 2026-12-06 from the cost run, `COSTS RUN` below:
+    `python benchmarks/scaling.py --only workers --workers 1 2 4
+    --workers-compression fp16@bfloat16 --steps 60 --epochs 2 --rounds 2`,
+    `benchmarks/results/scaling_costs.json`, which records each host's CPU
+    per update, with `python benchmarks/plan_check.py --fit
+    benchmarks/results/scaling_costs.json`), measured on one 2-core machine (AMD EPYC, TF 2.21, Keras
     3.15) whose tasks shared its cores; each constant below names the
     command and the JSON it came from. The MLP of `benchmarks/scaling.py` is
     64-512-512-2 (296,962 parameters, 1.19 MB, Adam); that of
     `benchmarks/sync_vs_tf1.py` 784-512-512-10 (669,706 parameters, 2.68 MB,
-    plain SGD), whose worker reads 2.68 MB and sends 2.68 MB per step (the
-    5.3 MB docs/benchmarks.md names).
+    plain SGD), whose worker reads 2.68 MB and sends 2.68 MB per step.
 
     Attributes:
         flops_per_core_ms: FLOPs one core computes per ms, for `step_ms`'s
-            estimate `6 * params * batch / flops_per_core_ms`. 1.076e8:
-            the one-device forward and backward kernels of the scaling MLP
-            at batch 256, 4.24 ms for 456 MFLOPs (`python
-            benchmarks/profile_step.py`, `benchmarks/results/profile_step.json`).
+            estimate `6 * params * batch / flops_per_core_ms`. 5.645e7: the
+            COSTS RUN's one-device step of the scaling MLP at batch 128, 5.01
+            CPU ms (the whole Keras step, every thread; the kernels alone,
+            `benchmarks/results/profile_step.json`, gave 1.076e8).
         worker_overhead_ms: A worker's CPU per step beyond its forward and
             backward pass (Keras's and TensorFlow's per-step work, the
-            gRPC calls, reading and sending the bytes). 6.0: the median
+            gRPC calls, reading and sending the bytes). 3.71: the COSTS
+            RUN's median async worker CPU per step (read from the worker
+            hosts' processes) less the model's own step. Before: 6.0, the median
             async worker's CPU per step, 8.13 ms (cpu_fraction x workers /
             updates/s, over the 8 async runs on unlimited links without
             compression), less the MLP's 2.12 ms of `flops_per_core_ms` at
@@ -43,7 +49,10 @@ class Costs:
             round trips inside a data centre); nothing here measures it
             apart.
         ps_fixed_ms: A ps task's CPU per update that grows neither with
-            the bytes nor with the worker steps. 1.55: the intercept, 1.99
+            the bytes nor with the worker steps. 1.388: least squares over
+            the COSTS RUN's 18 runs of ours (ps CPU per update read from the
+            ps host's processes, at full and at 16-bit bytes). Before: 1.55,
+            the intercept, 1.99
             ms, of a least-squares line through the sync service's ps CPU
             per update against W (9 runs, W = 1, 2, 4: `python
             benchmarks/sync_vs_tf1.py --workers 1,2,4 --rounds 3 --steps 600
@@ -54,7 +63,10 @@ class Costs:
         ps_request_ms: A ps task's CPU per worker step it serves (the
             step's reads and its push: the calls, not the bytes). 3.40: see
             `ps_ms_per_mb`, from which it is split.
-        ps_ms_per_mb: A ps task's CPU per MB it serves or receives. 0.21.
+        ps_ms_per_mb: A ps task's CPU per MB it serves or receives. 0.2081:
+            the same least squares (16-bit reads and gradients halve the
+            bytes and barely move the ps's CPU: 6.08 and 6.88 ms per update
+            at W = 1, 5.48 and 4.79 at W = 4). Before: 0.21.
             The sync line's slope, 4.53 ms per worker, is `ps_request_ms +
             5.36 MB * ps_ms_per_mb` (a worker reads and sends 5.36 MB per
             update); one model size cannot split the two, so a second
@@ -77,14 +89,18 @@ class Costs:
             0.65 (sync_update.json: 0.434 ms for 0.67M, fused).
         sync_critical_path_ms: What a sync update waits for beyond the
             workers' step and the ps's share (the protocol's calls, the
-            chief's release). 0.5: the least-squares fit of this model's
+            chief's release). 4.906: the least-squares fit of log updates/s
+            to the COSTS RUN's 6 sync runs (Adam, 10 steps per call, on
+            namespaces). Before: 0.5, the least-squares fit of this model's
             sync updates/s to the 9 runs of sync_vs_tf1.json (1 ps, W = 1, 2,
             4 on loopback, 2 shared cores, SGD; predictions 81, 61 and 32
             updates/s against medians of 80, 55 and 30). The sync runs of
             scaling*.json (2026-11-28) predate that protocol and are left
             out.
         in_graph_chief_ms: The in-graph chief's time per worker per step
-            (it drives each worker's part of the step). 7.3: the
+            (it drives each worker's part of the step). 6.262: the same fit
+            to the COSTS RUN's 6 in-graph runs; its chief's own CPU per
+            update there was 4.8, 6.1 and 11.5 ms at W = 1, 2, 4. Before: 7.3, the
             least-squares fit of this model's in-graph updates/s to the 7
             in-graph runs on unlimited links without compression
             (scaling.json at W = 1, 2, 4, 8, and scaling_compression.json,
@@ -100,15 +116,15 @@ class Costs:
             scaling_reads.json, scaling_delta_reads.json).
     """
 
-    flops_per_core_ms: float = 1.076e8
-    worker_overhead_ms: float = 6.0
+    flops_per_core_ms: float = 5.645e7
+    worker_overhead_ms: float = 3.71
     rtt_ms: float = 0.2
-    ps_fixed_ms: float = 1.55
+    ps_fixed_ms: float = 1.388
     ps_request_ms: float = 3.40
-    ps_ms_per_mb: float = 0.21
+    ps_ms_per_mb: float = 0.2081
     ps_apply_ms_per_mparam: float = 3.27
-    sync_critical_path_ms: float = 0.5
-    in_graph_chief_ms: float = 7.3
+    sync_critical_path_ms: float = 4.906
+    in_graph_chief_ms: float = 6.262
     compress_ms_per_mparam: float = 12.4
 
     def __post_init__(self):
