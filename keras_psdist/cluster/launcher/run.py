@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from keras_psdist.cluster.config import (
     CONTROL_DIR_ENV,
@@ -51,6 +51,7 @@ from keras_psdist.cluster.launcher.processes import (
     parent_death_signal,
     signal_group,
 )
+from keras_psdist.cluster.launcher.settings import LaunchSettings, TaskHosts
 from keras_psdist.cluster.ports import pick_free_ports, wait_reachable
 from keras_psdist.cluster.server import (
     LAUNCH_SECURITY_NOTE,
@@ -73,16 +74,6 @@ GRACE_S = 5.0
 # to stop on their own with an error naming it (`cluster.task_loss`) before
 # they are stopped.
 SERVER_LOSS_GRACE_S = 20.0
-
-
-class TaskHosts(Protocol):
-    """Where `launch(hosts=...)` runs each task."""
-
-    def address(self, task: str) -> str:
-        """The task's `"host:port"`, for TF_CONFIG."""
-
-    def command(self, task: str, command: Sequence[str]) -> list[str]:
-        """The command that runs `command` on the task's host."""
 
 
 # Attempts at starting the servers when a port is taken between picking and
@@ -256,73 +247,41 @@ def launch(
             f"hosts must have address(task) and command(task, command) methods "
             f"(e.g. NamespaceHosts.task_hosts(...)), got {hosts!r}."
         )
-    run = _Launch(
-        command,
-        num_ps,
-        num_workers,
-        mode,
-        host,
-        timeout_s,
-        startup_timeout_s,
-        out,
-        max_restarts,
-        max_worker_failures,
-        verbose,
-        hosts,
-        evaluator,
-        max_workers,
-        min_workers,
-        discover,
+    settings = LaunchSettings(
+        command=tuple(command),
+        num_ps=num_ps,
+        num_workers=num_workers,
+        mode=mode,
+        host=host,
+        timeout_s=timeout_s,
+        startup_timeout_s=startup_timeout_s,
+        out=sys.stdout if out is None else out,
+        max_restarts=max_restarts,
+        max_worker_failures=max_worker_failures,
+        verbose=verbose,
+        hosts=hosts,
+        evaluator=evaluator,
+        max_workers=max_workers,
+        min_workers=min_workers,
+        discover=discover,
     )
-    return run()
+    return _Launch(settings)()
 
 
 class _Launch:
     """One `launch` call: state shared by start-up, monitoring and teardown."""
 
-    def __init__(
-        self,
-        command: list[str],
-        num_ps: int,
-        num_workers: int,
-        mode: str,
-        host: str,
-        timeout_s: float | None,
-        startup_timeout_s: float,
-        out: TextIO | None,
-        max_restarts: int = 0,
-        max_worker_failures: int = 0,
-        verbose: bool = False,
-        hosts: TaskHosts | None = None,
-        evaluator: bool = False,
-        max_workers: int | None = None,
-        min_workers: int | None = None,
-        discover: Callable[[], list[str]] | None = None,
-    ):
-        self.hosts = hosts
-        self.evaluator = evaluator
-        self.max_workers = max_workers
-        self.min_workers = min_workers
-        self.discover = discover
+    def __init__(self, settings: LaunchSettings):
+        self.settings = settings
         self.membership: _Membership | None = None
         self.temporary: list[str] = []  # directories removed at the end
-        self.command = command
-        self.num_ps = num_ps
-        self.num_workers = num_workers
-        self.mode = mode
-        self.host = host
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self.verbose = verbose
         self.output = Output(
-            sys.stdout if out is None else out, hide=None if verbose else is_tf_banner
+            settings.out, hide=None if settings.verbose else is_tf_banner
         )
         self.children: list[Child] = []
         self.signals = Signals()
         self.deadline: float | None = None  # Set when training starts.
         self.preexec = parent_death_signal()
-        self.max_restarts = max_restarts
-        self.max_worker_failures = max_worker_failures
         self.restarts = 0
         self.lost: list[str] = []  # "worker:1 (SIGKILL (exit code 137))"
 
@@ -352,36 +311,34 @@ class _Launch:
     # Start-up.
 
     def _layout(self) -> ClusterConfig:
-        jobs = {"ps": self.num_ps, "worker": self.num_workers}
-        if self.mode == "in-graph":
+        jobs = {"ps": self.settings.num_ps, "worker": self.settings.num_workers}
+        if self.settings.mode == "in-graph":
             jobs["chief"] = 1
-        if self.hosts is not None:
+        if self.settings.hosts is not None:
             return ClusterConfig(
                 {
-                    job: tuple(self.hosts.address(f"{job}:{i}") for i in range(n))
+                    job: tuple(
+                        self.settings.hosts.address(f"{job}:{i}") for i in range(n)
+                    )
                     for job, n in jobs.items()
                 }
             )
-        ports = iter(pick_free_ports(sum(jobs.values()), self.host))
+        ports = iter(pick_free_ports(sum(jobs.values()), self.settings.host))
         return ClusterConfig(
             {
-                job: tuple(f"{self._address_host()}:{next(ports)}" for _ in range(n))
+                job: tuple(
+                    f"{self.settings.address_host}:{next(ports)}" for _ in range(n)
+                )
                 for job, n in jobs.items()
             }
         )
 
-    def _address_host(self) -> str:
-        # An IPv6 literal needs brackets in "host:port".
-        if ":" in self.host and not self.host.startswith("["):
-            return f"[{self.host}]"
-        return self.host
-
     def _server_tasks(self, config: ClusterConfig) -> list[tuple[str, int]]:
-        jobs = ("ps", "worker") if self.mode == "in-graph" else ("ps",)
+        jobs = ("ps", "worker") if self.settings.mode == "in-graph" else ("ps",)
         return [(job, i) for job in jobs for i in range(len(config.addresses(job)))]
 
     def _training_tasks(self, config: ClusterConfig) -> list[tuple[str, int]]:
-        if self.mode == "in-graph":
+        if self.settings.mode == "in-graph":
             return [("chief", 0)]
         return [("worker", i) for i in range(config.num_workers)]
 
@@ -431,7 +388,7 @@ class _Launch:
 
         # Ready means the server said so: its port accepting connections is
         # not enough, as another process may hold it.
-        deadline = time.monotonic() + self.startup_timeout_s
+        deadline = time.monotonic() + self.settings.startup_timeout_s
         while not all(child.ready.is_set() for child in servers):
             check_servers()
             if time.monotonic() >= deadline:
@@ -439,12 +396,12 @@ class _Launch:
                 raise Stop(
                     1,
                     f"{names(waiting)} did not report ready within "
-                    f"{self.startup_timeout_s:g} s (--startup-timeout); see the "
+                    f"{self.settings.startup_timeout_s:g} s (--startup-timeout); see the "
                     "output above. Stopping every task.",
                 )
             time.sleep(0.05)
         try:
-            if self.hosts is None:
+            if self.settings.hosts is None:
                 wait_reachable(
                     {c.name: c.address for c in servers},
                     max(1.0, deadline - time.monotonic()),
@@ -468,30 +425,30 @@ class _Launch:
             for job, addresses in config.jobs.items()
             for i, address in enumerate(addresses)
         )
-        self.log(f"cluster ({self.mode}): {tasks}")
+        self.log(f"cluster ({self.settings.mode}): {tasks}")
 
     # Training.
 
     def _train(self, config: ClusterConfig) -> int:
-        if self.timeout_s is not None:
-            self.deadline = time.monotonic() + self.timeout_s
+        if self.settings.timeout_s is not None:
+            self.deadline = time.monotonic() + self.settings.timeout_s
         configs = {
             f"{job}:{i}": config.with_task(job, i)
             for job, i in self._training_tasks(config)
         }
-        membership = _Membership(self, config) if self.max_workers else None
+        membership = _Membership(self, config) if self.settings.max_workers else None
         self.membership = membership
         trainers = [
             self._spawn(
                 task_config,
-                self.command,
+                list(self.settings.command),
                 is_server=False,
                 extra_env=None if membership is None else membership.env(name),
             )
             for name, task_config in configs.items()
         ]
         servers = [c for c in self.children if c.is_server]
-        evaluation = _Evaluation(self, config) if self.evaluator else None
+        evaluation = _Evaluation(self, config) if self.settings.evaluator else None
         while True:
             self.signals.check()
             if evaluation is not None:
@@ -547,24 +504,24 @@ class _Launch:
         without it, or `Stop`."""
         what = f"{child.name} exited with {describe(code)}"
         is_chief = child.name in ("chief:0", "worker:0")
-        if self.mode == "in-graph" or is_chief:
+        if self.settings.mode == "in-graph" or is_chief:
             raise Stop(exit_code(code), f"{what}; stopping every task.")
-        if self.membership is not None and self.min_workers is not None:
+        if self.membership is not None and self.settings.min_workers is not None:
             return self.membership.lose(child, what)
-        if self.restarts < self.max_restarts:
+        if self.restarts < self.settings.max_restarts:
             self.restarts += 1
             self.log(
                 f"{what}; restarting it (restart {self.restarts}; --max-restarts "
-                f"allows {self.max_restarts})."
+                f"allows {self.settings.max_restarts})."
             )
             self.children.remove(child)
             self._teardown([child])
-            return self._spawn(config, self.command, is_server=False)
-        if len(self.lost) < self.max_worker_failures:
+            return self._spawn(config, list(self.settings.command), is_server=False)
+        if len(self.lost) < self.settings.max_worker_failures:
             self.lost.append(f"{child.name} ({describe(code)})")
             self.log(
                 f"{what}; lost it and going on without it ({len(self.lost)} lost; "
-                f"--max-worker-failures allows {self.max_worker_failures})."
+                f"--max-worker-failures allows {self.settings.max_worker_failures})."
             )
             return None
         raise Stop(exit_code(code), f"{what}; stopping every task.")
@@ -573,7 +530,7 @@ class _Launch:
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise Stop(
                 EXIT_TIMEOUT,
-                f"timed out after {self.timeout_s:g} s (--timeout); stopping "
+                f"timed out after {self.settings.timeout_s:g} s (--timeout); stopping "
                 "every task.",
             )
 
@@ -588,7 +545,7 @@ class _Launch:
         env = dict(os.environ, **(extra_env or {}))
         env["TF_CONFIG"] = json.dumps(config.to_tf_config())
         env["PYTHONUNBUFFERED"] = "1"
-        env[LAUNCH_MODE_ENV] = self.mode
+        env[LAUNCH_MODE_ENV] = self.settings.mode
         if is_server:
             env[NOTE_SAID_ENV] = "1"
         # A crash (a segfault in TensorFlow) then prints every thread's stack.
@@ -597,14 +554,15 @@ class _Launch:
         # from errors up, the training processes' from warnings up (a user's
         # setting wins).
         env.setdefault(
-            "TF_CPP_MIN_LOG_LEVEL", "0" if self.verbose else "2" if is_server else "1"
+            "TF_CPP_MIN_LOG_LEVEL",
+            "0" if self.settings.verbose else "2" if is_server else "1",
         )
         name = config.task_name
         # The evaluator has no address (it serves nothing) and runs on this
         # host: it only reads the checkpoints.
         address = None if config.is_evaluator else config.task_address
-        if self.hosts is not None and address is not None:
-            command = list(self.hosts.command(name, command))
+        if self.settings.hosts is not None and address is not None:
+            command = list(self.settings.hosts.command(name, command))
         preexec = self.preexec
         if idle:
 
@@ -723,7 +681,7 @@ class _Membership:
         self._next_look = 0.0
         self._discovery_failed: str | None = None
         launch.log(
-            f"elastic membership (--max-workers {launch.max_workers}): add a "
+            f"elastic membership (--max-workers {launch.settings.max_workers}): add a "
             f"worker with `touch {self.directory}/{self.ADD}`, remove worker:K "
             f"with `touch {self.directory}/{self.REMOVE}K`."
         )
@@ -733,7 +691,7 @@ class _Membership:
         index = task.rsplit(":", 1)[1]
         return {
             CONTROL_DIR_ENV: self.directory,
-            MAX_WORKERS_ENV: str(self.launch.max_workers),
+            MAX_WORKERS_ENV: str(self.launch.settings.max_workers),
             LEAVE_FILE_ENV: os.path.join(self.directory, f"leave-worker-{index}"),
         }
 
@@ -747,7 +705,7 @@ class _Membership:
                 self.asked.discard(index)
                 self.freed.add(index)
         while self.pending and (
-            self.freed or len(self.addresses) < self.launch.max_workers
+            self.freed or len(self.addresses) < self.launch.settings.max_workers
         ):
             self.pending -= 1
             self._add(trainers, configs)
@@ -764,7 +722,10 @@ class _Membership:
                     self.launch.log(f"remove {task}: no such worker; ignored.")
                     continue
                 self._remove(int(index), "")
-        if self.launch.discover is not None and time.monotonic() >= self._next_look:
+        if (
+            self.launch.settings.discover is not None
+            and time.monotonic() >= self._next_look
+        ):
             self._next_look = time.monotonic() + DISCOVERY_EVERY_S
             self._follow_hosts(trainers, configs)
 
@@ -780,7 +741,7 @@ class _Membership:
         """Asks `worker:index` to leave after its current step, unless the
         job would then have fewer than `min_workers`."""
         task = f"worker:{index}"
-        least = self.launch.min_workers
+        least = self.launch.settings.min_workers
         if least is not None and len(self._training()) - 1 < least:
             self.launch.log(
                 f"remove {task}{why}: the job would have fewer than --min-workers "
@@ -802,7 +763,7 @@ class _Membership:
         self.freed.add(index)
         self.launch.lost.append(what)
         left = len(self._training())
-        least = self.launch.min_workers
+        least = self.launch.settings.min_workers
         if left < least:
             raise Stop(
                 1,
@@ -818,7 +779,7 @@ class _Membership:
         """Starts workers on hosts that appeared, asks the ones on hosts
         that went to leave (`discovery.py`)."""
         try:
-            wanted = self.launch.discover()
+            wanted = self.launch.settings.discover()
         except Exception as e:  # noqa: BLE001 - the job goes on as it is
             if str(e) != self._discovery_failed:
                 self.launch.log(f"host discovery failed: {e}; keeping the workers.")
@@ -848,30 +809,30 @@ class _Membership:
         """Starts a worker in the lowest free slot (on `host`, else the
         launch's); returns whether it did."""
         index = min(self.freed) if self.freed else len(self.addresses)
-        if quiet and index >= self.launch.max_workers:
+        if quiet and index >= self.launch.settings.max_workers:
             return False  # Discovery asks again at its next look.
-        if index >= self.launch.max_workers and self.asked:
+        if index >= self.launch.settings.max_workers and self.asked:
             self.pending += 1
             self.launch.log(
                 "add-worker: every slot is taken; starting the worker once a "
                 "leaving one has exited."
             )
             return False
-        if index >= self.launch.max_workers:
+        if index >= self.launch.settings.max_workers:
             self.launch.log(
                 f"add-worker: the job has its --max-workers "
-                f"{self.launch.max_workers} workers already; ignored."
+                f"{self.launch.settings.max_workers} workers already; ignored."
             )
             return False
         task = f"worker:{index}"
-        if self.launch.hosts is not None:
-            address = self.launch.hosts.address(task)
+        if self.launch.settings.hosts is not None:
+            address = self.launch.settings.hosts.address(task)
         elif host is not None:
             port = pick_free_ports(1, host)[0]
             address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         else:
-            port = pick_free_ports(1, self.launch.host)[0]
-            address = f"{self.launch._address_host()}:{port}"
+            port = pick_free_ports(1, self.launch.settings.host)[0]
+            address = f"{self.launch.settings.address_host}:{port}"
         if index in self.freed:
             self.freed.discard(index)
             self.addresses[index] = address
@@ -887,7 +848,10 @@ class _Membership:
         configs[task] = config
         self.launch.log(f"adding {task} at {address}.")
         child = self.launch._spawn(
-            config, self.launch.command, is_server=False, extra_env=self.env(task)
+            config,
+            list(self.launch.settings.command),
+            is_server=False,
+            extra_env=self.env(task),
         )
         trainers.append(child)
         self.running[index] = child
@@ -909,7 +873,7 @@ class _Evaluation:
         self.stop_file = os.path.join(self.directory, "training-ended")
         self.child = launch._spawn(
             config.with_task(EVALUATOR, 0),
-            launch.command,
+            list(launch.settings.command),
             is_server=False,
             extra_env={EVALUATOR_STOP_FILE_ENV: self.stop_file},
             idle=True,
