@@ -37,6 +37,8 @@ from keras_psdist.cluster.launcher.arguments import (
     check_max_workers,
 )
 from keras_psdist.cluster.launcher.banner import is_tf_banner
+from keras_psdist.cluster.launcher.deadline import EXIT_TIMEOUT as EXIT_TIMEOUT
+from keras_psdist.cluster.launcher.deadline import Deadline
 from keras_psdist.cluster.launcher.discovery import DISCOVERY_EVERY_S, discovery_hook
 from keras_psdist.cluster.launcher.processes import (
     Child,
@@ -60,8 +62,7 @@ from keras_psdist.cluster.server import (
     READY_LINE,
 )
 
-# Exit codes, as shells and `timeout(1)` report them.
-EXIT_TIMEOUT = 124
+# Exit codes, as shells report them (EXIT_TIMEOUT, 124: `deadline.py`).
 EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
 
@@ -280,7 +281,6 @@ class _Launch:
         )
         self.children: list[Child] = []
         self.signals = Signals()
-        self.deadline: float | None = None  # Set when training starts.
         self.preexec = parent_death_signal()
         self.restarts = 0
         self.lost: list[str] = []  # "worker:1 (SIGKILL (exit code 137))"
@@ -430,25 +430,43 @@ class _Launch:
     # Training.
 
     def _train(self, config: ClusterConfig) -> int:
-        if self.settings.timeout_s is not None:
-            self.deadline = time.monotonic() + self.settings.timeout_s
+        deadline = Deadline(self.settings.timeout_s)
         configs = {
             f"{job}:{i}": config.with_task(job, i)
             for job, i in self._training_tasks(config)
         }
-        membership = _Membership(self, config) if self.settings.max_workers else None
+        membership = None
+        if self.settings.max_workers:
+            membership = _Membership(
+                config,
+                self._temporary_directory("keras-psdist-control-"),
+                max_workers=self.settings.max_workers,
+                min_workers=self.settings.min_workers,
+                discover=self.settings.discover,
+                hosts=self.settings.hosts,
+                host=self.settings.host,
+                address_host=self.settings.address_host,
+                spawn=self._start_training_task,
+                log=self.log,
+            )
         self.membership = membership
         trainers = [
-            self._spawn(
-                task_config,
-                list(self.settings.command),
-                is_server=False,
-                extra_env=None if membership is None else membership.env(name),
+            self._start_training_task(
+                task_config, None if membership is None else membership.env(name)
             )
             for name, task_config in configs.items()
         ]
         servers = [c for c in self.children if c.is_server]
-        evaluation = _Evaluation(self, config) if self.settings.evaluator else None
+        evaluation = None
+        if self.settings.evaluator:
+            evaluation = _Evaluation(
+                config,
+                self._temporary_directory("keras-psdist-evaluator-"),
+                spawn=self._start_training_task,
+                deadline=deadline,
+                check_signals=self.signals.check,
+                log=self.log,
+            )
         while True:
             self.signals.check()
             if evaluation is not None:
@@ -475,7 +493,7 @@ class _Launch:
                     continue
                 trainers[i] = self._after_failure(child, code, configs[child.name])
             trainers = [child for child in trainers if child is not None]
-            self._check_deadline()
+            deadline.check()
             time.sleep(0.1)
 
     def _after_server_loss(
@@ -507,6 +525,7 @@ class _Launch:
         if self.settings.mode == "in-graph" or is_chief:
             raise Stop(exit_code(code), f"{what}; stopping every task.")
         if self.membership is not None and self.settings.min_workers is not None:
+            self.lost.append(what)
             return self.membership.lose(child, what)
         if self.restarts < self.settings.max_restarts:
             self.restarts += 1
@@ -516,7 +535,7 @@ class _Launch:
             )
             self.children.remove(child)
             self._teardown([child])
-            return self._spawn(config, list(self.settings.command), is_server=False)
+            return self._start_training_task(config)
         if len(self.lost) < self.settings.max_worker_failures:
             self.lost.append(f"{child.name} ({describe(code)})")
             self.log(
@@ -526,13 +545,27 @@ class _Launch:
             return None
         raise Stop(exit_code(code), f"{what}; stopping every task.")
 
-    def _check_deadline(self) -> None:
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise Stop(
-                EXIT_TIMEOUT,
-                f"timed out after {self.settings.timeout_s:g} s (--timeout); stopping "
-                "every task.",
-            )
+    def _temporary_directory(self, prefix: str) -> str:
+        """A new directory, removed when the launch ends."""
+        directory = tempfile.mkdtemp(prefix=prefix)
+        self.temporary.append(directory)
+        return directory
+
+    def _start_training_task(
+        self,
+        config: ClusterConfig,
+        env: dict[str, str] | None = None,
+        idle: bool = False,
+    ) -> Child:
+        """Runs the training command as `config`'s task, with `env` added to
+        its environment (on idle CPU time only, if `idle`)."""
+        return self._spawn(
+            config,
+            list(self.settings.command),
+            is_server=False,
+            extra_env=env,
+            idle=idle,
+        )
 
     def _spawn(
         self,
@@ -663,11 +696,45 @@ class _Membership:
     ADD = "add-worker"
     REMOVE = "remove-worker-"
 
-    def __init__(self, launch: _Launch, config: ClusterConfig):
-        self.launch = launch
+    def __init__(
+        self,
+        config: ClusterConfig,
+        directory: str,
+        *,
+        max_workers: int,
+        min_workers: int | None,
+        discover: Callable[[], list[str]] | None,
+        hosts: TaskHosts | None,
+        host: str,
+        address_host: str,
+        spawn: Callable[[ClusterConfig, dict[str, str] | None, bool], Child],
+        log: Callable[[str], None],
+    ):
+        """Says how to add and remove workers.
+
+        Args:
+            config: The cluster the launch started with.
+            directory: The control directory (removed by the launch).
+            max_workers: `launch`'s `max_workers`.
+            min_workers: `launch`'s `min_workers`.
+            discover: `launch`'s `host_discovery` as a hook, or `None`.
+            hosts: `launch`'s `hosts`: where each task runs, or `None`.
+            host: `launch`'s `host`, where new workers get free ports.
+            address_host: `host` as it goes before `:port`.
+            spawn: Runs the training command as a task: `spawn(config, env,
+                idle)` adds `env` to its environment and returns its `Child`.
+            log: Writes one of the launcher's lines.
+        """
         self.config = config
-        self.directory = tempfile.mkdtemp(prefix="keras-psdist-control-")
-        launch.temporary.append(self.directory)
+        self.directory = directory
+        self.max_workers = max_workers
+        self.min_workers = min_workers
+        self.discover = discover
+        self.hosts = hosts
+        self.host = host
+        self.address_host = address_host
+        self.spawn = spawn
+        self.log = log
         self.addresses = list(config.addresses("worker"))
         # Workers asked to leave, and the slots they freed by exiting 0:
         # the next worker added takes the lowest freed slot.
@@ -680,8 +747,8 @@ class _Membership:
         self.running: dict[int, Child] = {}
         self._next_look = 0.0
         self._discovery_failed: str | None = None
-        launch.log(
-            f"elastic membership (--max-workers {launch.settings.max_workers}): add a "
+        log(
+            f"elastic membership (--max-workers {max_workers}): add a "
             f"worker with `touch {self.directory}/{self.ADD}`, remove worker:K "
             f"with `touch {self.directory}/{self.REMOVE}K`."
         )
@@ -691,7 +758,7 @@ class _Membership:
         index = task.rsplit(":", 1)[1]
         return {
             CONTROL_DIR_ENV: self.directory,
-            MAX_WORKERS_ENV: str(self.launch.settings.max_workers),
+            MAX_WORKERS_ENV: str(self.max_workers),
             LEAVE_FILE_ENV: os.path.join(self.directory, f"leave-worker-{index}"),
         }
 
@@ -704,9 +771,7 @@ class _Membership:
             if index in self.asked and child.proc.poll() == 0:
                 self.asked.discard(index)
                 self.freed.add(index)
-        while self.pending and (
-            self.freed or len(self.addresses) < self.launch.settings.max_workers
-        ):
+        while self.pending and (self.freed or len(self.addresses) < self.max_workers):
             self.pending -= 1
             self._add(trainers, configs)
         for name in sorted(os.listdir(self.directory)):
@@ -719,13 +784,10 @@ class _Membership:
                 index = name[len(self.REMOVE) :]
                 task = f"worker:{index}"
                 if task not in configs:
-                    self.launch.log(f"remove {task}: no such worker; ignored.")
+                    self.log(f"remove {task}: no such worker; ignored.")
                     continue
                 self._remove(int(index), "")
-        if (
-            self.launch.settings.discover is not None
-            and time.monotonic() >= self._next_look
-        ):
+        if self.discover is not None and time.monotonic() >= self._next_look:
             self._next_look = time.monotonic() + DISCOVERY_EVERY_S
             self._follow_hosts(trainers, configs)
 
@@ -741,9 +803,9 @@ class _Membership:
         """Asks `worker:index` to leave after its current step, unless the
         job would then have fewer than `min_workers`."""
         task = f"worker:{index}"
-        least = self.launch.settings.min_workers
+        least = self.min_workers
         if least is not None and len(self._training()) - 1 < least:
-            self.launch.log(
+            self.log(
                 f"remove {task}{why}: the job would have fewer than --min-workers "
                 f"{least} workers; it stays."
             )
@@ -751,7 +813,7 @@ class _Membership:
         with open(os.path.join(self.directory, f"leave-worker-{index}"), "w"):
             pass
         self.asked.add(index)
-        self.launch.log(f"asked {task} to leave after its current step{why}.")
+        self.log(f"asked {task} to leave after its current step{why}.")
         return True
 
     def lose(self, child: Child, what: str) -> None:
@@ -761,16 +823,15 @@ class _Membership:
         self.running.pop(index, None)
         self.asked.discard(index)
         self.freed.add(index)
-        self.launch.lost.append(what)
         left = len(self._training())
-        least = self.launch.settings.min_workers
+        least = self.min_workers
         if left < least:
             raise Stop(
                 1,
                 f"{what}; {left} workers are left, fewer than --min-workers "
                 f"{least}: stopping every task.",
             )
-        self.launch.log(
+        self.log(
             f"{what}; lost it, its slot is free, and the job goes on with "
             f"{left} workers (--min-workers {least})."
         )
@@ -779,10 +840,10 @@ class _Membership:
         """Starts workers on hosts that appeared, asks the ones on hosts
         that went to leave (`discovery.py`)."""
         try:
-            wanted = self.launch.settings.discover()
+            wanted = self.discover()
         except Exception as e:  # noqa: BLE001 - the job goes on as it is
             if str(e) != self._discovery_failed:
-                self.launch.log(f"host discovery failed: {e}; keeping the workers.")
+                self.log(f"host discovery failed: {e}; keeping the workers.")
             self._discovery_failed = str(e)
             return
         self._discovery_failed = None
@@ -809,30 +870,30 @@ class _Membership:
         """Starts a worker in the lowest free slot (on `host`, else the
         launch's); returns whether it did."""
         index = min(self.freed) if self.freed else len(self.addresses)
-        if quiet and index >= self.launch.settings.max_workers:
+        if quiet and index >= self.max_workers:
             return False  # Discovery asks again at its next look.
-        if index >= self.launch.settings.max_workers and self.asked:
+        if index >= self.max_workers and self.asked:
             self.pending += 1
-            self.launch.log(
+            self.log(
                 "add-worker: every slot is taken; starting the worker once a "
                 "leaving one has exited."
             )
             return False
-        if index >= self.launch.settings.max_workers:
-            self.launch.log(
+        if index >= self.max_workers:
+            self.log(
                 f"add-worker: the job has its --max-workers "
-                f"{self.launch.settings.max_workers} workers already; ignored."
+                f"{self.max_workers} workers already; ignored."
             )
             return False
         task = f"worker:{index}"
-        if self.launch.settings.hosts is not None:
-            address = self.launch.settings.hosts.address(task)
+        if self.hosts is not None:
+            address = self.hosts.address(task)
         elif host is not None:
             port = pick_free_ports(1, host)[0]
             address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         else:
-            port = pick_free_ports(1, self.launch.settings.host)[0]
-            address = f"{self.launch.settings.address_host}:{port}"
+            port = pick_free_ports(1, self.host)[0]
+            address = f"{self.address_host}:{port}"
         if index in self.freed:
             self.freed.discard(index)
             self.addresses[index] = address
@@ -846,13 +907,8 @@ class _Membership:
         jobs["worker"] = tuple(self.addresses)
         config = ClusterConfig(jobs).with_task("worker", index)
         configs[task] = config
-        self.launch.log(f"adding {task} at {address}.")
-        child = self.launch._spawn(
-            config,
-            list(self.launch.settings.command),
-            is_server=False,
-            extra_env=self.env(task),
-        )
+        self.log(f"adding {task} at {address}.")
+        child = self.spawn(config, self.env(task), False)
         trainers.append(child)
         self.running[index] = child
         return True
@@ -866,17 +922,36 @@ class _Evaluation:
     # the last checkpoints (without a --timeout).
     FINISH_S = 600.0
 
-    def __init__(self, launch: _Launch, config: ClusterConfig):
-        self.launch = launch
-        self.directory = tempfile.mkdtemp(prefix="keras-psdist-evaluator-")
-        launch.temporary.append(self.directory)
-        self.stop_file = os.path.join(self.directory, "training-ended")
-        self.child = launch._spawn(
+    def __init__(
+        self,
+        config: ClusterConfig,
+        directory: str,
+        *,
+        spawn: Callable[[ClusterConfig, dict[str, str] | None, bool], Child],
+        deadline: Deadline,
+        check_signals: Callable[[], None],
+        log: Callable[[str], None],
+    ):
+        """Starts the evaluator.
+
+        Args:
+            config: The training cluster.
+            directory: Where its stop file goes (removed by the launch).
+            spawn: Runs the training command as a task: `spawn(config, env,
+                idle)` adds `env` to its environment and returns its `Child`.
+            deadline: The launch's `--timeout`.
+            check_signals: Raises if the launcher got SIGINT or SIGTERM.
+            log: Writes one of the launcher's lines.
+        """
+        self.deadline = deadline
+        self.check_signals = check_signals
+        self.log = log
+        self.directory = directory
+        self.stop_file = os.path.join(directory, "training-ended")
+        self.child = spawn(
             config.with_task(EVALUATOR, 0),
-            list(launch.settings.command),
-            is_server=False,
-            extra_env={EVALUATOR_STOP_FILE_ENV: self.stop_file},
-            idle=True,
+            {EVALUATOR_STOP_FILE_ENV: self.stop_file},
+            True,
         )
         self.failed: int | None = None
 
@@ -885,7 +960,7 @@ class _Evaluation:
         code = self.child.proc.poll()
         if code not in (None, 0) and self.failed is None:
             self.failed = code
-            self.launch.log(
+            self.log(
                 f"evaluator:0 exited with {describe(code)}; training goes on "
                 "without it (see its output above)."
             )
@@ -897,16 +972,14 @@ class _Evaluation:
         if self.failed is None:
             with open(self.stop_file, "w") as f:
                 f.write("training ended\n")
-            self.launch.log(
+            self.log(
                 "told evaluator:0 that training has ended; waiting for it to "
                 "evaluate the last checkpoints."
             )
-            deadline = time.monotonic() + self.FINISH_S
-            if self.launch.deadline is not None:
-                deadline = min(deadline, self.launch.deadline)
+            end = time.monotonic() + min(self.FINISH_S, self.deadline.remaining())
             while self.child.proc.poll() is None:
-                self.launch.signals.check()
-                if time.monotonic() >= deadline:
+                self.check_signals()
+                if time.monotonic() >= end:
                     raise Stop(
                         EXIT_TIMEOUT,
                         "evaluator:0 did not finish after training ended; stopping it.",
@@ -915,7 +988,7 @@ class _Evaluation:
             self.check()
         if self.failed is not None:
             return exit_code(self.failed)
-        self.launch.log("evaluator:0 finished (exit code 0).")
+        self.log("evaluator:0 finished (exit code 0).")
         return 0
 
 
