@@ -23,12 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from keras_psdist.cluster.config import (
-    CONTROL_DIR_ENV,
-    EVALUATOR,
-    EVALUATOR_STOP_FILE_ENV,
     LAUNCH_MODE_ENV,
-    LEAVE_FILE_ENV,
-    MAX_WORKERS_ENV,
     ClusterConfig,
 )
 from keras_psdist.cluster.launcher.arguments import (
@@ -39,7 +34,9 @@ from keras_psdist.cluster.launcher.arguments import (
 from keras_psdist.cluster.launcher.banner import is_tf_banner
 from keras_psdist.cluster.launcher.deadline import EXIT_TIMEOUT as EXIT_TIMEOUT
 from keras_psdist.cluster.launcher.deadline import Deadline
-from keras_psdist.cluster.launcher.discovery import DISCOVERY_EVERY_S, discovery_hook
+from keras_psdist.cluster.launcher.discovery import discovery_hook
+from keras_psdist.cluster.launcher.elastic_workers import ElasticWorkers
+from keras_psdist.cluster.launcher.evaluator_process import EvaluatorProcess
 from keras_psdist.cluster.launcher.processes import (
     Child,
     Output,
@@ -274,7 +271,7 @@ class _Launch:
 
     def __init__(self, settings: LaunchSettings):
         self.settings = settings
-        self.membership: _Membership | None = None
+        self.elastic: ElasticWorkers | None = None
         self.temporary: list[str] = []  # directories removed at the end
         self.output = Output(
             settings.out, hide=None if settings.verbose else is_tf_banner
@@ -435,9 +432,9 @@ class _Launch:
             f"{job}:{i}": config.with_task(job, i)
             for job, i in self._training_tasks(config)
         }
-        membership = None
+        elastic = None
         if self.settings.max_workers:
-            membership = _Membership(
+            elastic = ElasticWorkers(
                 config,
                 self._temporary_directory("keras-psdist-control-"),
                 max_workers=self.settings.max_workers,
@@ -449,17 +446,17 @@ class _Launch:
                 spawn=self._start_training_task,
                 log=self.log,
             )
-        self.membership = membership
+        self.elastic = elastic
         trainers = [
             self._start_training_task(
-                task_config, None if membership is None else membership.env(name)
+                task_config, None if elastic is None else elastic.env(name)
             )
             for name, task_config in configs.items()
         ]
         servers = [c for c in self.children if c.is_server]
         evaluation = None
         if self.settings.evaluator:
-            evaluation = _Evaluation(
+            evaluation = EvaluatorProcess(
                 config,
                 self._temporary_directory("keras-psdist-evaluator-"),
                 spawn=self._start_training_task,
@@ -471,8 +468,8 @@ class _Launch:
             self.signals.check()
             if evaluation is not None:
                 evaluation.check()
-            if membership is not None:
-                membership.check(trainers, configs)
+            if elastic is not None:
+                elastic.check(trainers, configs)
             # The trainers' codes first, the servers' after: a worker that
             # failed because its ps died is then reported as the ps's loss,
             # the cause (the ps ended before it, so this look sees it gone).
@@ -524,9 +521,9 @@ class _Launch:
         is_chief = child.name in ("chief:0", "worker:0")
         if self.settings.mode == "in-graph" or is_chief:
             raise Stop(exit_code(code), f"{what}; stopping every task.")
-        if self.membership is not None and self.settings.min_workers is not None:
+        if self.elastic is not None and self.settings.min_workers is not None:
             self.lost.append(what)
-            return self.membership.lose(child, what)
+            return self.elastic.lose(child, what)
         if self.restarts < self.settings.max_restarts:
             self.restarts += 1
             self.log(
@@ -687,309 +684,6 @@ class _Launch:
             group_alive(c.proc) for c in children
         ):
             time.sleep(0.02)
-
-
-class _Membership:
-    """The control directory of an elastic launch (`max_workers`): starts
-    the workers asked for, asks the ones to remove to leave."""
-
-    ADD = "add-worker"
-    REMOVE = "remove-worker-"
-
-    def __init__(
-        self,
-        config: ClusterConfig,
-        directory: str,
-        *,
-        max_workers: int,
-        min_workers: int | None,
-        discover: Callable[[], list[str]] | None,
-        hosts: TaskHosts | None,
-        host: str,
-        address_host: str,
-        spawn: Callable[[ClusterConfig, dict[str, str] | None, bool], Child],
-        log: Callable[[str], None],
-    ):
-        """Says how to add and remove workers.
-
-        Args:
-            config: The cluster the launch started with.
-            directory: The control directory (removed by the launch).
-            max_workers: `launch`'s `max_workers`.
-            min_workers: `launch`'s `min_workers`.
-            discover: `launch`'s `host_discovery` as a hook, or `None`.
-            hosts: `launch`'s `hosts`: where each task runs, or `None`.
-            host: `launch`'s `host`, where new workers get free ports.
-            address_host: `host` as it goes before `:port`.
-            spawn: Runs the training command as a task: `spawn(config, env,
-                idle)` adds `env` to its environment and returns its `Child`.
-            log: Writes one of the launcher's lines.
-        """
-        self.config = config
-        self.directory = directory
-        self.max_workers = max_workers
-        self.min_workers = min_workers
-        self.discover = discover
-        self.hosts = hosts
-        self.host = host
-        self.address_host = address_host
-        self.spawn = spawn
-        self.log = log
-        self.addresses = list(config.addresses("worker"))
-        # Workers asked to leave, and the slots they freed by exiting 0:
-        # the next worker added takes the lowest freed slot.
-        self.asked: set[int] = set()
-        self.freed: set[int] = set()
-        # Workers asked for while every slot was taken but some worker was
-        # leaving: started once it has exited.
-        self.pending = 0
-        # Every worker's slot: (its child process, the host it runs on).
-        self.running: dict[int, Child] = {}
-        self._next_look = 0.0
-        self._discovery_failed: str | None = None
-        log(
-            f"elastic membership (--max-workers {max_workers}): add a "
-            f"worker with `touch {self.directory}/{self.ADD}`, remove worker:K "
-            f"with `touch {self.directory}/{self.REMOVE}K`."
-        )
-
-    def env(self, task: str) -> dict[str, str]:
-        """What a training process of `task` (`"worker:K"`) is given."""
-        index = task.rsplit(":", 1)[1]
-        return {
-            CONTROL_DIR_ENV: self.directory,
-            MAX_WORKERS_ENV: str(self.max_workers),
-            LEAVE_FILE_ENV: os.path.join(self.directory, f"leave-worker-{index}"),
-        }
-
-    def check(self, trainers: list[Child], configs: dict) -> None:
-        """Acts on the requests in the control directory (each once), and
-        on the hosts discovered."""
-        for child in trainers:
-            index = int(child.name.rsplit(":", 1)[1])
-            self.running[index] = child
-            if index in self.asked and child.proc.poll() == 0:
-                self.asked.discard(index)
-                self.freed.add(index)
-        while self.pending and (self.freed or len(self.addresses) < self.max_workers):
-            self.pending -= 1
-            self._add(trainers, configs)
-        for name in sorted(os.listdir(self.directory)):
-            path = os.path.join(self.directory, name)
-            if name.startswith(self.ADD):
-                os.remove(path)
-                self._add(trainers, configs)
-            elif name.startswith(self.REMOVE):
-                os.remove(path)
-                index = name[len(self.REMOVE) :]
-                task = f"worker:{index}"
-                if task not in configs:
-                    self.log(f"remove {task}: no such worker; ignored.")
-                    continue
-                self._remove(int(index), "")
-        if self.discover is not None and time.monotonic() >= self._next_look:
-            self._next_look = time.monotonic() + DISCOVERY_EVERY_S
-            self._follow_hosts(trainers, configs)
-
-    def _training(self) -> list[int]:
-        """The slots whose worker trains and was not asked to leave."""
-        return sorted(
-            index
-            for index, child in self.running.items()
-            if child.proc.poll() is None and index not in self.asked
-        )
-
-    def _remove(self, index: int, why: str) -> bool:
-        """Asks `worker:index` to leave after its current step, unless the
-        job would then have fewer than `min_workers`."""
-        task = f"worker:{index}"
-        least = self.min_workers
-        if least is not None and len(self._training()) - 1 < least:
-            self.log(
-                f"remove {task}{why}: the job would have fewer than --min-workers "
-                f"{least} workers; it stays."
-            )
-            return False
-        with open(os.path.join(self.directory, f"leave-worker-{index}"), "w"):
-            pass
-        self.asked.add(index)
-        self.log(f"asked {task} to leave after its current step{why}.")
-        return True
-
-    def lose(self, child: Child, what: str) -> None:
-        """A worker (not the chief) failed, in a job with `min_workers`: it
-        is lost and its slot freed, or, with too few left, `Stop`."""
-        index = int(child.name.rsplit(":", 1)[1])
-        self.running.pop(index, None)
-        self.asked.discard(index)
-        self.freed.add(index)
-        left = len(self._training())
-        least = self.min_workers
-        if left < least:
-            raise Stop(
-                1,
-                f"{what}; {left} workers are left, fewer than --min-workers "
-                f"{least}: stopping every task.",
-            )
-        self.log(
-            f"{what}; lost it, its slot is free, and the job goes on with "
-            f"{left} workers (--min-workers {least})."
-        )
-
-    def _follow_hosts(self, trainers: list[Child], configs: dict) -> None:
-        """Starts workers on hosts that appeared, asks the ones on hosts
-        that went to leave (`discovery.py`)."""
-        try:
-            wanted = self.discover()
-        except Exception as e:  # noqa: BLE001 - the job goes on as it is
-            if str(e) != self._discovery_failed:
-                self.log(f"host discovery failed: {e}; keeping the workers.")
-            self._discovery_failed = str(e)
-            return
-        self._discovery_failed = None
-        training = self._training()
-        host_of = {i: self.addresses[i].rsplit(":", 1)[0].strip("[]") for i in training}
-        for host in dict.fromkeys(host_of.values()):
-            on_host = [i for i in training if host_of[i] == host and i != 0]
-            excess = sum(h == host for h in host_of.values()) - wanted.count(host)
-            for index in sorted(on_host, reverse=True)[: max(0, excess)]:
-                self._remove(index, f" ({host} is no longer discovered)")
-        for host in dict.fromkeys(wanted):
-            missing = wanted.count(host) - sum(h == host for h in host_of.values())
-            for _ in range(missing):
-                if not self._add(trainers, configs, host=host, quiet=True):
-                    return
-
-    def _add(
-        self,
-        trainers: list[Child],
-        configs: dict,
-        host: str | None = None,
-        quiet: bool = False,
-    ) -> bool:
-        """Starts a worker in the lowest free slot (on `host`, else the
-        launch's); returns whether it did."""
-        index = min(self.freed) if self.freed else len(self.addresses)
-        if quiet and index >= self.max_workers:
-            return False  # Discovery asks again at its next look.
-        if index >= self.max_workers and self.asked:
-            self.pending += 1
-            self.log(
-                "add-worker: every slot is taken; starting the worker once a "
-                "leaving one has exited."
-            )
-            return False
-        if index >= self.max_workers:
-            self.log(
-                f"add-worker: the job has its --max-workers "
-                f"{self.max_workers} workers already; ignored."
-            )
-            return False
-        task = f"worker:{index}"
-        if self.hosts is not None:
-            address = self.hosts.address(task)
-        elif host is not None:
-            port = pick_free_ports(1, host)[0]
-            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        else:
-            port = pick_free_ports(1, self.host)[0]
-            address = f"{self.address_host}:{port}"
-        if index in self.freed:
-            self.freed.discard(index)
-            self.addresses[index] = address
-            # A new leave file for the slot's new worker.
-            leave = os.path.join(self.directory, f"leave-worker-{index}")
-            if os.path.exists(leave):
-                os.remove(leave)
-        else:
-            self.addresses.append(address)
-        jobs = dict(self.config.jobs)
-        jobs["worker"] = tuple(self.addresses)
-        config = ClusterConfig(jobs).with_task("worker", index)
-        configs[task] = config
-        self.log(f"adding {task} at {address}.")
-        child = self.spawn(config, self.env(task), False)
-        trainers.append(child)
-        self.running[index] = child
-        return True
-
-
-class _Evaluation:
-    """The side-car evaluator of a launch: started with the training
-    processes, never stopping them, told when training has ended."""
-
-    # How long the evaluator may take, once training has ended, to evaluate
-    # the last checkpoints (without a --timeout).
-    FINISH_S = 600.0
-
-    def __init__(
-        self,
-        config: ClusterConfig,
-        directory: str,
-        *,
-        spawn: Callable[[ClusterConfig, dict[str, str] | None, bool], Child],
-        deadline: Deadline,
-        check_signals: Callable[[], None],
-        log: Callable[[str], None],
-    ):
-        """Starts the evaluator.
-
-        Args:
-            config: The training cluster.
-            directory: Where its stop file goes (removed by the launch).
-            spawn: Runs the training command as a task: `spawn(config, env,
-                idle)` adds `env` to its environment and returns its `Child`.
-            deadline: The launch's `--timeout`.
-            check_signals: Raises if the launcher got SIGINT or SIGTERM.
-            log: Writes one of the launcher's lines.
-        """
-        self.deadline = deadline
-        self.check_signals = check_signals
-        self.log = log
-        self.directory = directory
-        self.stop_file = os.path.join(directory, "training-ended")
-        self.child = spawn(
-            config.with_task(EVALUATOR, 0),
-            {EVALUATOR_STOP_FILE_ENV: self.stop_file},
-            True,
-        )
-        self.failed: int | None = None
-
-    def check(self) -> None:
-        """Says once if the evaluator failed; training goes on."""
-        code = self.child.proc.poll()
-        if code not in (None, 0) and self.failed is None:
-            self.failed = code
-            self.log(
-                f"evaluator:0 exited with {describe(code)}; training goes on "
-                "without it (see its output above)."
-            )
-
-    def finish(self) -> int:
-        """Training ended well: the evaluator evaluates what is left and
-        exits. Returns its exit code."""
-        self.check()
-        if self.failed is None:
-            with open(self.stop_file, "w") as f:
-                f.write("training ended\n")
-            self.log(
-                "told evaluator:0 that training has ended; waiting for it to "
-                "evaluate the last checkpoints."
-            )
-            end = time.monotonic() + min(self.FINISH_S, self.deadline.remaining())
-            while self.child.proc.poll() is None:
-                self.check_signals()
-                if time.monotonic() >= end:
-                    raise Stop(
-                        EXIT_TIMEOUT,
-                        "evaluator:0 did not finish after training ended; stopping it.",
-                    )
-                time.sleep(0.1)
-            self.check()
-        if self.failed is not None:
-            return exit_code(self.failed)
-        self.log("evaluator:0 finished (exit code 0).")
-        return 0
 
 
 def idle_priority() -> None:
