@@ -22,10 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from keras_psdist.cluster.config import (
-    LAUNCH_MODE_ENV,
-    ClusterConfig,
-)
+from keras_psdist.cluster.config import LAUNCH_MODE_ENV, ClusterConfig
 from keras_psdist.cluster.launcher.arguments import (
     check_args,
     check_fault_tolerance,
@@ -45,10 +42,10 @@ from keras_psdist.cluster.launcher.processes import (
     Stop,
     describe,
     exit_code,
-    group_alive,
+    kill_children,
     names,
     parent_death_signal,
-    signal_group,
+    stop_children,
 )
 from keras_psdist.cluster.launcher.settings import LaunchSettings, TaskHosts
 from keras_psdist.cluster.ports import pick_free_ports, wait_reachable
@@ -299,7 +296,7 @@ class _Launch:
                     for directory in self.temporary:
                         shutil.rmtree(directory, ignore_errors=True)
         except KeyboardInterrupt:  # A second Ctrl-C during teardown.
-            self._kill(self.children)
+            kill_children(self.children)
             return EXIT_SIGINT
 
     def log(self, text: str) -> None:
@@ -639,51 +636,7 @@ class _Launch:
     # Teardown.
 
     def _teardown(self, children: list[Child]) -> None:
-        """SIGTERM every child's process group, SIGKILL what is left after
-        the grace period, and wait until all of them are gone."""
-        if not children:
-            return
-        signals_before = len(self.signals.received)
-        for child in children:
-            signal_group(child.proc.pid, signal.SIGTERM)
-            # A stopped process (SIGSTOP, a frozen task) acts on SIGTERM
-            # only once continued; without this it used up the grace period.
-            signal_group(child.proc.pid, signal.SIGCONT)
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline:
-            alive = [c for c in children if group_alive(c.proc)]
-            if not alive:
-                break
-            if len(self.signals.received) > signals_before:
-                self.log("second signal: killing every task now")
-                break
-            time.sleep(0.05)
-        else:
-            stuck = [c for c in children if group_alive(c.proc)]
-            if stuck:
-                self.log(
-                    f"{names(stuck)} still running {GRACE_S:g} s after SIGTERM; "
-                    "sending SIGKILL"
-                )
-        self._kill(children)
-        for child in children:
-            child.reader.join(timeout=2.0)
-            if not child.reader.is_alive():
-                child.proc.stdout.close()
-
-    def _kill(self, children: list[Child]) -> None:
-        for child in children:
-            signal_group(child.proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        for child in children:
-            try:
-                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        while time.monotonic() < deadline and any(
-            group_alive(c.proc) for c in children
-        ):
-            time.sleep(0.02)
+        stop_children(children, self.signals, self.log, GRACE_S)
 
 
 def idle_priority() -> None:
