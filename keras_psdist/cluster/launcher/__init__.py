@@ -1,9 +1,13 @@
 """`keras-psdist launch`: a whole parameter-server cluster on this machine.
 
     arguments.py  `launch`'s arguments, checked before anything starts
+    settings.py   those arguments, checked, as one frozen `LaunchSettings`
     run.py        `launch`: pick ports, start a `keras-psdist serve` process
                   per server task, run the training command once per training
                   task with its TF_CONFIG, watch them, stop every process
+    deadline.py   `timeout_s`, counted from when training starts
+    elastic_workers.py    `max_workers`: workers that join and leave
+    evaluator_process.py  `evaluator`: the side-car evaluator's process
     processes.py  the children: prefixed output, signals, process groups
     banner.py     TensorFlow's start-up banner, left out of the output
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
@@ -185,3 +186,58 @@ def parent_death_signal() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
+
+
+def stop_children(
+    children: list[Child],
+    signals: Signals,
+    log: Callable[[str], None],
+    grace_s: float,
+) -> None:
+    """SIGTERM every child's process group, SIGKILL what is left after
+    `grace_s` (at once on a further signal), and wait until all of them are
+    gone."""
+    if not children:
+        return
+    signals_before = len(signals.received)
+    for child in children:
+        signal_group(child.proc.pid, signal.SIGTERM)
+        # A stopped process (SIGSTOP, a frozen task) acts on SIGTERM
+        # only once continued; without this it used up the grace period.
+        signal_group(child.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        alive = [c for c in children if group_alive(c.proc)]
+        if not alive:
+            break
+        if len(signals.received) > signals_before:
+            log("second signal: killing every task now")
+            break
+        time.sleep(0.05)
+    else:
+        stuck = [c for c in children if group_alive(c.proc)]
+        if stuck:
+            log(
+                f"{names(stuck)} still running {grace_s:g} s after SIGTERM; "
+                "sending SIGKILL"
+            )
+    kill_children(children)
+    for child in children:
+        child.reader.join(timeout=2.0)
+        if not child.reader.is_alive():
+            child.proc.stdout.close()
+
+
+def kill_children(children: list[Child]) -> None:
+    """SIGKILL every child's process group and wait (up to 5 s) until they
+    are gone."""
+    for child in children:
+        signal_group(child.proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    for child in children:
+        try:
+            child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    while time.monotonic() < deadline and any(group_alive(c.proc) for c in children):
+        time.sleep(0.02)

@@ -20,24 +20,20 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, TextIO
+from typing import TextIO
 
-from keras_psdist.cluster.config import (
-    CONTROL_DIR_ENV,
-    EVALUATOR,
-    EVALUATOR_STOP_FILE_ENV,
-    LAUNCH_MODE_ENV,
-    LEAVE_FILE_ENV,
-    MAX_WORKERS_ENV,
-    ClusterConfig,
-)
+from keras_psdist.cluster.config import LAUNCH_MODE_ENV, ClusterConfig
 from keras_psdist.cluster.launcher.arguments import (
     check_args,
     check_fault_tolerance,
     check_max_workers,
 )
 from keras_psdist.cluster.launcher.banner import is_tf_banner
-from keras_psdist.cluster.launcher.discovery import DISCOVERY_EVERY_S, discovery_hook
+from keras_psdist.cluster.launcher.deadline import EXIT_TIMEOUT as EXIT_TIMEOUT
+from keras_psdist.cluster.launcher.deadline import Deadline
+from keras_psdist.cluster.launcher.discovery import discovery_hook
+from keras_psdist.cluster.launcher.elastic_workers import ElasticWorkers
+from keras_psdist.cluster.launcher.evaluator_process import EvaluatorProcess
 from keras_psdist.cluster.launcher.processes import (
     Child,
     Output,
@@ -46,11 +42,12 @@ from keras_psdist.cluster.launcher.processes import (
     Stop,
     describe,
     exit_code,
-    group_alive,
+    kill_children,
     names,
     parent_death_signal,
-    signal_group,
+    stop_children,
 )
+from keras_psdist.cluster.launcher.settings import LaunchSettings, TaskHosts
 from keras_psdist.cluster.ports import pick_free_ports, wait_reachable
 from keras_psdist.cluster.server import (
     LAUNCH_SECURITY_NOTE,
@@ -59,8 +56,7 @@ from keras_psdist.cluster.server import (
     READY_LINE,
 )
 
-# Exit codes, as shells and `timeout(1)` report them.
-EXIT_TIMEOUT = 124
+# Exit codes, as shells report them (EXIT_TIMEOUT, 124: `deadline.py`).
 EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
 
@@ -73,16 +69,6 @@ GRACE_S = 5.0
 # to stop on their own with an error naming it (`cluster.task_loss`) before
 # they are stopped.
 SERVER_LOSS_GRACE_S = 20.0
-
-
-class TaskHosts(Protocol):
-    """Where `launch(hosts=...)` runs each task."""
-
-    def address(self, task: str) -> str:
-        """The task's `"host:port"`, for TF_CONFIG."""
-
-    def command(self, task: str, command: Sequence[str]) -> list[str]:
-        """The command that runs `command` on the task's host."""
 
 
 # Attempts at starting the servers when a port is taken between picking and
@@ -256,73 +242,40 @@ def launch(
             f"hosts must have address(task) and command(task, command) methods "
             f"(e.g. NamespaceHosts.task_hosts(...)), got {hosts!r}."
         )
-    run = _Launch(
-        command,
-        num_ps,
-        num_workers,
-        mode,
-        host,
-        timeout_s,
-        startup_timeout_s,
-        out,
-        max_restarts,
-        max_worker_failures,
-        verbose,
-        hosts,
-        evaluator,
-        max_workers,
-        min_workers,
-        discover,
+    settings = LaunchSettings(
+        command=tuple(command),
+        num_ps=num_ps,
+        num_workers=num_workers,
+        mode=mode,
+        host=host,
+        timeout_s=timeout_s,
+        startup_timeout_s=startup_timeout_s,
+        out=sys.stdout if out is None else out,
+        max_restarts=max_restarts,
+        max_worker_failures=max_worker_failures,
+        verbose=verbose,
+        hosts=hosts,
+        evaluator=evaluator,
+        max_workers=max_workers,
+        min_workers=min_workers,
+        discover=discover,
     )
-    return run()
+    return _Launch(settings)()
 
 
 class _Launch:
     """One `launch` call: state shared by start-up, monitoring and teardown."""
 
-    def __init__(
-        self,
-        command: list[str],
-        num_ps: int,
-        num_workers: int,
-        mode: str,
-        host: str,
-        timeout_s: float | None,
-        startup_timeout_s: float,
-        out: TextIO | None,
-        max_restarts: int = 0,
-        max_worker_failures: int = 0,
-        verbose: bool = False,
-        hosts: TaskHosts | None = None,
-        evaluator: bool = False,
-        max_workers: int | None = None,
-        min_workers: int | None = None,
-        discover: Callable[[], list[str]] | None = None,
-    ):
-        self.hosts = hosts
-        self.evaluator = evaluator
-        self.max_workers = max_workers
-        self.min_workers = min_workers
-        self.discover = discover
-        self.membership: _Membership | None = None
+    def __init__(self, settings: LaunchSettings):
+        self.settings = settings
+        self.elastic: ElasticWorkers | None = None
         self.temporary: list[str] = []  # directories removed at the end
-        self.command = command
-        self.num_ps = num_ps
-        self.num_workers = num_workers
-        self.mode = mode
-        self.host = host
-        self.timeout_s = timeout_s
-        self.startup_timeout_s = startup_timeout_s
-        self.verbose = verbose
         self.output = Output(
-            sys.stdout if out is None else out, hide=None if verbose else is_tf_banner
+            settings.out, hide=None if settings.verbose else is_tf_banner
         )
         self.children: list[Child] = []
         self.signals = Signals()
-        self.deadline: float | None = None  # Set when training starts.
         self.preexec = parent_death_signal()
-        self.max_restarts = max_restarts
-        self.max_worker_failures = max_worker_failures
         self.restarts = 0
         self.lost: list[str] = []  # "worker:1 (SIGKILL (exit code 137))"
 
@@ -343,7 +296,7 @@ class _Launch:
                     for directory in self.temporary:
                         shutil.rmtree(directory, ignore_errors=True)
         except KeyboardInterrupt:  # A second Ctrl-C during teardown.
-            self._kill(self.children)
+            kill_children(self.children)
             return EXIT_SIGINT
 
     def log(self, text: str) -> None:
@@ -352,36 +305,34 @@ class _Launch:
     # Start-up.
 
     def _layout(self) -> ClusterConfig:
-        jobs = {"ps": self.num_ps, "worker": self.num_workers}
-        if self.mode == "in-graph":
+        jobs = {"ps": self.settings.num_ps, "worker": self.settings.num_workers}
+        if self.settings.mode == "in-graph":
             jobs["chief"] = 1
-        if self.hosts is not None:
+        if self.settings.hosts is not None:
             return ClusterConfig(
                 {
-                    job: tuple(self.hosts.address(f"{job}:{i}") for i in range(n))
+                    job: tuple(
+                        self.settings.hosts.address(f"{job}:{i}") for i in range(n)
+                    )
                     for job, n in jobs.items()
                 }
             )
-        ports = iter(pick_free_ports(sum(jobs.values()), self.host))
+        ports = iter(pick_free_ports(sum(jobs.values()), self.settings.host))
         return ClusterConfig(
             {
-                job: tuple(f"{self._address_host()}:{next(ports)}" for _ in range(n))
+                job: tuple(
+                    f"{self.settings.address_host}:{next(ports)}" for _ in range(n)
+                )
                 for job, n in jobs.items()
             }
         )
 
-    def _address_host(self) -> str:
-        # An IPv6 literal needs brackets in "host:port".
-        if ":" in self.host and not self.host.startswith("["):
-            return f"[{self.host}]"
-        return self.host
-
     def _server_tasks(self, config: ClusterConfig) -> list[tuple[str, int]]:
-        jobs = ("ps", "worker") if self.mode == "in-graph" else ("ps",)
+        jobs = ("ps", "worker") if self.settings.mode == "in-graph" else ("ps",)
         return [(job, i) for job in jobs for i in range(len(config.addresses(job)))]
 
     def _training_tasks(self, config: ClusterConfig) -> list[tuple[str, int]]:
-        if self.mode == "in-graph":
+        if self.settings.mode == "in-graph":
             return [("chief", 0)]
         return [("worker", i) for i in range(config.num_workers)]
 
@@ -431,7 +382,7 @@ class _Launch:
 
         # Ready means the server said so: its port accepting connections is
         # not enough, as another process may hold it.
-        deadline = time.monotonic() + self.startup_timeout_s
+        deadline = time.monotonic() + self.settings.startup_timeout_s
         while not all(child.ready.is_set() for child in servers):
             check_servers()
             if time.monotonic() >= deadline:
@@ -439,12 +390,12 @@ class _Launch:
                 raise Stop(
                     1,
                     f"{names(waiting)} did not report ready within "
-                    f"{self.startup_timeout_s:g} s (--startup-timeout); see the "
+                    f"{self.settings.startup_timeout_s:g} s (--startup-timeout); see the "
                     "output above. Stopping every task.",
                 )
             time.sleep(0.05)
         try:
-            if self.hosts is None:
+            if self.settings.hosts is None:
                 wait_reachable(
                     {c.name: c.address for c in servers},
                     max(1.0, deadline - time.monotonic()),
@@ -468,36 +419,54 @@ class _Launch:
             for job, addresses in config.jobs.items()
             for i, address in enumerate(addresses)
         )
-        self.log(f"cluster ({self.mode}): {tasks}")
+        self.log(f"cluster ({self.settings.mode}): {tasks}")
 
     # Training.
 
     def _train(self, config: ClusterConfig) -> int:
-        if self.timeout_s is not None:
-            self.deadline = time.monotonic() + self.timeout_s
+        deadline = Deadline(self.settings.timeout_s)
         configs = {
             f"{job}:{i}": config.with_task(job, i)
             for job, i in self._training_tasks(config)
         }
-        membership = _Membership(self, config) if self.max_workers else None
-        self.membership = membership
+        elastic = None
+        if self.settings.max_workers:
+            elastic = ElasticWorkers(
+                config,
+                self._temporary_directory("keras-psdist-control-"),
+                max_workers=self.settings.max_workers,
+                min_workers=self.settings.min_workers,
+                discover=self.settings.discover,
+                hosts=self.settings.hosts,
+                host=self.settings.host,
+                address_host=self.settings.address_host,
+                spawn=self._start_training_task,
+                log=self.log,
+            )
+        self.elastic = elastic
         trainers = [
-            self._spawn(
-                task_config,
-                self.command,
-                is_server=False,
-                extra_env=None if membership is None else membership.env(name),
+            self._start_training_task(
+                task_config, None if elastic is None else elastic.env(name)
             )
             for name, task_config in configs.items()
         ]
         servers = [c for c in self.children if c.is_server]
-        evaluation = _Evaluation(self, config) if self.evaluator else None
+        evaluation = None
+        if self.settings.evaluator:
+            evaluation = EvaluatorProcess(
+                config,
+                self._temporary_directory("keras-psdist-evaluator-"),
+                spawn=self._start_training_task,
+                deadline=deadline,
+                check_signals=self.signals.check,
+                log=self.log,
+            )
         while True:
             self.signals.check()
             if evaluation is not None:
                 evaluation.check()
-            if membership is not None:
-                membership.check(trainers, configs)
+            if elastic is not None:
+                elastic.check(trainers, configs)
             # The trainers' codes first, the servers' after: a worker that
             # failed because its ps died is then reported as the ps's loss,
             # the cause (the ps ended before it, so this look sees it gone).
@@ -518,7 +487,7 @@ class _Launch:
                     continue
                 trainers[i] = self._after_failure(child, code, configs[child.name])
             trainers = [child for child in trainers if child is not None]
-            self._check_deadline()
+            deadline.check()
             time.sleep(0.1)
 
     def _after_server_loss(
@@ -547,35 +516,50 @@ class _Launch:
         without it, or `Stop`."""
         what = f"{child.name} exited with {describe(code)}"
         is_chief = child.name in ("chief:0", "worker:0")
-        if self.mode == "in-graph" or is_chief:
+        if self.settings.mode == "in-graph" or is_chief:
             raise Stop(exit_code(code), f"{what}; stopping every task.")
-        if self.membership is not None and self.min_workers is not None:
-            return self.membership.lose(child, what)
-        if self.restarts < self.max_restarts:
+        if self.elastic is not None and self.settings.min_workers is not None:
+            self.lost.append(what)
+            return self.elastic.lose(child, what)
+        if self.restarts < self.settings.max_restarts:
             self.restarts += 1
             self.log(
                 f"{what}; restarting it (restart {self.restarts}; --max-restarts "
-                f"allows {self.max_restarts})."
+                f"allows {self.settings.max_restarts})."
             )
             self.children.remove(child)
             self._teardown([child])
-            return self._spawn(config, self.command, is_server=False)
-        if len(self.lost) < self.max_worker_failures:
+            return self._start_training_task(config)
+        if len(self.lost) < self.settings.max_worker_failures:
             self.lost.append(f"{child.name} ({describe(code)})")
             self.log(
                 f"{what}; lost it and going on without it ({len(self.lost)} lost; "
-                f"--max-worker-failures allows {self.max_worker_failures})."
+                f"--max-worker-failures allows {self.settings.max_worker_failures})."
             )
             return None
         raise Stop(exit_code(code), f"{what}; stopping every task.")
 
-    def _check_deadline(self) -> None:
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise Stop(
-                EXIT_TIMEOUT,
-                f"timed out after {self.timeout_s:g} s (--timeout); stopping "
-                "every task.",
-            )
+    def _temporary_directory(self, prefix: str) -> str:
+        """A new directory, removed when the launch ends."""
+        directory = tempfile.mkdtemp(prefix=prefix)
+        self.temporary.append(directory)
+        return directory
+
+    def _start_training_task(
+        self,
+        config: ClusterConfig,
+        env: dict[str, str] | None = None,
+        idle: bool = False,
+    ) -> Child:
+        """Runs the training command as `config`'s task, with `env` added to
+        its environment (on idle CPU time only, if `idle`)."""
+        return self._spawn(
+            config,
+            list(self.settings.command),
+            is_server=False,
+            extra_env=env,
+            idle=idle,
+        )
 
     def _spawn(
         self,
@@ -588,7 +572,7 @@ class _Launch:
         env = dict(os.environ, **(extra_env or {}))
         env["TF_CONFIG"] = json.dumps(config.to_tf_config())
         env["PYTHONUNBUFFERED"] = "1"
-        env[LAUNCH_MODE_ENV] = self.mode
+        env[LAUNCH_MODE_ENV] = self.settings.mode
         if is_server:
             env[NOTE_SAID_ENV] = "1"
         # A crash (a segfault in TensorFlow) then prints every thread's stack.
@@ -597,14 +581,15 @@ class _Launch:
         # from errors up, the training processes' from warnings up (a user's
         # setting wins).
         env.setdefault(
-            "TF_CPP_MIN_LOG_LEVEL", "0" if self.verbose else "2" if is_server else "1"
+            "TF_CPP_MIN_LOG_LEVEL",
+            "0" if self.settings.verbose else "2" if is_server else "1",
         )
         name = config.task_name
         # The evaluator has no address (it serves nothing) and runs on this
         # host: it only reads the checkpoints.
         address = None if config.is_evaluator else config.task_address
-        if self.hosts is not None and address is not None:
-            command = list(self.hosts.command(name, command))
+        if self.settings.hosts is not None and address is not None:
+            command = list(self.settings.hosts.command(name, command))
         preexec = self.preexec
         if idle:
 
@@ -651,308 +636,7 @@ class _Launch:
     # Teardown.
 
     def _teardown(self, children: list[Child]) -> None:
-        """SIGTERM every child's process group, SIGKILL what is left after
-        the grace period, and wait until all of them are gone."""
-        if not children:
-            return
-        signals_before = len(self.signals.received)
-        for child in children:
-            signal_group(child.proc.pid, signal.SIGTERM)
-            # A stopped process (SIGSTOP, a frozen task) acts on SIGTERM
-            # only once continued; without this it used up the grace period.
-            signal_group(child.proc.pid, signal.SIGCONT)
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline:
-            alive = [c for c in children if group_alive(c.proc)]
-            if not alive:
-                break
-            if len(self.signals.received) > signals_before:
-                self.log("second signal: killing every task now")
-                break
-            time.sleep(0.05)
-        else:
-            stuck = [c for c in children if group_alive(c.proc)]
-            if stuck:
-                self.log(
-                    f"{names(stuck)} still running {GRACE_S:g} s after SIGTERM; "
-                    "sending SIGKILL"
-                )
-        self._kill(children)
-        for child in children:
-            child.reader.join(timeout=2.0)
-            if not child.reader.is_alive():
-                child.proc.stdout.close()
-
-    def _kill(self, children: list[Child]) -> None:
-        for child in children:
-            signal_group(child.proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        for child in children:
-            try:
-                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        while time.monotonic() < deadline and any(
-            group_alive(c.proc) for c in children
-        ):
-            time.sleep(0.02)
-
-
-class _Membership:
-    """The control directory of an elastic launch (`max_workers`): starts
-    the workers asked for, asks the ones to remove to leave."""
-
-    ADD = "add-worker"
-    REMOVE = "remove-worker-"
-
-    def __init__(self, launch: _Launch, config: ClusterConfig):
-        self.launch = launch
-        self.config = config
-        self.directory = tempfile.mkdtemp(prefix="keras-psdist-control-")
-        launch.temporary.append(self.directory)
-        self.addresses = list(config.addresses("worker"))
-        # Workers asked to leave, and the slots they freed by exiting 0:
-        # the next worker added takes the lowest freed slot.
-        self.asked: set[int] = set()
-        self.freed: set[int] = set()
-        # Workers asked for while every slot was taken but some worker was
-        # leaving: started once it has exited.
-        self.pending = 0
-        # Every worker's slot: (its child process, the host it runs on).
-        self.running: dict[int, Child] = {}
-        self._next_look = 0.0
-        self._discovery_failed: str | None = None
-        launch.log(
-            f"elastic membership (--max-workers {launch.max_workers}): add a "
-            f"worker with `touch {self.directory}/{self.ADD}`, remove worker:K "
-            f"with `touch {self.directory}/{self.REMOVE}K`."
-        )
-
-    def env(self, task: str) -> dict[str, str]:
-        """What a training process of `task` (`"worker:K"`) is given."""
-        index = task.rsplit(":", 1)[1]
-        return {
-            CONTROL_DIR_ENV: self.directory,
-            MAX_WORKERS_ENV: str(self.launch.max_workers),
-            LEAVE_FILE_ENV: os.path.join(self.directory, f"leave-worker-{index}"),
-        }
-
-    def check(self, trainers: list[Child], configs: dict) -> None:
-        """Acts on the requests in the control directory (each once), and
-        on the hosts discovered."""
-        for child in trainers:
-            index = int(child.name.rsplit(":", 1)[1])
-            self.running[index] = child
-            if index in self.asked and child.proc.poll() == 0:
-                self.asked.discard(index)
-                self.freed.add(index)
-        while self.pending and (
-            self.freed or len(self.addresses) < self.launch.max_workers
-        ):
-            self.pending -= 1
-            self._add(trainers, configs)
-        for name in sorted(os.listdir(self.directory)):
-            path = os.path.join(self.directory, name)
-            if name.startswith(self.ADD):
-                os.remove(path)
-                self._add(trainers, configs)
-            elif name.startswith(self.REMOVE):
-                os.remove(path)
-                index = name[len(self.REMOVE) :]
-                task = f"worker:{index}"
-                if task not in configs:
-                    self.launch.log(f"remove {task}: no such worker; ignored.")
-                    continue
-                self._remove(int(index), "")
-        if self.launch.discover is not None and time.monotonic() >= self._next_look:
-            self._next_look = time.monotonic() + DISCOVERY_EVERY_S
-            self._follow_hosts(trainers, configs)
-
-    def _training(self) -> list[int]:
-        """The slots whose worker trains and was not asked to leave."""
-        return sorted(
-            index
-            for index, child in self.running.items()
-            if child.proc.poll() is None and index not in self.asked
-        )
-
-    def _remove(self, index: int, why: str) -> bool:
-        """Asks `worker:index` to leave after its current step, unless the
-        job would then have fewer than `min_workers`."""
-        task = f"worker:{index}"
-        least = self.launch.min_workers
-        if least is not None and len(self._training()) - 1 < least:
-            self.launch.log(
-                f"remove {task}{why}: the job would have fewer than --min-workers "
-                f"{least} workers; it stays."
-            )
-            return False
-        with open(os.path.join(self.directory, f"leave-worker-{index}"), "w"):
-            pass
-        self.asked.add(index)
-        self.launch.log(f"asked {task} to leave after its current step{why}.")
-        return True
-
-    def lose(self, child: Child, what: str) -> None:
-        """A worker (not the chief) failed, in a job with `min_workers`: it
-        is lost and its slot freed, or, with too few left, `Stop`."""
-        index = int(child.name.rsplit(":", 1)[1])
-        self.running.pop(index, None)
-        self.asked.discard(index)
-        self.freed.add(index)
-        self.launch.lost.append(what)
-        left = len(self._training())
-        least = self.launch.min_workers
-        if left < least:
-            raise Stop(
-                1,
-                f"{what}; {left} workers are left, fewer than --min-workers "
-                f"{least}: stopping every task.",
-            )
-        self.launch.log(
-            f"{what}; lost it, its slot is free, and the job goes on with "
-            f"{left} workers (--min-workers {least})."
-        )
-
-    def _follow_hosts(self, trainers: list[Child], configs: dict) -> None:
-        """Starts workers on hosts that appeared, asks the ones on hosts
-        that went to leave (`discovery.py`)."""
-        try:
-            wanted = self.launch.discover()
-        except Exception as e:  # noqa: BLE001 - the job goes on as it is
-            if str(e) != self._discovery_failed:
-                self.launch.log(f"host discovery failed: {e}; keeping the workers.")
-            self._discovery_failed = str(e)
-            return
-        self._discovery_failed = None
-        training = self._training()
-        host_of = {i: self.addresses[i].rsplit(":", 1)[0].strip("[]") for i in training}
-        for host in dict.fromkeys(host_of.values()):
-            on_host = [i for i in training if host_of[i] == host and i != 0]
-            excess = sum(h == host for h in host_of.values()) - wanted.count(host)
-            for index in sorted(on_host, reverse=True)[: max(0, excess)]:
-                self._remove(index, f" ({host} is no longer discovered)")
-        for host in dict.fromkeys(wanted):
-            missing = wanted.count(host) - sum(h == host for h in host_of.values())
-            for _ in range(missing):
-                if not self._add(trainers, configs, host=host, quiet=True):
-                    return
-
-    def _add(
-        self,
-        trainers: list[Child],
-        configs: dict,
-        host: str | None = None,
-        quiet: bool = False,
-    ) -> bool:
-        """Starts a worker in the lowest free slot (on `host`, else the
-        launch's); returns whether it did."""
-        index = min(self.freed) if self.freed else len(self.addresses)
-        if quiet and index >= self.launch.max_workers:
-            return False  # Discovery asks again at its next look.
-        if index >= self.launch.max_workers and self.asked:
-            self.pending += 1
-            self.launch.log(
-                "add-worker: every slot is taken; starting the worker once a "
-                "leaving one has exited."
-            )
-            return False
-        if index >= self.launch.max_workers:
-            self.launch.log(
-                f"add-worker: the job has its --max-workers "
-                f"{self.launch.max_workers} workers already; ignored."
-            )
-            return False
-        task = f"worker:{index}"
-        if self.launch.hosts is not None:
-            address = self.launch.hosts.address(task)
-        elif host is not None:
-            port = pick_free_ports(1, host)[0]
-            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        else:
-            port = pick_free_ports(1, self.launch.host)[0]
-            address = f"{self.launch._address_host()}:{port}"
-        if index in self.freed:
-            self.freed.discard(index)
-            self.addresses[index] = address
-            # A new leave file for the slot's new worker.
-            leave = os.path.join(self.directory, f"leave-worker-{index}")
-            if os.path.exists(leave):
-                os.remove(leave)
-        else:
-            self.addresses.append(address)
-        jobs = dict(self.config.jobs)
-        jobs["worker"] = tuple(self.addresses)
-        config = ClusterConfig(jobs).with_task("worker", index)
-        configs[task] = config
-        self.launch.log(f"adding {task} at {address}.")
-        child = self.launch._spawn(
-            config, self.launch.command, is_server=False, extra_env=self.env(task)
-        )
-        trainers.append(child)
-        self.running[index] = child
-        return True
-
-
-class _Evaluation:
-    """The side-car evaluator of a launch: started with the training
-    processes, never stopping them, told when training has ended."""
-
-    # How long the evaluator may take, once training has ended, to evaluate
-    # the last checkpoints (without a --timeout).
-    FINISH_S = 600.0
-
-    def __init__(self, launch: _Launch, config: ClusterConfig):
-        self.launch = launch
-        self.directory = tempfile.mkdtemp(prefix="keras-psdist-evaluator-")
-        launch.temporary.append(self.directory)
-        self.stop_file = os.path.join(self.directory, "training-ended")
-        self.child = launch._spawn(
-            config.with_task(EVALUATOR, 0),
-            launch.command,
-            is_server=False,
-            extra_env={EVALUATOR_STOP_FILE_ENV: self.stop_file},
-            idle=True,
-        )
-        self.failed: int | None = None
-
-    def check(self) -> None:
-        """Says once if the evaluator failed; training goes on."""
-        code = self.child.proc.poll()
-        if code not in (None, 0) and self.failed is None:
-            self.failed = code
-            self.launch.log(
-                f"evaluator:0 exited with {describe(code)}; training goes on "
-                "without it (see its output above)."
-            )
-
-    def finish(self) -> int:
-        """Training ended well: the evaluator evaluates what is left and
-        exits. Returns its exit code."""
-        self.check()
-        if self.failed is None:
-            with open(self.stop_file, "w") as f:
-                f.write("training ended\n")
-            self.launch.log(
-                "told evaluator:0 that training has ended; waiting for it to "
-                "evaluate the last checkpoints."
-            )
-            deadline = time.monotonic() + self.FINISH_S
-            if self.launch.deadline is not None:
-                deadline = min(deadline, self.launch.deadline)
-            while self.child.proc.poll() is None:
-                self.launch.signals.check()
-                if time.monotonic() >= deadline:
-                    raise Stop(
-                        EXIT_TIMEOUT,
-                        "evaluator:0 did not finish after training ended; stopping it.",
-                    )
-                time.sleep(0.1)
-            self.check()
-        if self.failed is not None:
-            return exit_code(self.failed)
-        self.launch.log("evaluator:0 finished (exit code 0).")
-        return 0
+        stop_children(children, self.signals, self.log, GRACE_S)
 
 
 def idle_priority() -> None:
