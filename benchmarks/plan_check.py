@@ -4,7 +4,8 @@
 Without ``--fit``: each configuration of the grid (``--kinds`` x
 ``--workers`` x ``--ps`` x ``--mbit`` x ``--compression``) trains the MLP of
 ``scaling.py`` (64-512-512-2, Adam, 1.19 MB) once on separate hosts (network
-namespaces, root: ``scaling.run_once``) and is predicted with ``plan(...,
+namespaces, root: ``harness.host_runs.run_once`` with ``scaling.py``'s
+children) and is predicted with ``plan(...,
 cores_per_task=os.cpu_count(), machine_cores=os.cpu_count())`` (the tasks
 share this machine's cores); the table gives measured and predicted
 examples/s and the error (target: within 25 %). The JSON holds the runs, in
@@ -49,6 +50,7 @@ harness.ensure_importable()
 from keras_psdist.planning import Costs, model, plan, wire  # noqa: E402
 
 KINDS = ("async", "sync", "in-graph")
+SCALING = Path(__file__).resolve().parent / "scaling.py"  # its children, run
 
 
 def mlp_bytes(hidden: int = 512) -> list[int]:
@@ -68,7 +70,7 @@ def predict(run: dict, sizes: list[int], cores: float, costs: Costs, batch: int)
 
 
 def measure(args) -> int:
-    import scaling  # benchmarks/scaling.py: its run_once runs one config
+    from harness import host_runs
 
     from keras_psdist.testing import hosts
 
@@ -80,8 +82,9 @@ def measure(args) -> int:
                              args.compression)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp:
         for kind, workers, num_ps, mbit, compression in grid:
-            run = scaling.run_once(kind, workers, num_ps, args, Path(tmp),
-                                   mbit=mbit or None, compression=compression)  # fmt: skip
+            # scaling.py's children train each configuration.
+            run = host_runs.run_once(SCALING, kind, workers, num_ps, args, Path(tmp),
+                                     mbit=mbit or None, compression=compression)  # fmt: skip
             runs.append(_checked(run, sizes, cores, args.batch))
             rows.append(_row(runs[-1]))
     columns = ["kind", "workers", "ps", "link", "compression", "measured examples/s",

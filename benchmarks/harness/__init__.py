@@ -37,7 +37,10 @@ What several scripts train, imported by name (these import TensorFlow):
 `harness.mlp` (the MLP and synthetic data of `strategies.py`, `timed_fit`),
 `harness.digits` (`robustness.py`'s digits runs under attack) and
 `harness.tf_keras_ps` (tf_keras's `ParameterServerStrategy` baseline; it
-imports TensorFlow only in the coordinator). No script imports another.
+imports TensorFlow only in the coordinator), and `harness.host_runs` (one
+run of a script's children on separate hosts, network namespaces, with
+the hosts' link counters and CPU: `scaling.py`'s and `plan_check.py`'s).
+No script imports another.
 
 ``python -m pytest tests/test_benchmark_harness.py`` runs the examples.
 """
