@@ -185,6 +185,7 @@ class Choreography(keras.callbacks.Callback):
         super().__init__()
         self.refusals = refusals
         self.registry = extended.registry
+        self.watcher = extended.membership
         self.applied = lambda: _applied(extended)
         self.out = out
         self.steps = 0
@@ -195,6 +196,11 @@ class Choreography(keras.callbacks.Callback):
         self.steps += 1
         registry = self.registry
         if self.phase == "grow" and self.steps == 5:
+            # Worker:1 may still be starting (the chief does not wait for it,
+            # as PSv2's does not): grow from the launched 2, and let the
+            # watcher see them before the joiners come.
+            _wait("worker:1 to join", lambda: registry.members() == [0, 1])
+            self.watcher.look()
             requested = time.monotonic()
             before = self.applied()
             _touch("add-worker")
