@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from keras_psdist.integration.training_hooks import sync_training_of
 from keras_psdist.sync import protocol
 
 
@@ -285,7 +286,7 @@ class SyncReplicaReport(_ReportCallback):
 
     def _training(self):
         strategy = getattr(self.model, "distribute_strategy", None)
-        training = getattr(getattr(strategy, "extended", None), "sync_training", None)
+        training = sync_training_of(strategy)
         if training is None:
             raise ValueError(
                 "SyncReplicaReport needs a model built under a "
@@ -396,7 +397,7 @@ class MembershipReport(_ReportCallback):
                 "Received a model whose strategy is "
                 f"{type(strategy).__name__} without max_workers."
             )
-        return extended.membership  # None on workers other than the chief
+        return extended.services.membership  # None on workers other than the chief
 
     def on_train_begin(self, logs=None):
         if self._watcher() is not None and self.log_dir and self._writer is None:
@@ -429,7 +430,7 @@ class MembershipReport(_ReportCallback):
     def _count_changes(self) -> list:
         """Sync replicas: the chief's `(global step, counts)` changes."""
         extended = self.model.distribute_strategy.extended
-        return list(getattr(extended.sync_training, "count_changes", ()))
+        return list(getattr(extended.services.training, "count_changes", ()))
 
     def _scalars(self, step: int, scalars: dict[str, float]) -> None:
         if self._writer is None:

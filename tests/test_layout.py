@@ -87,6 +87,19 @@ def test_no_module_imports_itself_through_others():
     assert _circles(set(modules) - {"keras_psdist"}, graph) == []
 
 
+def test_the_extended_keeps_to_its_hooks():
+    """`PSExtended` asks its mode for the run's services (heartbeats, slots,
+    the server watch, its training) and imports none of the cluster code
+    that runs them (`modes/services.py` does)."""
+    _, graph = _import_graph()
+    imported = graph["keras_psdist.distribute.extended"]
+    assert not imported & {
+        "keras_psdist.cluster.elastic",
+        "keras_psdist.cluster.liveness",
+        "keras_psdist.cluster.task_loss",
+    }, sorted(imported)
+
+
 def test_no_two_folders_import_each_other():
     modules, graph = _import_graph()
     folders = defaultdict(set)

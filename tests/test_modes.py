@@ -159,6 +159,56 @@ def test_modes_that_keep_keras_step_add_no_training(monkeypatch):
     assert mode.training(None, mode.topology(), None, None) is None
 
 
+def test_one_host_runs_no_services_beside_keras_step(monkeypatch):
+    """The extended asks the mode once for its services; one host has none:
+    no watch, no heartbeats, no slots, no training; nothing to checkpoint,
+    and an error while a variable is made passes as it is."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    extended = kpd.PSStrategy(devices=["/cpu:0"]).extended
+    services = extended.services
+    assert services == modes.services.ClusterServices(server_jobs=services.server_jobs)
+    assert extended.sync_training is services.training is None
+    assert extended.registry is None and services.checkpointed() == {}
+    with pytest.raises(KeyError), services.reporting_lost_tasks():
+        raise KeyError("not a lost task")
+
+
+def test_the_services_give_what_the_extended_types(monkeypatch):
+    """`ClusterServices` has every attribute and method of the
+    `RunServices` Protocol the extended knows the services by."""
+    from keras_psdist.distribute.run import RunServices
+
+    fields = {
+        f.name for f in modes.services.ClusterServices.__dataclass_fields__.values()
+    }
+    assert set(RunServices.__annotations__) <= fields
+    for method in ("checkpointed", "reporting_lost_tasks"):
+        assert callable(getattr(modes.services.ClusterServices, method))
+
+
+def test_a_mode_s_training_reaches_the_services(monkeypatch):
+    """The services hold what the mode's `training` hook made, and its state
+    is what the extended checkpoints."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    state = tf.Module(name="toy_state")
+
+    class Toy:
+        def checkpointed(self):
+            return {"toy": state}
+
+    class ToyMode(modes.LocalMode):
+        def training(self, strategy, topology, shared, heartbeats, registry=None):
+            assert heartbeats is None and registry is None  # one host
+            return Toy()
+
+    monkeypatch.setattr(
+        modes, "choose", lambda name, arguments, front: ToyMode(arguments, front)
+    )
+    extended = kpd.PSStrategy(devices=["/cpu:0"]).extended
+    assert isinstance(extended.sync_training, Toy)
+    assert extended.training_state.toy is state
+
+
 @pytest.mark.parametrize("training", [SyncTraining, BoundedStaleness])
 def test_the_trainings_declare_every_hook(training):
     hooks = [

@@ -269,7 +269,9 @@ class _FakeSyncTraining:
 
 
 def _sync_report(training):
-    extended = types.SimpleNamespace(sync_training=training)
+    extended = types.SimpleNamespace(
+        sync_training=training, services=types.SimpleNamespace(training=training)
+    )
     model = types.SimpleNamespace(
         distribute_strategy=types.SimpleNamespace(extended=extended),
         history=keras.callbacks.History(),

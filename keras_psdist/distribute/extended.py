@@ -9,8 +9,9 @@
                               (on every copy of a replicated variable)
     optimizer_update       -> Keras's update step, the optimizer known (a
                               partitioned variable updates shard by shard)
-    run.mode.training      -> once: the mode's part beyond Keras's step
-                              (`sync_training`, a `keras_psdist.modes.Training`)
+    run.mode.services      -> once: what the process runs beside Keras's
+                              step (`services`: heartbeats, slots, and its
+                              `training`, a `keras_psdist.modes.Training`)
 
 Variables exist once (a `PSVariable` on a parameter device); replicas read it
 there. There is no mirrored copy to keep in sync, so an update is one op per
@@ -23,9 +24,7 @@ replica and each updates its own copy.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
-import os
 from typing import Any
 
 import numpy as np
@@ -46,8 +45,6 @@ from keras_psdist._tf import (
 )
 from keras_psdist.aggregators import Aggregator
 from keras_psdist.attacks.harness import corrupting_batches
-from keras_psdist.cluster import elastic, task_loss
-from keras_psdist.cluster.liveness import Heartbeats, LossReporter
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.distribute.all_reduce import ReplicatedAllReduce
@@ -175,74 +172,34 @@ class PSExtended(
         # Sync replicas: the attack this worker process runs when it is one
         # of the attacked workers.
         self.worker_attack = run.worker_attack
-        # Cluster runs: ends this process if a server task is lost and it
-        # does not stop by itself (`keras_psdist.cluster.task_loss`).
-        self.server_watch = task_loss.watch(topology, run.heartbeat_timeout)
-        # Between-graph runs: this process's heartbeat and its view of the
-        # others' (`keras_psdist.cluster.liveness`); the chief logs losses.
-        self.heartbeats = None
-        self.loss_reporter = None
-        # Elastic membership (`max_workers`): who trains, and on the chief
-        # its log of each change (`keras_psdist.cluster.elastic`).
-        self.registry = None
-        self.membership = None
-        if topology.between_graph:
-            if topology.max_workers is not None:
-                self.registry = elastic.SlotTable(
-                    self._shared,
-                    topology.parameter_devices[0],
-                    topology.worker_index,
-                    topology.max_workers,
-                    names=topology.training_task_names,
-                )
-            self.heartbeats = Heartbeats(
-                self._shared,
-                topology.parameter_devices[0],
-                topology.worker_index,
-                topology.num_training_processes,
-                run.heartbeat_timeout,
-                server_watch=self.server_watch,
-                names=topology.training_task_names,
-                start=self.registry is None,
-            )
-            if self.registry is not None:
-                # Admitted before it beats: a refused joiner leaves no trace.
-                self.registry.admit(
-                    self.heartbeats.beats,
-                    self.heartbeats.period,
-                    run.heartbeat_timeout,
-                )
-                self.heartbeats.members = self.registry.members
-                self.heartbeats.start()
-                if topology.is_chief:
-                    self.membership = elastic.MembershipWatcher(self.registry)
-            if topology.is_chief and run.mode.reports_lost_workers:
-                self.loss_reporter = LossReporter(self.heartbeats)
-        # This process's part in the mode's training beyond Keras's step (a
-        # `keras_psdist.modes.Training`: sync replicas, bounded staleness),
-        # else None.
-        self.sync_training = run.mode.training(
-            container_strategy, topology, self._shared, self.heartbeats, self.registry
-        )
-        if self.registry is not None and self.sync_training is None:
-            # Elastic async: count each update, leave when asked.
-            self.sync_training = elastic.ElasticTraining(
-                self.registry,
-                os.environ.get(elastic.LEAVE_FILE_ENV),
-                unreachable_servers=functools.partial(
-                    task_loss.unreachable_tasks, topology.config, ("ps",)
-                ),
-            )
+        # What this process runs beside Keras's step, as its mode started
+        # it: server watch, heartbeats, slots, its `Training` (see
+        # `keras_psdist.distribute.run.RunServices`).
+        self.services = run.mode.services(container_strategy, run, self._shared)
         # The rule's state, for checkpoints (see `training_state`).
         self._training_state = tf.Module(name="training_state")
         self._training_state.reduction = self._reduction.state
         if self._wire is not None:
             self._training_state.wire = self._wire.state
-        if self.sync_training is not None:
-            for name, state in self.sync_training.checkpointed().items():
-                setattr(self._training_state, name, state)
+        for name, state in self.services.checkpointed().items():
+            setattr(self._training_state, name, state)
 
     # ---------------------------------------------------------------- state
+
+    @property
+    def sync_training(self) -> Any:
+        """This process's part in its mode's training beyond Keras's step (a
+        `keras_psdist.modes.Training`: sync replicas, bounded staleness,
+        elastic async), else None: `services.training`. Its `counts()` say
+        what happened to the run's gradients."""
+        return self.services.training
+
+    @property
+    def registry(self) -> Any:
+        """Elastic runs (`max_workers`): who trains, a
+        `keras_psdist.cluster.elastic.SlotTable` (`ask_to_leave(k)`,
+        `members()`); else None: `services.registry`."""
+        return self.services.registry
 
     @property
     def placement(self) -> placement_lib.Placement:
@@ -375,15 +332,9 @@ class PSExtended(
         # once, eagerly, as outside the step: TF's `init_scope`, as Keras
         # lifts its own deferred variables. The step then reads it where it
         # lives, as any other.
-        with tf.init_scope():
-            config = self._topology.config
-            if config is None:
-                return self._creator.create(next_creator, **kwargs)
-            # A ps lost while the model is built: an error that names it.
-            with task_loss.reporting_lost_tasks(
-                config, task_loss.server_jobs(self._topology.mode), config.task_name
-            ):
-                return self._creator.create(next_creator, **kwargs)
+        # A ps lost while the model is built: an error that names it.
+        with tf.init_scope(), self.services.reporting_lost_tasks():
+            return self._creator.create(next_creator, **kwargs)
 
     def colocate_vars_with(self, colocate_with_variable):
         # Checked before TF's own scope check, whose message ("Need to be

@@ -1,20 +1,111 @@
-"""`Run`: the one description of a run a strategy front hands its extended.
+"""`Run`: the one description of a run a strategy front hands its extended,
+and the types the extended sees of the mode behind it.
 
 A front (`PSStrategy`, `SyncReplicaStrategy`) checks its arguments and
 chooses a mode (`keras_psdist.modes`); the mode finds the devices, binds the
-rule, and describes the run here. `PSExtended` builds every collaborator from
-it, calls the mode's `training` hook once, and nothing outside sets anything
-on the extended afterwards.
+rule, and describes the run here. `PSExtended` builds its collaborators from
+it (placement, reduction, variables), asks the mode once for the run's
+`RunServices` (heartbeats, membership, this process's `Training`), and
+nothing outside sets anything on the extended afterwards.
+
+The extended knows a mode only as a `RunMode` (modes/ builds on distribute/,
+not the reverse): what it calls and what it gets back are typed here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+import tensorflow as tf
 
 from keras_psdist import placement as placement_lib
 from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.cluster.runtime import Topology
+
+
+@runtime_checkable
+class Training(Protocol):
+    """One process's part in a mode's training, beyond Keras's own step.
+
+    What `keras_psdist.integration.training_hooks` calls, from Keras's
+    `Optimizer.apply` and `Model.fit` (`strategy.extended.services.training`,
+    also readable as `strategy.extended.sync_training`). Exported as
+    `keras_psdist.modes.Training`.
+    """
+
+    def worker_apply(self, optimizer, apply, grads, variables) -> Any:
+        """Instead of Keras's `apply(grads, variables)` (handed over as
+        `apply`): e.g. push the gradient and wait, or apply it if fresh."""
+
+    def session(self, model=None) -> contextlib.AbstractContextManager:
+        """A context around one `fit` (or custom training loop)."""
+
+    def check_steps(self, steps: int) -> None:
+        """Refuses a `fit` of `steps` steps that cannot train."""
+
+    def before_step(self) -> None:
+        """Called before each step of a `fit`."""
+
+    def progress(
+        self, steps_run: int | None = None, steps_planned: int | None = None
+    ) -> bool:
+        """Called after each step of a `fit`; True stops the `fit`."""
+
+    def counts(self) -> dict[str, Any]:
+        """What happened to this run's gradients so far."""
+
+    def checkpointed(self) -> dict[str, tf.Module]:
+        """State `BackupAndRestore` saves beside the weights, by name."""
+
+
+class RunServices(Protocol):
+    """What a process of a run does beside Keras's step and the strategy's
+    hooks, as its mode started it (`keras_psdist.cluster.services` builds
+    it for every mode; one host has none of it).
+
+    Attributes:
+        training: This process's `Training`, or None: Keras's step runs as
+            it is.
+        server_watch: Cluster runs: ends this process if a server task is
+            lost and it does not stop by itself
+            (`keras_psdist.cluster.task_loss.ServerWatch`), else None.
+        heartbeats: Between-graph: this process's heartbeat and its view of
+            the others' (`keras_psdist.cluster.liveness.Heartbeats`), else
+            None.
+        loss_reporter: Between-graph chief: logs lost and returning workers
+            (`keras_psdist.cluster.liveness.LossReporter`), else None.
+        registry: Elastic runs (`max_workers`): who trains
+            (`keras_psdist.cluster.elastic.SlotTable`), else None.
+        membership: Elastic runs, on the chief: its log of each change
+            (`keras_psdist.cluster.elastic.MembershipWatcher`), else None.
+    """
+
+    training: Training | None
+    server_watch: Any
+    heartbeats: Any
+    loss_reporter: Any
+    registry: Any
+    membership: Any
+
+    def checkpointed(self) -> dict[str, tf.Module]:
+        """The training's state `BackupAndRestore` saves, by name."""
+
+    def reporting_lost_tasks(self) -> contextlib.AbstractContextManager:
+        """A context in which an error from a lost server task becomes a
+        `keras_psdist.errors.TaskLostError` that names it."""
+
+
+class RunMode(Protocol):
+    """What the extended asks of the mode that described its run (a
+    `keras_psdist.modes.Mode`)."""
+
+    def services(
+        self, strategy: tf.distribute.Strategy, run: Run, shared: Any
+    ) -> RunServices:
+        """Starts this process's services for `run`, once the extended has
+        its shared variables (`SharedVariables` between graphs, else None)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +114,7 @@ class Run:
 
     Attributes:
         mode: The `keras_psdist.modes.Mode` that described the run: the
-            extended calls its `training` hook and reads its
-            `reports_lost_workers`.
+            extended asks it once for the run's `RunServices`.
         topology: Where the replicas, inputs and parameters are.
         placement: The placement policy (see `PSStrategy`).
         aggregator: The bound rule `batch_reduce_to` runs over this process's
@@ -53,8 +143,7 @@ class Run:
             `keras_psdist.dense_choice.get_chooser`).
     """
 
-    # A `keras_psdist.modes.Mode` (not imported: modes/ builds on distribute/).
-    mode: Any
+    mode: RunMode
     topology: Topology
     placement: str | placement_lib.PlacementFn
     aggregator: Aggregator

@@ -54,6 +54,7 @@ import tensorflow as tf
 from absl import logging
 
 from keras_psdist.integration import xla
+from keras_psdist.integration.training_hooks import sync_training_of
 
 
 def checked_compile(compile_):
@@ -205,7 +206,7 @@ def _worker_momentum_of(strategy) -> float:
     """The strategy's `worker_momentum` (a replica's under `PSStrategy`, a
     worker process's under `SyncReplicaStrategy`), 0 when off."""
     extended = strategy.extended
-    sync = getattr(extended, "sync_training", None)
+    sync = sync_training_of(strategy)
     return getattr(sync, "worker_momentum", 0.0) or extended.worker_momentum
 
 

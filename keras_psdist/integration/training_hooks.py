@@ -32,9 +32,10 @@ import keras
 
 def sync_training_of(strategy):
     """The strategy's `keras_psdist.modes.Training` (its mode's part in the
-    training, `extended.sync_training`), else `None`."""
-    extended = getattr(strategy, "extended", None)
-    return getattr(extended, "sync_training", None)
+    training, `extended.services.training`), else `None` (another
+    strategy's, or none)."""
+    services = getattr(getattr(strategy, "extended", None), "services", None)
+    return getattr(services, "training", None)
 
 
 def sync_apply(apply):

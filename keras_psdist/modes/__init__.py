@@ -2,8 +2,10 @@
 updates apply. One module per mode, one registry (`MODES`).
 
     base.py               `Mode`, the interface every mode implements
-                          (validate, topology, run, training), and
-                          `Training`, the hooks Keras's apply and `fit` call
+                          (validate, topology, run, services, training)
+    services.py           `ClusterServices`: what a process runs beside
+                          Keras's step (server watch, heartbeats, slots, its
+                          `Training`, the hooks Keras's apply and `fit` call)
     arguments.py          `Arguments`: what a front was given, checked
     local.py              `local`: one process, its own devices
     in_graph.py           `in-graph`: the chief drives every worker's replicas
@@ -30,8 +32,9 @@ Examples:
 from __future__ import annotations
 
 from keras_psdist.cluster.mode_names import canonical
+from keras_psdist.distribute.run import Training
 from keras_psdist.modes.arguments import Arguments
-from keras_psdist.modes.base import Mode, Training
+from keras_psdist.modes.base import Mode
 from keras_psdist.modes.between_graph import BetweenGraphMode
 from keras_psdist.modes.bounded_staleness import BoundedStalenessMode
 from keras_psdist.modes.in_graph import InGraphMode

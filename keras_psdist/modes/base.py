@@ -1,4 +1,4 @@
-"""`Mode`: the interface every execution mode implements, and `Training`.
+"""`Mode`: the interface every execution mode implements.
 
 A strategy front checks its arguments (`Arguments.checked`), chooses a mode,
 and hands over; the mode does the rest, in this order:
@@ -11,20 +11,22 @@ and hands over; the mode does the rest, in this order:
 | `validate()`               | the front               | checks before anything connects    |
 | `topology()`               | the front               | finds or connects to the devices   |
 | `run(topology)`            | the front               | the `Run` its extended builds from |
-| `training(strategy, ...)`  | the extended, once its  | this process's part in training    |
-|                            | shared variables and    | beyond Keras's own step, or None   |
-|                            | heartbeats exist        |                                    |
+| `services(strategy, ...)`  | the extended, once its  | this process's `RunServices`:      |
+|                            | shared variables exist  | server watch, heartbeats, slots,   |
+|                            |                         | and its `training`                 |
+| `training(strategy, ...)`  | `services`, once the    | this process's part in training    |
+|                            | heartbeats exist        | beyond Keras's own step, or None   |
 
-`training` returns a `Training`, whose hooks Keras's wrapped `apply` and
-`fit` call (`keras_psdist.integration.training_hooks`); a mode that leaves
-Keras's step as it is returns None (the default), and Keras runs untouched.
+`training` returns a `Training` (`keras_psdist.distribute.run.Training`),
+whose hooks Keras's wrapped `apply` and `fit` call
+(`keras_psdist.integration.training_hooks`); a mode that leaves Keras's step
+as it is returns None (the default), and Keras runs untouched.
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
 import tensorflow as tf
 
@@ -33,46 +35,14 @@ from keras_psdist.cluster import runtime
 from keras_psdist.cluster.mode_names import spellings
 from keras_psdist.cluster.runtime import Topology
 from keras_psdist.cluster.shared_variables import SharedVariables
-from keras_psdist.distribute.run import Run
+from keras_psdist.distribute.run import Run, Training
 from keras_psdist.errors import JoinRefusedError
+from keras_psdist.modes import services as services_lib
 from keras_psdist.modes.arguments import (
     Arguments,
     resolve_attack,
     warn_if_undefended,
 )
-
-
-@runtime_checkable
-class Training(Protocol):
-    """One process's part in a mode's training, beyond Keras's own step.
-
-    What `keras_psdist.integration.training_hooks` calls, from Keras's
-    `Optimizer.apply` and `Model.fit` (`strategy.extended.sync_training`).
-    """
-
-    def worker_apply(self, optimizer, apply, grads, variables) -> Any:
-        """Instead of Keras's `apply(grads, variables)` (handed over as
-        `apply`): e.g. push the gradient and wait, or apply it if fresh."""
-
-    def session(self, model=None) -> contextlib.AbstractContextManager:
-        """A context around one `fit` (or custom training loop)."""
-
-    def check_steps(self, steps: int) -> None:
-        """Refuses a `fit` of `steps` steps that cannot train."""
-
-    def before_step(self) -> None:
-        """Called before each step of a `fit`."""
-
-    def progress(
-        self, steps_run: int | None = None, steps_planned: int | None = None
-    ) -> bool:
-        """Called after each step of a `fit`; True stops the `fit`."""
-
-    def counts(self) -> dict[str, Any]:
-        """What happened to this run's gradients so far."""
-
-    def checkpointed(self) -> dict[str, tf.Module]:
-        """State `BackupAndRestore` saves beside the weights, by name."""
 
 
 class Mode(abc.ABC):
@@ -229,6 +199,28 @@ class Mode(abc.ABC):
             read_compression=arguments.read_compression,
         )
 
+    def services(
+        self, strategy: tf.distribute.Strategy, run: Run, shared: Any
+    ) -> services_lib.ClusterServices:
+        """Starts this process's services for `run` (a `RunServices`: see
+        `keras_psdist.modes.services`), its `training` among them.
+
+        Called once by the extended, when it has made the run's shared
+        variables (`SharedVariables` between graphs, else None).
+
+        Raises:
+            JoinRefusedError: an elastic joiner that may not take its slot.
+        """
+        return services_lib.start(
+            run.topology,
+            shared,
+            run.heartbeat_timeout,
+            training=lambda heartbeats, registry: self.training(
+                strategy, run.topology, shared, heartbeats, registry
+            ),
+            reports_lost_workers=self.reports_lost_workers,
+        )
+
     def training(
         self,
         strategy: tf.distribute.Strategy,
@@ -239,8 +231,8 @@ class Mode(abc.ABC):
     ) -> Training | None:
         """This process's part in training beyond Keras's own step.
 
-        Called once by the extended, when it has made the run's shared
-        variables and heartbeats (between-graph; else None).
+        Called once by `services`, when it has made the run's heartbeats
+        (between-graph; else None).
 
         Args:
             strategy: The strategy (for `scope()` once training runs).

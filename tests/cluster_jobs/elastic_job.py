@@ -185,7 +185,7 @@ class Choreography(keras.callbacks.Callback):
         super().__init__()
         self.refusals = refusals
         self.registry = extended.registry
-        self.watcher = extended.membership
+        self.watcher = extended.services.membership
         self.applied = lambda: _applied(extended)
         self.out = out
         self.steps = 0

@@ -89,7 +89,7 @@ class Faults(keras.callbacks.Callback):
     def _wait_until_beat_counted(self):
         """Until this worker's heartbeat thread has beaten on the ps: the
         others take only a worker that has beaten for lost."""
-        beats = self.strategy.extended.heartbeats.beats
+        beats = self.strategy.extended.services.heartbeats.beats
         _wait_until(
             lambda: beats.numpy()[self.worker] > 0,
             f"worker {self.worker}'s first heartbeat on the ps",
@@ -101,7 +101,7 @@ class Faults(keras.callbacks.Callback):
         when its gradients come again). Once it is lost, tells its restart
         to start (see `_wait_until_found_lost`)."""
         sync = getattr(self.strategy.extended.sync_training, "sync", None)
-        heartbeats = self.strategy.extended.heartbeats
+        heartbeats = self.strategy.extended.services.heartbeats
 
         def lost():
             if sync is not None:
