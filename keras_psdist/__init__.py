@@ -26,11 +26,11 @@ if TYPE_CHECKING:  # For type checkers and IDEs; at run time, `__getattr__`.
         callbacks,
         cluster,
         compression,
+        count_rules,
         dense_choice,
         errors,
         evaluator,
         heterogeneity,
-        membership,
         partitioners,
         placement,
         spelling,
@@ -58,11 +58,11 @@ _PUBLIC = {
             "callbacks",
             "cluster",
             "compression",
+            "count_rules",
             "dense_choice",
             "errors",
             "evaluator",
             "heterogeneity",
-            "membership",
             "partitioners",
             "placement",
             "spelling",
@@ -72,6 +72,7 @@ _PUBLIC = {
 
 # Old names that still import, with a warning, until the version given.
 _DEPRECATED = {
+    "membership": "0.5",  # renamed count_rules in 0.4
     "routing": "0.5",  # folded into partitioners in 0.4
     "synchronization": "0.5",  # renamed dense_choice in 0.2
 }

@@ -121,6 +121,7 @@ def test_the_top_level_holds_only_the_public_api_and_the_tf_gate():
         "__main__",
         "_tf",
         "callbacks",
+        "count_rules",
         "dense_choice",
         "devices",
         "errors",
@@ -187,6 +188,8 @@ def test_the_docs_public_modules_resolve():
         ("synchronization", "DenseChoice", "keras_psdist.dense_choice"),
         ("routing", "register_row_separable", "keras_psdist.partitioners"),
         ("routing", "is_row_separable", "keras_psdist.partitioners"),
+        ("membership", "AllButOne", "keras_psdist.count_rules"),
+        ("membership", "count", "keras_psdist.count_rules"),
     ],
 )
 def test_a_deprecated_name_warns_and_says_its_removal_version(old, name, new):

@@ -10,7 +10,7 @@ processes is tested in `test_sync_replicas.py`.
 import numpy as np
 import pytest
 
-from keras_psdist import aggregators, membership
+from keras_psdist import aggregators, count_rules
 from keras_psdist.errors import WorkerLostError
 from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncConfig
@@ -382,7 +382,7 @@ def test_a_leave_changes_the_counts_at_once_and_makes_the_update_it_can():
     assert service.staged == []
 
 
-class _AllOrOne(membership.CountRule):
+class _AllOrOne(count_rules.CountRule):
     """A user's rule: every worker from 4 on, else one."""
 
     def count(self, n, round_up):

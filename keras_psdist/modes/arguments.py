@@ -17,7 +17,7 @@ from typing import Any
 from absl import logging
 
 from keras_psdist import aggregators as aggregators_lib
-from keras_psdist import dense_choice, gradients, membership
+from keras_psdist import count_rules, dense_choice, gradients
 from keras_psdist import devices as devices_lib
 from keras_psdist import partitioners as partitioners_lib
 from keras_psdist import placement as placement_lib
@@ -67,7 +67,7 @@ class Arguments:
             value = getattr(self, name)
             if value is not None and (
                 name == "total_num_replicas"
-                or not isinstance(membership.get(value, name), membership.CountRule)
+                or not isinstance(count_rules.get(value, name), count_rules.CountRule)
             ):
                 check_int_at_least(name, value, minimum=1)
         devices_lib.canonical_names(self.parameter_devices, "parameter_devices")
@@ -82,7 +82,7 @@ class Arguments:
             heartbeat_timeout=self.heartbeat_timeout,
         )
         if self.num_byzantine is not None and not isinstance(
-            membership.get(self.num_byzantine, "num_byzantine"), membership.CountRule
+            count_rules.get(self.num_byzantine, "num_byzantine"), count_rules.CountRule
         ):
             check_int_at_least("num_byzantine", self.num_byzantine, minimum=0)
         compression = gradients.configure_compression(self.aggregator, self.compression)

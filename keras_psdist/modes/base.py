@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from keras_psdist import dense_choice, membership
+from keras_psdist import count_rules, dense_choice
 from keras_psdist.cluster import runtime
 from keras_psdist.cluster.mode_names import spellings
 from keras_psdist.cluster.runtime import Topology
@@ -180,7 +180,7 @@ class Mode(abc.ABC):
         arguments = self.arguments
         n = len(topology.compute_devices)
         aggregator = arguments.aggregator.bind(
-            n, membership.count(arguments.num_byzantine, n, "num_byzantine")
+            n, count_rules.count(arguments.num_byzantine, n, "num_byzantine")
         )
         warn_if_undefended(aggregator, self.front)
         return Run(

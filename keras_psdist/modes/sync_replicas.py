@@ -12,7 +12,7 @@ import functools
 import os
 from typing import Any
 
-from keras_psdist import gradients, membership
+from keras_psdist import count_rules, gradients
 from keras_psdist.aggregators.base import Aggregator
 from keras_psdist.aggregators.mean import Mean
 from keras_psdist.cluster import runtime, task_loss
@@ -133,7 +133,7 @@ class SyncReplicasMode(BetweenGraphMode):
             )
         # Counts stated as rules follow the number of workers.
         to_aggregate = (
-            membership.count(
+            count_rules.count(
                 arguments.replicas_to_aggregate, total, "replicas_to_aggregate"
             )
             or total
@@ -149,7 +149,7 @@ class SyncReplicasMode(BetweenGraphMode):
             )
         rule = arguments.aggregator.bind(
             to_aggregate,
-            membership.count(arguments.num_byzantine, total, "num_byzantine"),
+            count_rules.count(arguments.num_byzantine, total, "num_byzantine"),
         )
         warn_if_undefended(rule, self.front)
         return SyncReplicaAggregation(

@@ -51,7 +51,7 @@ class PSStrategy(distribute_lib.Strategy):
             robust rules guard against this many, and each rule's condition
             on the replica count and f is checked when the strategy is
             built. A number, or a fraction of the replicas (`0.25`,
-            rounded down; `keras_psdist.membership`). Defaults to the
+            rounded down; `keras_psdist.count_rules`). Defaults to the
             aggregator's own `num_byzantine` if it has one, else 0.
         attack: A simulated attack from `keras_psdist.attacks` (or its
             config dict), applied to the replicas it names every training

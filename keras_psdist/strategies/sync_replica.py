@@ -49,9 +49,9 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
 
     Args:
         replicas_to_aggregate: Fresh gradients per update: a number, or a
-            rule of the number of workers n (`keras_psdist.membership`):
+            rule of the number of workers n (`keras_psdist.count_rules`):
             `"all_but_one"` (one backup worker), a fraction such as `0.75`
-            (rounded up), `kpd.membership.Fraction(0.75)`. Defaults to
+            (rounded up), `kpd.count_rules.Fraction(0.75)`. Defaults to
             `total_num_replicas`.
         total_num_replicas: The number of worker processes (tasks of jobs
             `chief` and `worker`); given, it is checked against the cluster.
@@ -62,7 +62,7 @@ class SyncReplicaStrategy(distribute_lib.Strategy):
             `"mean"`.
         num_byzantine: How many workers may be faulty: a number, or a
             fraction of the workers (`0.25`, rounded down; see
-            `keras_psdist.membership`). Defaults to the aggregator's own,
+            `keras_psdist.count_rules`). Defaults to the aggregator's own,
             else 0.
         attack: A simulated attack (`keras_psdist.attacks`) whose `replicas`
             are worker indices: each attacked worker corrupts what it sends

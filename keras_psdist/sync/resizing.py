@@ -4,7 +4,7 @@
 (or `keras-psdist launch --max-workers M`, which sets it for every worker):
 who trains is the elastic registry's (`keras_psdist.cluster.elastic`), and
 each time the chief's update service sees the workers change it derives the
-counts again from the rules the user stated (`keras_psdist.membership`):
+counts again from the rules the user stated (`keras_psdist.count_rules`):
 
 - `replicas_to_aggregate`: `"all_but_one"`, `0.75`, `All()`...: fresh
   gradients per update for the n workers now; a fixed int stays fixed (the
@@ -47,7 +47,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from keras_psdist import membership
+from keras_psdist import count_rules
 from keras_psdist.errors import WorkerLostError
 
 
@@ -96,9 +96,9 @@ class Resizing:
         max_workers: int | None = None,
     ):
         self._to_aggregate = (
-            membership.All()
+            count_rules.All()
             if replicas_to_aggregate is None
-            else membership.get(replicas_to_aggregate, "replicas_to_aggregate")
+            else count_rules.get(replicas_to_aggregate, "replicas_to_aggregate")
         )
         self._num_byzantine = num_byzantine
         self._aggregator = aggregator
@@ -109,7 +109,7 @@ class Resizing:
     @property
     def follows_workers(self) -> bool:
         """Whether `replicas_to_aggregate` is a rule (else a fixed number)."""
-        return isinstance(self._to_aggregate, membership.CountRule)
+        return isinstance(self._to_aggregate, count_rules.CountRule)
 
     def counts(self, num_workers: int) -> Counts:
         """The counts for `num_workers` workers, the rule checked on them.
@@ -118,10 +118,10 @@ class Resizing:
             WorkerLostError: if the rule cannot run on them (say Krum with
                 too few), naming the counts and what to change.
         """
-        to_aggregate = membership.count(
+        to_aggregate = count_rules.count(
             self._to_aggregate, max(1, num_workers), "replicas_to_aggregate"
         )
-        num_byzantine = membership.count(
+        num_byzantine = count_rules.count(
             self._num_byzantine, max(1, num_workers), "num_byzantine"
         )
         rule = self.rule(to_aggregate, num_byzantine)
