@@ -50,6 +50,9 @@ harness.ensure_importable()
 from keras_psdist.planning import Costs, model, plan, wire  # noqa: E402
 
 KINDS = ("async", "sync", "in-graph")
+# The planner's name (PSStrategy(mode=...)'s) of the mode each scaling.py kind runs.
+PLANNER_MODE = {"async": model.BETWEEN_GRAPH, "sync": model.SYNC_REPLICAS,
+                "in-graph": model.IN_GRAPH}  # fmt: skip
 SCALING = Path(__file__).resolve().parent / "scaling.py"  # its children, run
 
 
@@ -64,7 +67,7 @@ def predict(run: dict, sizes: list[int], cores: float, costs: Costs, batch: int)
     return plan(
         variable_bytes=sizes, workers=run["workers"], num_ps=run["num_ps"],
         link_mbit=run.get("mbit") or None, cores_per_task=cores, batch=batch,
-        machine_cores=cores, modes=(run["kind"],),
+        machine_cores=cores, modes=(PLANNER_MODE[run["kind"]],),
         compressions=(run.get("compression") or "none",), costs=costs,
     ).predictions[0]  # fmt: skip
 

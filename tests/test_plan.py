@@ -20,7 +20,7 @@ MLP = [4 * n for n in (64 * 512, 512, 512 * 512, 512, 512 * 2, 2)]
 EQUAL = [1_000_000] * 8
 
 
-def _one(mode="async", **kwargs):
+def _one(mode="between-graph", **kwargs):
     """The single prediction of one mode, compression and ps count."""
     kwargs.setdefault("variable_bytes", MLP)
     kwargs.setdefault("num_ps", 1)
@@ -91,21 +91,23 @@ def test_few_shared_cores_are_the_shared_cores(mode):
 
 def test_the_critical_paths_are_named():
     quick = dict(workers=8, step_ms=0.01, costs=Costs(sync_critical_path_ms=1e4))
-    assert _one("sync", **quick).bottleneck == "sync critical path"
+    assert _one("sync-replicas", **quick).bottleneck == "sync critical path"
     assert _one("in-graph", workers=64, step_ms=0.01).bottleneck == (
         "in-graph critical path"
     )
 
 
 def test_sync_examples_grow_with_the_workers_when_compute_bound():
-    base = _one("sync", workers=1, step_ms=10_000).examples_per_s
+    base = _one("sync-replicas", workers=1, step_ms=10_000).examples_per_s
     for workers in (2, 4, 8, 16):
-        speed = _one("sync", workers=workers, step_ms=10_000).examples_per_s
+        speed = _one("sync-replicas", workers=workers, step_ms=10_000).examples_per_s
         assert speed / base == pytest.approx(workers, rel=0.02)
 
 
 def test_an_async_update_is_one_step_a_sync_update_all_workers():
-    async_, sync = (_one(m, workers=4, step_ms=1e6) for m in ("async", "sync"))
+    async_, sync = (
+        _one(m, workers=4, step_ms=1e6) for m in ("between-graph", "sync-replicas")
+    )
     assert async_.examples_per_s == pytest.approx(async_.updates_per_s * 128)
     assert sync.examples_per_s == pytest.approx(sync.updates_per_s * 4 * 128)
 
@@ -129,8 +131,8 @@ def test_the_recommendation_is_the_fewest_ps_tasks_within_5_percent(config):
         assert all(
             p.examples_per_s < 0.95 * best for p in rows if p.num_ps < pick.num_ps
         )
-    assert result.recommendation.mode == "async"
-    assert result.recommendation.num_ps == result.by_mode["async"].num_ps
+    assert result.recommendation.mode == "between-graph"
+    assert result.recommendation.num_ps == result.by_mode["between-graph"].num_ps
 
 
 def test_four_equal_variables_on_a_slow_link_want_four_ps_tasks():
@@ -143,8 +145,10 @@ def test_four_equal_variables_on_a_slow_link_want_four_ps_tasks():
 
 def test_exact_recommends_the_faster_of_sync_and_in_graph():
     result = plan(variable_bytes=MLP, workers=8, exact=True)
-    sync, in_graph = result.by_mode["sync"], result.by_mode["in-graph"]
-    faster = "sync" if sync.examples_per_s > in_graph.examples_per_s else "in-graph"
+    sync, in_graph = result.by_mode["sync-replicas"], result.by_mode["in-graph"]
+    faster = (
+        "sync-replicas" if sync.examples_per_s > in_graph.examples_per_s else "in-graph"
+    )
     assert result.recommendation.mode == faster
 
 
@@ -207,11 +211,11 @@ def test_the_plan_is_labelled_a_prediction_in_text_and_json():
     result = plan(variable_bytes=MLP, workers=4, compressions=("none", "fp16"))
     text = str(result)
     assert "not measured" in text and "Recommendation (predicted)" in text
-    assert text.count("| async |") == 16  # 2 compressions x 8 ps counts
+    assert text.count("| between-graph |") == 16  # 2 compressions x 8 ps counts
     payload = json.loads(json.dumps(result.to_dict()))
     assert payload["label"] == "prediction"
     assert {p["label"] for p in payload["predictions"]} == {"prediction"}
-    assert payload["recommendation"]["mode"] == "async"
+    assert payload["recommendation"]["mode"] == "between-graph"
 
 
 def _cli(*args: str) -> int:
@@ -226,7 +230,7 @@ def test_the_cli_prints_the_table_and_exits_0(capsys):
     assert _cli("plan", f"--variable-bytes={sizes}", "--workers=4") == 0
     out = capsys.readouterr().out
     assert "| mode | ps tasks | predicted updates/s" in out
-    assert "Recommendation (predicted): async" in out
+    assert "Recommendation (predicted): between-graph" in out
 
 
 def test_the_cli_says_a_bad_flag_in_flag_words(capsys):
@@ -240,7 +244,7 @@ def test_the_cli_says_a_bad_flag_in_flag_words(capsys):
         (dict(variable_bytes=MLP, workers=0), "workers=0"),
         (dict(model=_tiny_model, variable_bytes=MLP, workers=2), "Received: both"),
         (dict(workers=2), "Received: neither"),
-        (dict(variable_bytes=MLP, workers=2, modes=("async", "asink")), "'asink'"),
+        (dict(variable_bytes=MLP, workers=2, modes=("between-graph", "asink")), "'asink'"),
         (dict(variable_bytes=MLP, workers=2, compressions=("topk",)), "'topk'"),
         (dict(variable_bytes=MLP, workers=2, compressions=("random_k",)), "random_k"),
         (dict(variable_bytes=MLP, workers=2, num_ps=0), "num_ps=0"),
@@ -249,8 +253,8 @@ def test_the_cli_says_a_bad_flag_in_flag_words(capsys):
         (dict(variable_bytes=[], workers=2), "variable_bytes=[]"),
         (dict(variable_bytes=[1, -4], workers=2), "variable_bytes[i]=-4"),
         (dict(model="model.h5", workers=2), "model='model.h5'"),
-        (dict(variable_bytes=MLP, workers=2, modes=("async",), exact=True),
-         "modes=('async',)"),
+        (dict(variable_bytes=MLP, workers=2, modes=("between-graph",), exact=True),
+         "modes=('between-graph',)"),
     ],
 )  # fmt: skip
 def test_bad_input_raises_value_error_naming_what_it_received(kwargs, received):
@@ -261,10 +265,22 @@ def test_bad_input_raises_value_error_naming_what_it_received(kwargs, received):
     assert received in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "old, new", [("sync", "sync-replicas"), ("async", "between-graph")]
+)
+def test_a_mode_is_named_as_the_strategy_names_it(old, new):
+    # Before 0.2 `PSStrategy(mode="sync")` meant in-graph: the planner does
+    # not guess, it names the mode that means the training the word says.
+    with pytest.raises(ValueError, match=f"For {old} training, write '{new}'"):
+        plan(variable_bytes=MLP, workers=2, modes=(old,))
+    spelt = plan(variable_bytes=MLP, workers=2, modes=(new.replace("-", "_"),))
+    assert {p.mode for p in spelt.predictions} == {new}
+
+
 def test_setup_defaults_predict_without_plan():
     # The model's functions stand alone (plan_check.py calls them too).
     from keras_psdist.planning import model, wire
 
     setup = Setup(tuple(MLP), workers=2, num_ps=1)
-    prediction = model.predict("sync", wire.parse("none"), setup, Costs())
+    prediction = model.predict("sync-replicas", wire.parse("none"), setup, Costs())
     assert prediction.updates_per_s > 0 and prediction.label == "prediction"

@@ -44,7 +44,11 @@ flags.DEFINE_float(
     "The cores every task shares, for one machine's test bed (default: each "
     "task has its own).",
 )
-flags.DEFINE_list("modes", ["async", "sync", "in-graph"], "The modes to predict.")
+flags.DEFINE_list(
+    "modes",
+    ["between-graph", "sync-replicas", "in-graph"],
+    "The modes to predict, named as PSStrategy(mode=...) names them.",
+)
 flags.DEFINE_list(
     "compressions",
     ["none"],
@@ -52,7 +56,7 @@ flags.DEFINE_list(
     "top_k(ratio=0.01)@bfloat16 (@bfloat16: 16-bit reads).",
 )
 flags.DEFINE_bool(
-    "exact", False, "Recommend sync or in-graph only (every gradient applied)."
+    "exact", False, "Recommend sync-replicas or in-graph only (every gradient applied)."
 )
 flags.DEFINE_bool(
     "partitioned",

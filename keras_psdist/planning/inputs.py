@@ -10,15 +10,19 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from keras_psdist.cluster import mode_names
 from keras_psdist.planning import wire as wire_lib
-from keras_psdist.planning.model import MODES
+from keras_psdist.planning.model import BETWEEN_GRAPH, IN_GRAPH, MODES, SYNC_REPLICAS
 
 # The strategy each mode stands for, for the error that lists them.
 MODE_STRATEGIES = {
-    "async": 'PSStrategy(mode="between-graph")',
-    "sync": "SyncReplicaStrategy(replicas_to_aggregate=workers)",
-    "in-graph": "PSStrategy()",
+    BETWEEN_GRAPH: 'PSStrategy(mode="between-graph")',
+    SYNC_REPLICAS: "SyncReplicaStrategy(replicas_to_aggregate=workers)",
+    IN_GRAPH: "PSStrategy()",
 }
+# The words that named a mode before 0.2 name other modes than a reader of
+# async and sync training may think (`keras_psdist.cluster.mode_names`).
+_OLD_WORDS = {"async": BETWEEN_GRAPH, "sync": SYNC_REPLICAS}
 
 
 def integer(name: str, value: Any, minimum: int = 1) -> int:
@@ -66,13 +70,22 @@ def names(name: str, value: Any) -> tuple[str, ...]:
 
 
 def modes(value: Any) -> tuple[str, ...]:
-    chosen = names("modes", value)
+    """The modes' names as `PSStrategy(mode=...)` spells them (underscores
+    read as hyphens), or a `ValueError` that lists them with their strategies."""
+    chosen = tuple(
+        dict.fromkeys(mode_names.normalise(m) for m in names("modes", value))
+    )
     for mode in chosen:
         if mode not in MODES:
             listed = "; ".join(f"{m}: {s}" for m, s in MODE_STRATEGIES.items())
+            hint = (
+                f" For {mode} training, write {_OLD_WORDS[mode]!r}."
+                if mode in _OLD_WORDS
+                else ""
+            )
             raise ValueError(
                 f"Unknown mode {mode!r}. Expected one of: {', '.join(MODES)} "
-                f"({listed}). Received: modes={value!r}"
+                f"({listed}).{hint} Received: modes={value!r}"
             )
     return chosen
 

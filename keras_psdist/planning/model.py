@@ -31,8 +31,10 @@ from collections.abc import Sequence
 from keras_psdist.planning.costs import Costs
 from keras_psdist.planning.wire import Wire
 
-ASYNC, SYNC, IN_GRAPH = "async", "sync", "in-graph"
-MODES = (ASYNC, SYNC, IN_GRAPH)
+# The modes of `keras_psdist.modes` that the model predicts, by their names
+# there (`PSStrategy(mode=...)`'s words; `keras_psdist.cluster.mode_names`).
+BETWEEN_GRAPH, SYNC_REPLICAS, IN_GRAPH = "between-graph", "sync-replicas", "in-graph"
+MODES = (BETWEEN_GRAPH, SYNC_REPLICAS, IN_GRAPH)
 BOTTLENECKS = (
     "ps CPU",
     "ps link",
@@ -81,7 +83,7 @@ class Prediction:
     JSON it goes to).
 
     Attributes:
-        mode: `"async"`, `"sync"` or `"in-graph"`.
+        mode: `"between-graph"`, `"sync-replicas"` or `"in-graph"`.
         compression: The compression spelling.
         num_ps: Parameter-server tasks.
         updates_per_s: Predicted optimizer updates per second.
@@ -154,7 +156,7 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
     worker_cpu = setup.step_ms + costs.worker_overhead_ms
     worker_cpu += compress_ms * (int(wire.gradient_top_k) + int(wire.read_top_k))
     compute = worker_cpu - setup.step_ms + setup.step_ms / cores + costs.rtt_ms
-    steps = 1 if mode == ASYNC else workers  # worker steps per update
+    steps = 1 if mode == BETWEEN_GRAPH else workers  # worker steps per update
     ps_mb = steps * (read_mb + grad_mb) * share
     select = steps * compress_ms if wire.read_top_k else 0.0
     per_task = costs.ps_fixed_ms + steps * costs.ps_request_ms
@@ -170,7 +172,7 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
         + select
     )
     worker_link = link_ms(read_mb + grad_mb)
-    if mode == ASYNC:
+    if mode == BETWEEN_GRAPH:
         terms = {
             "worker compute": compute,
             "worker link": worker_link,
@@ -184,7 +186,7 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
         if rate is not None:
             _add(caps, "ps link", 1000 / link_ms(max(read_mb, grad_mb) * share))
     else:
-        if mode == SYNC:
+        if mode == SYNC_REPLICAS:
             critical = ("sync critical path", costs.sync_critical_path_ms)
         else:
             critical = ("in-graph critical path", costs.in_graph_chief_ms * workers)

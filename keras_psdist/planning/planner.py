@@ -10,9 +10,10 @@ from typing import Any
 from keras_psdist.planning import inputs
 from keras_psdist.planning.costs import Costs
 from keras_psdist.planning.model import (
-    ASYNC,
+    BETWEEN_GRAPH,
     IN_GRAPH,
-    SYNC,
+    MODES,
+    SYNC_REPLICAS,
     Prediction,
     Setup,
     predict,
@@ -32,7 +33,7 @@ class Recommendation:
     """The mode, ps count and compression `plan` recommends, and why.
 
     Attributes:
-        mode: `"async"`, `"sync"` or `"in-graph"`.
+        mode: `"between-graph"`, `"sync-replicas"` or `"in-graph"`.
         num_ps: The fewest ps tasks within 5 % of the mode's best.
         compression: The first compression listed that is within 5 % there.
         why: One sentence.
@@ -88,9 +89,9 @@ def _pick(rows: list[Prediction], order: list[str]) -> Prediction:
 
 def _recommend(by_mode: dict[str, Prediction], exact: bool, counts: tuple[int, ...]):
     if exact:
-        pool = [m for m in (SYNC, IN_GRAPH) if m in by_mode]
+        pool = [m for m in (SYNC_REPLICAS, IN_GRAPH) if m in by_mode]
     else:
-        pool = [ASYNC] if ASYNC in by_mode else list(by_mode)
+        pool = [BETWEEN_GRAPH] if BETWEEN_GRAPH in by_mode else list(by_mode)
     mode = max(pool, key=lambda m: by_mode[m].examples_per_s)
     pick = by_mode[mode]
     why = (
@@ -104,10 +105,10 @@ def _recommend(by_mode: dict[str, Prediction], exact: bool, counts: tuple[int, .
             else f"; {pick.num_ps} is the most ps tasks tried"
         )
     others = {m: p.examples_per_s for m, p in by_mode.items() if m != mode}
-    rivals = [m for m in (SYNC, IN_GRAPH) if m in others]
+    rivals = [m for m in (SYNC_REPLICAS, IN_GRAPH) if m in others]
     if exact and rivals:
         why += f"; the other exact mode, {rivals[0]}, predicts {others[rivals[0]]:,.0f}"
-    elif mode == ASYNC and others:
+    elif mode == BETWEEN_GRAPH and others:
         fastest = max(others, key=others.get)
         ratio = pick.examples_per_s / others[fastest]
         why += "; updates need not be exact (exact=False), " + (
@@ -129,7 +130,7 @@ def plan(
     batch: int = 128,
     step_ms: float | None = None,
     machine_cores: float | None = None,
-    modes: Sequence[str] = ("async", "sync", "in-graph"),
+    modes: Sequence[str] = MODES,
     compressions: Sequence[str] = ("none",),
     exact: bool = False,
     partitioned: bool = False,
@@ -137,9 +138,10 @@ def plan(
 ) -> Plan:
     """Predicts updates/s and examples/s from measured costs, and recommends.
 
-    For each mode (`"async"`: `PSStrategy(mode="between-graph")`; `"sync"`:
-    `SyncReplicaStrategy(replicas_to_aggregate=workers)`; `"in-graph"`:
-    `PSStrategy()`), compression and ps count, the cost model of
+    For each mode, named as `PSStrategy(mode=...)` names it
+    (`"between-graph"`: `PSStrategy(mode="between-graph")`, asynchronous;
+    `"sync-replicas"`: `SyncReplicaStrategy(replicas_to_aggregate=workers)`;
+    `"in-graph"`: `PSStrategy()`), compression and ps count, the cost model of
     `keras_psdist.planning.model` predicts the updates and examples per
     second and names what bounds them: `"ps CPU"`, `"ps link"`, `"worker
     link"`, `"worker compute"`, the `"sync critical path"` or the `"in-graph
@@ -162,13 +164,15 @@ def plan(
             costs.flops_per_core_ms`.
         machine_cores: The cores every task shares, for one machine's test
             bed; None: each task has its own.
-        modes: Which of `"async"`, `"sync"`, `"in-graph"` to predict.
+        modes: Which of `"between-graph"`, `"sync-replicas"`, `"in-graph"` to predict
+            (the names of `PSStrategy(mode=...)`; underscores read as hyphens).
         compressions: Spellings as `benchmarks/scaling.py --compression`
             writes them: `"none"`, `"fp16"`, `"bf16"`, `"top_k(ratio=0.01)"`,
             with `@bfloat16` for 16-bit reads (`keras_psdist.planning.wire`);
             in order of preference: within 5 %, the first listed is picked.
         exact: Recommend only a mode whose updates apply every worker's
-            gradient (sync or in-graph). Defaults to False: async.
+            gradient (sync-replicas or in-graph). Defaults to False:
+            between-graph (asynchronous).
         partitioned: The variables are split evenly over the ps tasks (a
             partitioner); False places each whole, as `placement="greedy"`.
         costs: The constants; defaults to `Costs()`.
@@ -189,10 +193,10 @@ def plan(
 
     >>> from keras_psdist.planning import plan
     >>> result = plan(variable_bytes=[4_000_000] * 4, workers=16,
-    ...               link_mbit=100, modes=("async",))
+    ...               link_mbit=100, modes=("between-graph",))
     >>> result.recommendation.mode, result.recommendation.num_ps
-    ('async', 4)
-    >>> result.by_mode["async"].bottleneck
+    ('between-graph', 4)
+    >>> result.by_mode["between-graph"].bottleneck
     'ps link'
     >>> print(result)  # doctest: +ELLIPSIS
     Predicted by keras_psdist's cost model (not measured): 16 workers, ...
@@ -216,10 +220,10 @@ def plan(
     for name, flag in (("exact", exact), ("partitioned", partitioned)):
         if not isinstance(flag, bool):
             raise ValueError(f"`{name}` must be True or False. Received: {flag!r}")
-    if exact and not {SYNC, IN_GRAPH} & set(chosen_modes):
+    if exact and not {SYNC_REPLICAS, IN_GRAPH} & set(chosen_modes):
         raise ValueError(
-            "exact=True recommends sync or in-graph, but `modes` has neither. "
-            f"Received: modes={tuple(chosen_modes)!r}. Add 'sync' or 'in-graph'."
+            "exact=True recommends sync-replicas or in-graph, but `modes` has neither. "
+            f"Received: modes={tuple(chosen_modes)!r}. Add 'sync-replicas' or 'in-graph'."
         )
     costs = Costs() if costs is None else costs
     if not isinstance(costs, Costs):
