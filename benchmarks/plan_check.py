@@ -207,8 +207,11 @@ def fit(runs: list[dict], sizes: list[int], cores: float, batch: int, steps=()):
         if r.get("ps_cpu_ms_per_update") is not None:
             used = model.ps_share(sizes, r["num_ps"], partitioned=False)[1]
             k = 1 if r["kind"] == "async" else r["workers"]  # steps per update
+            # The tensors' CPU is measured apart (ps_request_cost.py).
+            tensors = k * model.ps_tensors(sizes, r["num_ps"], partitioned=False)[1]
             rows.append((used, k * used, k * 2 * sum(sizes) / 1e6,
-                         r["ps_cpu_ms_per_update"] - apply_ms))  # fmt: skip
+                         r["ps_cpu_ms_per_update"] - apply_ms
+                         - tensors * costs.ps_tensor_ms))  # fmt: skip
     table = np.array(rows, dtype=float).reshape(-1, 4)
     a, y = table[:, :3], table[:, 3]
     names, request = (), costs.ps_request_ms

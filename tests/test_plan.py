@@ -11,7 +11,7 @@ import pytest
 
 from keras_psdist.cli import main as cli
 from keras_psdist.planning import Costs, Plan, plan
-from keras_psdist.planning.model import MODES, Setup, ps_share
+from keras_psdist.planning.model import MODES, Setup, ps_share, ps_tensors
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,6 +66,28 @@ def test_whole_variables_go_as_greedy_placement_puts_them():
     assert share == pytest.approx((MLP[1] + MLP[2]) / sum(MLP))
     assert used == 2
     assert ps_share(MLP, 8, partitioned=False)[1] == 6  # one task per variable
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_same_bytes_in_more_variables_cost_the_ps_more(mode):
+    # Each variable is a read and a push of its own (ps_request_cost.py).
+    costs = Costs()
+    few = _one(mode, variable_bytes=[8_000_000] * 2, workers=4)
+    many = _one(mode, variable_bytes=[100_000] * 160, workers=4)
+    steps = 1 if mode == "between-graph" else 4
+    extra = steps * 2 * (160 - 2) * costs.ps_tensor_ms
+    assert many.ps_cpu_ms_per_update - few.ps_cpu_ms_per_update == pytest.approx(extra)
+
+
+def test_the_calibration_model_keeps_its_measured_cost_per_step():
+    # ps_request_ms was split out of 3.40 ms per step of a 6-variable model
+    # on one ps task: that model's prediction is what it was.
+    costs = Costs()
+    busiest, total = ps_tensors(MLP, 1, partitioned=False)
+    assert busiest == total == 12
+    assert costs.ps_request_ms + busiest * costs.ps_tensor_ms == pytest.approx(3.40)
+    # Partitioned, every task holds a shard of each variable.
+    assert ps_tensors(MLP, 4, partitioned=True) == (12, 48)
 
 
 @pytest.mark.parametrize("mode", MODES)

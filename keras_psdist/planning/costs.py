@@ -61,8 +61,19 @@ class Costs:
             ms (`python benchmarks/sync_vs_tf1.py --update-only --rounds 3`,
             `benchmarks/results/sync_update.json`).
         ps_request_ms: A ps task's CPU per worker step it serves (the
-            step's reads and its push: the calls, not the bytes). 3.40: see
-            `ps_ms_per_mb`, from which it is split.
+            step's calls, not its tensors nor its bytes). 2.65: the 3.40 ms
+            per worker step split from `ps_ms_per_mb` below (measured with
+            the 6-variable MLPs on one ps task), less what that step's 12
+            tensors take (12 x `ps_tensor_ms`, 0.75 ms).
+        ps_tensor_ms: A ps task's CPU per tensor a worker step moves to or
+            from it (one read per variable it holds, one gradient pushed
+            back). 0.0625: TensorFlow alone, one ps and one worker on
+            loopback, 10 steps per call, 2 to 192 tensors of the same 1.19
+            MB in all: (14.60 - 2.73 ms) / 190 more tensors (`python
+            benchmarks/ps_request_cost.py --rounds 3`,
+            `benchmarks/results/ps_request_cost.json`). A model of many
+            variables costs the ps more per step than one of the same bytes
+            in few.
         ps_ms_per_mb: A ps task's CPU per MB it serves or receives. 0.2081:
             the same least squares (16-bit reads and gradients halve the
             bytes and barely move the ps's CPU: 6.08 and 6.88 ms per update
@@ -120,7 +131,8 @@ class Costs:
     worker_overhead_ms: float = 3.71
     rtt_ms: float = 0.2
     ps_fixed_ms: float = 1.388
-    ps_request_ms: float = 3.40
+    ps_request_ms: float = 2.65
+    ps_tensor_ms: float = 0.0625
     ps_ms_per_mb: float = 0.2081
     ps_apply_ms_per_mparam: float = 3.27
     sync_critical_path_ms: float = 4.906

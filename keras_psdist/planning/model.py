@@ -4,10 +4,12 @@ Per update, with `B` the variables' bytes, `Rb` the bytes a worker reads and
 `G` the bytes it sends per step (`wire.py`), `s` the busiest ps task's share
 of the variables (`ps_share`), `c` the cores per task, `W` the workers:
 
-- ps CPU per update, on the busiest ps task: `ps_fixed_ms + k ps_request_ms
-  + ps_ms_per_mb k (Rb + G) s + ps_apply_ms_per_mparam * params s`, with
-  `k = 1` worker steps per update for async and `k = W` for sync and
-  in-graph (each step's requests reach every ps task holding a variable).
+- ps CPU per update, on the busiest ps task: `ps_fixed_ms + k (ps_request_ms
+  + 2 v ps_tensor_ms) + ps_ms_per_mb k (Rb + G) s + ps_apply_ms_per_mparam *
+  params s`, with `k = 1` worker steps per update for async and `k = W` for
+  sync and in-graph (each step's requests reach every ps task holding a
+  variable) and `v` the variables (or shards) on that task, each read and
+  pushed once a step (`ps_tensors`).
 - async: a worker's step takes `step_ms / c + worker_overhead_ms + rtt_ms +
   (Rb + G) / link + ps CPU` (it waits for its own update on the ps);
   updates/s is the least of `W / step`, `c / ps CPU` and, the link carrying
@@ -129,6 +131,27 @@ def ps_share(variable_bytes: Sequence[int], num_ps: int, partitioned: bool):
     return max(loads) / total, sum(load > 0 for load in loads)
 
 
+def ps_tensors(variable_bytes: Sequence[int], num_ps: int, partitioned: bool):
+    """`(busiest, total)`: the tensors a worker step moves to and from the
+    busiest ps task (by bytes, as `ps_share` places them), and to and from
+    every task: a read and a pushed gradient per variable, or per shard of
+    a partitioned one (every task holds a shard of each).
+
+    >>> ps_tensors([1000, 10, 10], 2, partitioned=False)
+    (2, 6)
+    >>> ps_tensors([1000, 10, 10], 4, partitioned=True)
+    (6, 24)
+    """
+    if partitioned:
+        return 2 * len(variable_bytes), 2 * len(variable_bytes) * num_ps
+    loads, counts = [0] * num_ps, [0] * num_ps
+    for size in variable_bytes:
+        task = loads.index(min(loads))
+        loads[task] += size
+        counts[task] += 1
+    return 2 * counts[loads.index(max(loads))], 2 * len(variable_bytes)
+
+
 def _largest(terms: dict[str, float]) -> str:
     return max(terms, key=terms.get)
 
@@ -159,14 +182,18 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
     steps = 1 if mode == BETWEEN_GRAPH else workers  # worker steps per update
     ps_mb = steps * (read_mb + grad_mb) * share
     select = steps * compress_ms if wire.read_top_k else 0.0
-    per_task = costs.ps_fixed_ms + steps * costs.ps_request_ms
+    busiest, tensors = ps_tensors(setup.variable_bytes, setup.num_ps, setup.partitioned)
+    requests = steps * costs.ps_request_ms
     ps_cpu = (
-        per_task
+        costs.ps_fixed_ms
+        + requests
+        + steps * costs.ps_tensor_ms * busiest
         + costs.ps_ms_per_mb * ps_mb
         + (costs.ps_apply_ms_per_mparam * params_m + select) * share
     )
     ps_cpu_all = (
-        per_task * used
+        (costs.ps_fixed_ms + requests) * used
+        + steps * costs.ps_tensor_ms * tensors
         + costs.ps_ms_per_mb * steps * (read_mb + grad_mb)
         + costs.ps_apply_ms_per_mparam * params_m
         + select
