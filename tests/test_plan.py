@@ -306,3 +306,20 @@ def test_setup_defaults_predict_without_plan():
     setup = Setup(tuple(MLP), workers=2, num_ps=1)
     prediction = model.predict("sync-replicas", wire.parse("none"), setup, Costs())
     assert prediction.updates_per_s > 0 and prediction.label == "prediction"
+
+
+def test_planning_imports_no_tensorflow():
+    # A laptop plans a cluster without TensorFlow's import (docs/architecture.md).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from keras_psdist import planning; "
+        "planning.plan(variable_bytes=[4096, 64], workers=8); "
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
