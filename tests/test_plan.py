@@ -323,3 +323,62 @@ def test_planning_imports_no_tensorflow():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+READS_TOO = "top_k(ratio=0.01)@bfloat16@top_k(ratio=0.05)"
+
+
+def test_the_recommendation_says_the_strategy_to_write_and_the_launch():
+    import shlex
+
+    import keras_psdist as kpd
+
+    result = plan(
+        variable_bytes=MLP,
+        workers=2,
+        modes=("in-graph",),
+        compressions=(READS_TOO,),
+        exact=True,
+    )
+    rec = result.recommendation
+    assert rec.strategy == (
+        'kpd.PSStrategy(compression="top_k(ratio=0.01)", read_dtype="bfloat16", '
+        'read_compression="top_k(ratio=0.05)")'
+    )
+    # The code builds (in-graph, this process's devices) what the plan assumed.
+    strategy = eval(rec.strategy, {"kpd": kpd})  # noqa: S307
+    assert isinstance(strategy, kpd.PSStrategy)
+    assert rec.launch == (
+        f"keras-psdist launch --num-ps {rec.num_ps} --num-workers 2 -- python train.py"
+    )
+    try:  # every flag of the command is one `keras-psdist launch` takes
+        assert cli._parse_flags(shlex.split(rec.launch))[1] == "launch"
+        assert cli.FLAGS.num_ps == rec.num_ps and cli.FLAGS.num_workers == 2
+    finally:
+        cli.FLAGS.unparse_flags()
+    assert "To run it: `kpd.PSStrategy(" in str(result)
+    assert result.to_dict()["recommendation"]["launch"] == rec.launch
+
+
+@pytest.mark.parametrize(
+    "mode, strategy, flag",
+    [
+        ("between-graph", 'kpd.PSStrategy(mode="between-graph", compression="fp16")', True),
+        ("sync-replicas", 'kpd.SyncReplicaStrategy(compression="fp16")', True),
+        ("in-graph", 'kpd.PSStrategy(compression="fp16")', False),
+    ],
+)  # fmt: skip
+def test_each_mode_names_its_strategy_and_launch_mode(mode, strategy, flag):
+    rec = plan(
+        variable_bytes=MLP, workers=4, modes=(mode,), compressions=("fp16",)
+    ).recommendation
+    assert rec.strategy == strategy
+    assert ("--mode between-graph" in rec.launch) == flag
+
+
+def test_a_partitioned_plan_writes_its_partitioner():
+    rec = plan(
+        variable_bytes=[64_000_000], workers=32, link_mbit=1000, partitioned=True
+    ).recommendation
+    assert rec.num_ps > 1
+    assert f"partitioner=kpd.partitioners.Fixed({rec.num_ps})" in rec.strategy

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_psdist.planning import inputs
+from keras_psdist.planning import wire as wire_lib
 from keras_psdist.planning.costs import Costs
 from keras_psdist.planning.model import (
     BETWEEN_GRAPH,
@@ -37,12 +38,17 @@ class Recommendation:
         num_ps: The fewest ps tasks within 5 % of the mode's best.
         compression: The first compression listed that is within 5 % there.
         why: One sentence.
+        strategy: The strategy to build in the script, as code.
+        launch: The command that starts the job on one machine's processes
+            (`keras-psdist launch`; `train.py` stands for the script).
     """
 
     mode: str
     num_ps: int
     compression: str
     why: str
+    strategy: str = ""
+    launch: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +123,29 @@ def _recommend(by_mode: dict[str, Prediction], exact: bool, counts: tuple[int, .
             else f"though {fastest} predicts {1 / ratio:.2f}x its examples/s"
         )
     return Recommendation(mode, pick.num_ps, pick.compression, why + ".")
+
+
+def _how_to_run(rec: Recommendation, workers: int, partitioned: bool) -> Recommendation:
+    """`rec` with the strategy to write and the command to start it."""
+    arguments = [
+        f'{k}="{v}"' for k, v in wire_lib.strategy_arguments(rec.compression).items()
+    ]
+    if partitioned and rec.num_ps > 1:
+        arguments.append(f"partitioner=kpd.partitioners.Fixed({rec.num_ps})")
+    if rec.mode == SYNC_REPLICAS:
+        strategy = "kpd.SyncReplicaStrategy"
+    else:
+        strategy = "kpd.PSStrategy"
+        if rec.mode == BETWEEN_GRAPH:
+            arguments.insert(0, 'mode="between-graph"')
+    launch = f"keras-psdist launch --num-ps {rec.num_ps} --num-workers {workers}"
+    if rec.mode != IN_GRAPH:
+        launch += " --mode between-graph"
+    return dataclasses.replace(
+        rec,
+        strategy=f"{strategy}({', '.join(arguments)})",
+        launch=f"{launch} -- python train.py",
+    )
 
 
 def plan(
@@ -257,7 +286,9 @@ def plan(
     }  # fmt: skip
     return Plan(
         predictions=predictions,
-        recommendation=_recommend(by_mode, exact, counts),
+        recommendation=_how_to_run(
+            _recommend(by_mode, exact, counts), workers, partitioned
+        ),
         by_mode=by_mode,
         inputs=described,
         costs=costs,

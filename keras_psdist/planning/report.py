@@ -60,5 +60,9 @@ def render(
         f"Recommendation (predicted): {rec.mode}, {rec.num_ps} ps "
         f"task{'s' if rec.num_ps > 1 else ''}, compression {rec.compression}. "
         f"{rec.why}",
+        "",
+        f"To run it: `{rec.strategy}` in train.py, started with `{rec.launch}` "
+        "(on separate machines, each task's TF_CONFIG names the same tasks: "
+        "docs/cluster.md).",
     ]
     return "\n".join(lines)

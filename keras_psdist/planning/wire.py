@@ -131,3 +131,36 @@ def parse(spelling: str) -> Wire:
         gradient_top_k=top_k is not None,
         read_top_k=change is not None,
     )
+
+
+# `read_dtype=`'s names of the 16-bit dtypes.
+_READ_DTYPE = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
+               "float16": "float16"}  # fmt: skip
+
+
+def strategy_arguments(spelling: str) -> dict[str, str]:
+    """The strategy's arguments that send what `spelling` says (`compression`,
+    `read_dtype`, `read_compression`; none for `"none"`).
+
+    >>> strategy_arguments("top_k(ratio=0.01)@bfloat16@top_k(ratio=0.05)")
+    {'compression': 'top_k(ratio=0.01)', 'read_dtype': 'bfloat16', \
+'read_compression': 'top_k(ratio=0.05)'}
+    >>> strategy_arguments("none")
+    {}
+    """
+    parse(spelling)  # a ValueError for a spelling the planner does not model
+    gradient, _, reads = spelling.partition("@")
+    read_dtype, _, read_change = (part.strip() for part in reads.partition("@"))
+    arguments = {}
+    gradient = gradient.strip()
+    if gradient in _HALF:
+        arguments["compression"] = _HALF[gradient]
+    elif gradient != "none":
+        arguments["compression"] = f"top_k(ratio={_ratio(gradient, spelling):g})"
+    if read_dtype in _READ_DTYPE:
+        arguments["read_dtype"] = _READ_DTYPE[read_dtype]
+    if read_change:
+        arguments["read_compression"] = (
+            f"top_k(ratio={_ratio(read_change, spelling):g})"
+        )
+    return arguments
