@@ -170,9 +170,9 @@ def main() -> int:
                    "ps CPU ms/step, separate", "packed", "packed / separate",
                    "worker wall ms/step, separate", "packed"]  # fmt: skip
         print(harness.markdown_table(rows, columns))
-        if args.json:
-            harness.write_results(args.json, {"parameters": PARAMETERS, "runs": raw,
-                                              "settings": vars(args)})  # fmt: skip
+        out = harness.write_results(args.json, {"parameters": PARAMETERS, "runs": raw,
+                                                "settings": vars(args)})  # fmt: skip
+        print(f"wrote {out}")
     finally:
         ps.kill()
         ps.wait()
