@@ -59,6 +59,7 @@ import argparse
 import faulthandler
 import json
 import re
+import shlex
 import sys
 import time
 from dataclasses import asdict
@@ -79,6 +80,7 @@ from harness.digits import (  # noqa: E402  (the runs, shared with robustness_no
     ATTACKS,
     Run,
     Setup,
+    attack_list,
     build_model,
     load_data,
     rule_f,
@@ -460,7 +462,7 @@ def _cli_suffix(args) -> str:
         ):
             continue
         shown.append(arg)
-    return "".join(f" {a}" for a in shown)
+    return "".join(f" {shlex.quote(a)}" for a in shown)  # copied, it runs
 
 
 def write_json(path: str, runs: list[Run], info: dict, args, wall_s: float) -> None:
@@ -712,8 +714,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     what.add_argument(
         "--attacks",
-        type=harness.name_list(lambda: list(ATTACKS), "attacks"),
-        help=f"comma-separated attacks (default: all of {','.join(ATTACKS)})",
+        type=attack_list,
+        help=f"comma-separated attacks (default: all of {','.join(ATTACKS)}); "
+        "any registered attack takes arguments as the rules' stages do, e.g. "
+        "rop(z=0.3)",
     )
     what.add_argument(
         "--quick",
@@ -899,6 +903,7 @@ def load_json(path: str, args) -> tuple[list[Run], dict, float, dict]:
         if key in payload["config"]:
             setattr(args, key, payload["config"][key])
     args.attackers = list(args.attackers)
+    args.attacks = attack_list(",".join(args.attacks))  # spelled ones: rop(z=3)
     runs = [Run(**r) for r in payload["runs"]]
     return runs, payload["info"], payload["wall_s"], payload["environment"]
 

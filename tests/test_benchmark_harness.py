@@ -534,3 +534,20 @@ def test_the_tf_keras_comparison_is_fair_and_rotates(cluster_bench, monkeypatch)
     text = cluster_bench.format_vs_tf_keras(summary, args)
     assert "async / tf_keras at 40-step epochs straddles 1.0 (0.90..1.20)" in text
     assert "in-graph / tf_keras at 40-step epochs straddles" not in text
+
+
+def test_an_attack_takes_arguments_as_a_stage_does(fresh_harness):
+    # robustness.py --attacks 'rop,rop(z=3)' sweeps ROP's length in one run.
+    import argparse
+
+    digits = importlib.import_module("harness.digits")
+    assert digits.attack_list("none,rop(z=3),alie(z=1.5),rop(z=3)") == [
+        "none",
+        "rop(z=3)",
+        "alie(z=1.5)",
+    ]
+    rop = digits.ATTACKS["rop(z=3)"].build([6, 7], 0)
+    assert type(rop).__name__ == "ROP" and rop.z == 3
+    assert digits.ATTACKS["rop(z=3)"].label == "ROP z=3"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'ropp\(z=1\)'.*ids: "):
+        digits.attack_list("ropp(z=1)")

@@ -14,6 +14,9 @@ Imports TensorFlow (after `prepare_tensorflow`).
 
 from __future__ import annotations
 
+import argparse
+import ast
+import re
 import time
 import traceback
 from collections.abc import Callable
@@ -87,6 +90,59 @@ ATTACKS: dict[str, AttackSpec] = {
         lambda r, s: A.OptimalLabelFlip(replicas=r, num_classes=NUM_CLASSES),
     ),
 }
+
+
+_SPELLED = re.compile(r"([A-Za-z_]\w*)\((.*)\)")
+
+
+def attack_named(spelling: str) -> str:
+    """The `ATTACKS` key of `spelling`: a key already, or a registered
+    attack id with arguments, ``rop(z=0.3)`` or ``alie(z=1;...)`` (as the
+    rules' stages are spelled), added to `ATTACKS` under that spelling.
+
+    >>> attack_named("rop(z=0.3)"), ATTACKS["rop(z=0.3)"].label
+    ('rop(z=0.3)', 'ROP z=0.3')
+    """
+    spelling = spelling.strip()
+    if spelling in ATTACKS:
+        return spelling
+    match = _SPELLED.fullmatch(spelling)
+    if not match or match.group(1) not in kpd.attacks.names():
+        raise ValueError(
+            f"unknown attack {spelling!r}: one of {','.join(ATTACKS)}, or a "
+            f"registered attack with arguments like rop(z=0.3) (ids: "
+            f"{','.join(kpd.attacks.names())})"
+        )
+    name, arguments = match.group(1), {}
+    for item in filter(str.strip, match.group(2).split(";")):
+        key, _, value = item.partition("=")
+        try:
+            arguments[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            arguments[key.strip()] = value.strip()
+    label = ATTACKS[name].label if name in ATTACKS else name
+    label += " " + " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in arguments.items())  # fmt: skip
+    ATTACKS[spelling] = AttackSpec(
+        label.strip(),
+        lambda r, s: kpd.attacks.get(
+            {"class_name": name, "config": {"replicas": r, **arguments}}
+        ),
+    )
+    return spelling
+
+
+def attack_list(text: str) -> list[str]:
+    """argparse type: comma-separated attacks, each a key of `ATTACKS` or a
+    spelling `attack_named` reads (a comma inside parentheses stays)."""
+    parts = re.split(r",(?![^()]*\))", text)
+    try:
+        names = [attack_named(part) for part in parts if part.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not names:
+        raise argparse.ArgumentTypeError(f"no attack in {text!r}")
+    return list(dict.fromkeys(names))
 
 
 def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
