@@ -125,9 +125,7 @@ def ps_share(variable_bytes: Sequence[int], num_ps: int, partitioned: bool):
     total = sum(variable_bytes)
     if partitioned or total == 0:
         return 1.0 / num_ps, num_ps
-    loads = [0] * num_ps
-    for size in variable_bytes:
-        loads[loads.index(min(loads))] += size
+    loads, _ = _greedy(variable_bytes, num_ps)
     return max(loads) / total, sum(load > 0 for load in loads)
 
 
@@ -144,12 +142,20 @@ def ps_tensors(variable_bytes: Sequence[int], num_ps: int, partitioned: bool):
     """
     if partitioned:
         return 2 * len(variable_bytes), 2 * len(variable_bytes) * num_ps
+    loads, counts = _greedy(variable_bytes, num_ps)
+    return 2 * counts[loads.index(max(loads))], 2 * len(variable_bytes)
+
+
+def _greedy(variable_bytes: Sequence[int], num_ps: int):
+    """`(loads, counts)` per ps task, bytes and variables, as
+    `placement="greedy"` places whole variables: each on the least-loaded
+    task by bytes, in creation order."""
     loads, counts = [0] * num_ps, [0] * num_ps
     for size in variable_bytes:
         task = loads.index(min(loads))
         loads[task] += size
         counts[task] += 1
-    return 2 * counts[loads.index(max(loads))], 2 * len(variable_bytes)
+    return loads, counts
 
 
 def _largest(terms: dict[str, float]) -> str:
