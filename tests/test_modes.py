@@ -169,6 +169,8 @@ def test_one_host_runs_no_services_beside_keras_step(monkeypatch):
     assert services == modes.services.ClusterServices(server_jobs=services.server_jobs)
     assert extended.sync_training is services.training is None
     assert extended.registry is None and services.checkpointed() == {}
+    # The extended's attributes before 0.4 read the services.
+    assert extended.heartbeats is extended.server_watch is None
     with pytest.raises(KeyError), services.reporting_lost_tasks():
         raise KeyError("not a lost task")
 

@@ -202,6 +202,20 @@ class PSExtended(
         return self.services.registry
 
     @property
+    def heartbeats(self) -> Any:
+        """Between-graph runs: this process's heartbeat and its view of the
+        others' (`keras_psdist.cluster.liveness.Heartbeats`); else None:
+        `services.heartbeats`."""
+        return self.services.heartbeats
+
+    @property
+    def server_watch(self) -> Any:
+        """Cluster runs: ends this process if a server task is lost and it
+        does not stop by itself (`keras_psdist.cluster.task_loss`); else
+        None: `services.server_watch`."""
+        return self.services.server_watch
+
+    @property
     def placement(self) -> placement_lib.Placement:
         """Where each variable was placed and the bytes per device."""
         return self._creator.placement

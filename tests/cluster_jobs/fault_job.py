@@ -101,7 +101,8 @@ class Faults(keras.callbacks.Callback):
         when its gradients come again). Once it is lost, tells its restart
         to start (see `_wait_until_found_lost`)."""
         sync = getattr(self.strategy.extended.sync_training, "sync", None)
-        heartbeats = self.strategy.extended.services.heartbeats
+        heartbeats = self.strategy.extended.heartbeats  # the extended's, before 0.4
+        assert heartbeats is self.strategy.extended.services.heartbeats
 
         def lost():
             if sync is not None:
