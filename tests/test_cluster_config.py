@@ -318,3 +318,31 @@ def test_config_module_imports_without_tensorflow(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_only_an_in_graph_cluster_calls_its_steps_on_a_worker():
+    # In-graph across a cluster the chief holds no replica: a step's own
+    # ops (Keras's loop over steps) run on the first worker's host, not on
+    # the caller. One host and between-graph, the caller is where the
+    # replicas are.
+    from keras_psdist.cluster.runtime import Topology
+
+    config = ClusterConfig({**CLUSTER, "chief": ["127.0.0.1:2230"]}, "chief", 0)
+    workers = [f"/job:worker/replica:0/task:{i}/device:CPU:0" for i in range(2)]
+    ps = ("/job:ps/replica:0/task:0/device:CPU:0",)
+    input_workers = tuple((w, (w,)) for w in workers)
+    chief = "/job:chief/replica:0/task:0/device:CPU:0"
+    in_graph = Topology("in-graph", tuple(workers), ps, input_workers, chief, config)
+    assert in_graph.step_host == workers[0]
+    between = Topology(
+        "between-graph",
+        (workers[1],),
+        ps,
+        input_workers[1:],
+        workers[1],
+        config.with_task("worker", 1),
+    )
+    assert between.step_host is None
+    local = "/job:localhost/replica:0/task:0/device:CPU:0"
+    one_host = Topology("local", (local,), (local,), ((local, (local,)),), local)
+    assert one_host.step_host is None

@@ -83,6 +83,18 @@ def test_in_graph_places_variables_on_ps_tasks_and_spreads_them(in_graph_run):
 
 
 @pytest.mark.xdist_group("in_graph_cluster")
+def test_in_graph_steps_are_called_on_the_first_worker_not_the_chief(in_graph_run):
+    # The ops of Keras's loop over steps (its predicates, each step's batch)
+    # run beside the replicas: the call's results are on worker 0's host.
+    report, _, _ = in_graph_run
+    worker_0 = "/job:worker/replica:0/task:0/device:CPU:0"
+    assert report["step_device"] == worker_0
+    assert report["step_output_devices"] == [worker_0]
+    # docs/cluster.md's custom loop, called there as the docs say.
+    assert report["custom_step"][1] == 12.0
+
+
+@pytest.mark.xdist_group("in_graph_cluster")
 def test_in_graph_learns_and_equals_the_one_process_run(in_graph_run, cpu_devices):
     report, tmp_path, _ = in_graph_run
     assert report["accuracy"] >= 0.9

@@ -263,3 +263,47 @@ def test_in_graph_dataset_that_cannot_reach_the_workers_says_why(
     )
     with pytest.raises(ValueError, match=expected):
         inputs._clone_to_workers(tf.data.Dataset.range(4))
+
+
+def test_one_in_graph_worker_runs_the_pipeline_it_can_be_sent_else_the_callers():
+    """In-graph with one worker task, the pipeline runs on the worker (each
+    step's batch is read there), as with several; one built on Python code
+    cannot be sent, and stays with the caller (the chief) as before, rather
+    than being refused: one worker never needed it sent."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from keras_psdist.distribute.input import pipelines
+
+    worker = "/job:worker/replica:0/task:0/device:CPU:0"
+    topology = SimpleNamespace(
+        between_graph=False,
+        num_training_processes=1,
+        input_workers=((worker, (worker,)),),
+        client_device="/job:chief/replica:0/task:0/device:CPU:0",
+    )
+    inputs = pipelines.InputPipelines.__new__(pipelines.InputPipelines)
+    inputs._topology = topology
+    inputs._num_replicas = 1
+    dataset = tf.data.Dataset.range(8).batch(4)
+    clone = tf.data.Dataset.range(8).batch(4)
+    sent = []
+
+    def replicate(dataset, hosts):
+        sent.append(hosts)
+        return {worker: clone}
+
+    def cannot_send(dataset, hosts):
+        raise tf.errors.InvalidArgumentError(None, None, "Cannot serialize py_function")
+
+    original = pipelines.data_distribute.replicate
+    try:
+        pipelines.data_distribute.replicate = replicate
+        ((host, used, _),) = inputs.distribute_dataset(dataset, None)._pipelines
+        assert (host, used, sent) == (worker, clone, [[worker]])
+        pipelines.data_distribute.replicate = cannot_send
+        ((host, used, _),) = inputs.distribute_dataset(dataset, None)._pipelines
+        assert (host, used) == (worker, dataset)
+    finally:
+        pipelines.data_distribute.replicate = original

@@ -79,3 +79,59 @@ def test_a_batch_size_known_when_tracing_gives_pieces_of_known_sizes():
     unknown = (tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], tf.int32))
     traced = tf.function(pieces.cut, autograph=False).get_concrete_function(unknown)
     assert all(p[0].shape[0] is None for p in traced.structured_outputs)
+
+
+def test_a_steps_optional_keeps_each_pipelines_batches_on_its_host(cpu_devices):
+    # Two pipelines (as in-graph, one per worker task) reading the same
+    # global batches, each keeping two of the four pieces. A step's
+    # `Optional` is one per pipeline: each pipeline's batches stay on its
+    # host, and it is empty when the data ends.
+    from keras_psdist.distribute.input.iterators import SplitDataset, SplitOptional
+
+    dataset = tf.data.Dataset.range(10).batch(4)  # batches of 4, 4 and 2
+    hosts = cpu_devices[:2]
+    distributed = SplitDataset(
+        [
+            (hosts[0], dataset, Pieces(4, 0, 2)),
+            (hosts[1], dataset, Pieces(4, 2, 4)),
+        ]
+    )
+    iterator = iter(distributed)
+    optional = iterator.get_next_as_optional()
+    assert isinstance(optional, SplitOptional)
+    assert isinstance(optional, tf.experimental.Optional)
+    assert bool(optional.has_value())
+    replicas = optional.get_value().values
+    assert [r.numpy().tolist() for r in replicas] == [[0], [1], [2], [3]]
+    expected = [hosts[0]] * 2 + [hosts[1]] * 2
+    assert all(r.device.endswith(h) for r, h in zip(replicas, expected, strict=True))
+
+    @tf.function
+    def total(iterator):
+        # Keras's loop over steps: the optional is a loop variable, and the
+        # next one comes from a `tf.cond`.
+        def cond(steps, optional, total):
+            return optional.has_value()
+
+        def body(steps, optional, total):
+            batch = optional.get_value()
+            total += tf.add_n([tf.reduce_sum(v) for v in batch.values])
+            following = tf.cond(
+                steps < 100,
+                iterator.get_next_as_optional,
+                lambda: optional,
+            )
+            return steps + 1, following, total
+
+        first = iterator.get_next_as_optional()
+        zero = tf.constant(0, tf.int64)
+        steps, _, total = tf.while_loop(cond, body, [0, first, zero])
+        return steps, total
+
+    steps, summed = total(iter(distributed))
+    assert int(steps) == 3
+    assert int(summed) == sum(range(10))
+    # The second iterator above has ended; the first one has two steps left.
+    iterator.get_next_as_optional()
+    iterator.get_next_as_optional()
+    assert not bool(iterator.get_next_as_optional().has_value())

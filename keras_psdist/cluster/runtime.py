@@ -92,6 +92,23 @@ class Topology:
         return self.input_workers[0][0]
 
     @property
+    def step_host(self) -> str | None:
+        """Where a step function's own ops run: the ones of no replica and
+        no variable (Keras's loop over `steps_per_execution` steps, its
+        end-of-data checks), or `None` for the caller's device.
+
+        In-graph across a cluster, the first worker's host: called from the
+        chief, each of those ops would pass every step's predicates and
+        data between the chief and the workers (about 4 CPU-ms per step on
+        the chief); on the first worker they run beside its replicas, as a
+        `ClusterCoordinator` runs a function on a worker. Elsewhere the
+        caller is where the replicas are.
+        """
+        if self.mode != "in-graph" or self.config is None:
+            return None
+        return self.input_workers[0][0]
+
+    @property
     def chief_name(self) -> str:
         """The chief's task, e.g. `"worker:0"`, for messages."""
         if self.config is None:

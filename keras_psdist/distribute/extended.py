@@ -256,6 +256,19 @@ class PSExtended(
         return self._topology
 
     @property
+    def step_device(self) -> str | None:
+        """The device to call a step function on, or `None` (the caller's).
+
+        In-graph across a cluster, the first worker's host: `fit`,
+        `evaluate` and `train_on_batch` call Keras's step there, so that a
+        step's loop and checks run beside the replicas rather than on the
+        chief. A custom loop does the same with
+        `with tf.device(strategy.extended.step_device): step(iterator)`
+        (`tf.device(None)` is no scope). See `Topology.step_host`.
+        """
+        return self._topology.step_host
+
+    @property
     def aggregator(self) -> Aggregator:
         """The rule `batch_reduce_to` applies to per-replica values (sync
         replicas: a `SyncReplicaAggregation`, whose `rule` the chief applies

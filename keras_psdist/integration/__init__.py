@@ -9,6 +9,8 @@
                        (a piece made outside the scope) with the fix
     xla.py             `jit_compile=True`: each replica's forward and backward
                        pass compiled on its device, the update outside XLA
+    step_device.py     the wrapper that calls Keras's train and test functions
+                       on the first worker in-graph, not on the chief
     routed_take.py     the wrapper that gathers an embedding's rows where
                        they live instead of reading the whole table
     one_device_steps.py  the wrappers that run as one device does a model

@@ -202,6 +202,20 @@ PATCHES: tuple[Patch, ...] = (
         "and cannot leave it, and XLA cannot call `merge_call`.",
     ),
     Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function",
+        "keras_psdist.integration.step_device:on_step_device",
+        "In-graph, the chief calls the train function but holds no replica: "
+        "the ops of Keras's loop over `steps_per_execution` steps (its "
+        "counter, its end-of-data predicates) run on the chief, and every "
+        "step passes them between the chief and every worker and ps task. "
+        "The wrapper calls the function on `extended.step_device`, the "
+        "first worker. Retired by a strategy hook Keras calls around a step "
+        "function's call.",
+        "A strategy sees only what runs inside the traced function "
+        "(`strategy.run`, `reduce_to`); the call itself, and the device it "
+        "is made on, is Keras's.",
+    ),
+    Patch(
         "keras.src.backend.tensorflow.trainer:TensorFlowTrainer.make_predict_function",
         "keras_psdist.integration.xla:predict_without_xla",
         "As `_make_function`: `predict` is built without XLA; its forward "

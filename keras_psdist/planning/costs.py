@@ -118,7 +118,12 @@ class Costs:
             scaling_reads.json, scaling_delta_reads.json at W = 2; errors
             -21 % to +25 %). The chief's own CPU per update there grew by
             about 2.4 ms per worker; the rest of its 7.3 ms is waiting, on
-            2 shared cores.
+            2 shared cores. Since the step runs on the first worker (the
+            chief's CPU per update 0.8 to 1.4 ms), it is the critical path
+            per worker rather than the chief's: the 9 in-graph runs of
+            scaling_step_device.json are predicted with a median error of
+            6 % by these constants, and 9 % after a refit (4.906), so they
+            stay.
         compress_ms_per_mparam: CPU per million parameters to select a
             top-k, on the worker for its gradient and on the ps and the
             worker for a read of the changes. 12.4: the median extra async

@@ -204,6 +204,9 @@ def main(out_dir, mode, seed=0):
         np.savez(
             os.path.join(out_dir, "zoo_weights.npz"), *[w.numpy() for w in zoo.weights]
         )
+        report["step_device"] = strategy.extended.step_device
+        report["step_output_devices"] = step_output_devices(zoo, strategy)
+        report["custom_step"] = custom_step_on_step_device(strategy)
         report["xla_max_weight_difference"] = xla_against_no_xla(strategy)
         # Every pattern of the distribute tutorials, on the cluster.
         import tutorial_patterns
@@ -219,6 +222,35 @@ def main(out_dir, mode, seed=0):
     with open(os.path.join(out_dir, f"{task.replace(':', '_')}.json"), "w") as f:
         json.dump(report, f)
     print(f"{task}: accuracy {accuracy:.3f} after {report['steps']} steps")
+
+
+def step_output_devices(model, strategy) -> list:
+    """The devices of what one call of Keras's train function returns: the
+    device the call ran on (`extended.step_device` in-graph)."""
+    model.make_train_function()
+    dataset = strategy.experimental_distribute_dataset(layer_zoo.partial_batches(2))
+    logs = model.train_function(iter(dataset))
+    return sorted({t.device for t in tf.nest.flatten(logs)})
+
+
+def custom_step_on_step_device(strategy) -> list:
+    """docs/cluster.md's custom loop, called on `extended.step_device`: the
+    device its result is on, and the result (12.0)."""
+    with strategy.scope():
+        weight = tf.Variable(2.0)
+    data = tf.data.Dataset.range(8).map(lambda x: tf.cast(x, tf.float32)).batch(4)
+    iterator = iter(strategy.experimental_distribute_dataset(data))
+
+    @tf.function
+    def train_steps(iterator):
+        per_replica = strategy.run(
+            lambda x: tf.reduce_sum(x * weight), (next(iterator),)
+        )
+        return strategy.reduce("SUM", per_replica, axis=None)
+
+    with tf.device(strategy.extended.step_device):
+        total = train_steps(iterator)
+    return [total.device, float(total)]
 
 
 def lazy_custom_loop(strategy) -> dict:

@@ -6,7 +6,9 @@ read by a plain `tf.data` iterator on the pipeline's host. A step's `get_next`
 is one `IteratorGetNext` per pipeline; the global batch it returns is cut
 into the pipeline's replicas' pieces right there, inside the step's compiled
 function (`pieces.Pieces.cut`: a few slices per component), and the
-pieces are regrouped into `PerReplica` values.
+pieces are regrouped into `PerReplica` values. `get_next_as_optional` (what
+Keras's train function reads) returns a `SplitOptional`, one `Optional` per
+pipeline, so that each pipeline's batches stay on its host there too.
 
 So a new epoch's iterator costs what a single device's does. TensorFlow's own
 distributed iterator builds a multi-device iterator instead (a prefetching
@@ -83,7 +85,9 @@ class SplitDataset(input_lib.DistributedDataset):
         for host, dataset, _ in self._pipelines:
             with tf.device(host):
                 iterators.append(iter(dataset))
-        if len(self._pipelines) > 1 and tf.executing_eagerly():
+        if tf.executing_eagerly() and any(
+            not host.startswith("/job:localhost/") for host, _, _ in self._pipelines
+        ):
             # Eager ops on remote tasks run asynchronously, and a function
             # that reads an iterator does not wait for the op that
             # initialises it on another task: wait here.
@@ -165,30 +169,14 @@ class SplitIterator(
                 batches.extend(reader.take(iterator))
         return regroup(batches)
 
-    def get_next_as_optional(self) -> tf.experimental.Optional:
+    def get_next_as_optional(self) -> SplitOptional:
         """The next step's batches as an `Optional`, empty at the end of the
-        data."""
-        taken = []
+        data (a `SplitOptional`: each pipeline's part stays on its host)."""
+        drawn = []
         for iterator, host, reader in self._parts():
             with tf.device(host):
-                taken.append((host, *reader.take_optional(iterator)))
-        # The pipelines read the same global batches (or, from a function,
-        # as many steps each), so they end together.
-        has_value = taken[0][1]
-        for _, other, _ in taken[1:]:
-            has_value = tf.logical_and(has_value, other)
-
-        def value():
-            batches = []
-            for host, _, batches_of in taken:
-                with tf.device(host):
-                    batches.extend(batches_of())
-            return tf.experimental.Optional.from_value(regroup(batches))
-
-        def empty():
-            return tf.experimental.Optional.empty(self._element_spec)
-
-        return tf.cond(has_value, value, empty)
+                drawn.append(reader.draw(iterator))
+        return SplitOptional(drawn, self._hosts, self._readers, self._element_spec)
 
     def _parts(self):
         return zip(self._iterators, self._hosts, self._readers, strict=True)
@@ -208,9 +196,73 @@ class SplitIterator(
         )
 
 
+class SplitOptional(tf.experimental.Optional):
+    """A step's batches from every input pipeline, as an `Optional`: what
+    `SplitIterator.get_next_as_optional` returns.
+
+    Each pipeline's draw stays on its host, and `get_value` cuts each into
+    its replicas' batches there: only `has_value`'s one boolean per pipeline
+    leaves a host. (One `Optional` of every pipeline's batches would be one
+    tensor on one device, and every step's data would pass through it.)
+    The pipelines read the same global batches (or, from a function, as many
+    steps each), so they end together: it has a value when every
+    pipeline's draw has one.
+
+    Args:
+        drawn: Each pipeline's draw (`Reader.draw`: a tuple of `Optional`s).
+        hosts: Each pipeline's host device.
+        readers: Each pipeline's reader.
+        element_spec: The spec of the value: a structure of `PerReplicaSpec`s.
+    """
+
+    def __init__(self, drawn, hosts, readers, element_spec):
+        super().__init__()
+        self._drawn = tuple(tuple(d) for d in drawn)
+        self._hosts = tuple(hosts)
+        self._readers = tuple(readers)
+        self._element_spec = element_spec
+
+    def has_value(self, name=None) -> tf.Tensor:
+        """Whether every pipeline had a step's data left."""
+        del name
+        has_value = None
+        for drawn, host in zip(self._drawn, self._hosts, strict=True):
+            with tf.device(host):
+                this = drawn[0].has_value()
+            has_value = this if has_value is None else tf.logical_and(has_value, this)
+        return has_value
+
+    def get_value(self, name=None):
+        """The step's batches, as `PerReplica` values (each cut on its
+        pipeline's host); fails if `has_value()` is false."""
+        del name
+        batches = []
+        for drawn, host, reader in zip(
+            self._drawn, self._hosts, self._readers, strict=True
+        ):
+            with tf.device(host):
+                batches.extend(reader.values(drawn))
+        return regroup(batches)
+
+    @property
+    def element_spec(self):
+        """The structure of `PerReplicaSpec`s of the value."""
+        return self._element_spec
+
+    @property
+    def _type_spec(self) -> SplitOptionalSpec:
+        return SplitOptionalSpec(
+            tuple(tuple(o._type_spec for o in d) for d in self._drawn),  # noqa: SLF001
+            self._hosts,
+            self._readers,
+            self._element_spec,
+        )
+
+
 class _PipelinesSpec(tf.TypeSpec):
-    """What the specs of `SplitDataset` and `SplitIterator` share: their
-    components' specs (one per pipeline), hosts, readers and element spec."""
+    """What the specs of `SplitDataset`, `SplitIterator` and `SplitOptional`
+    share: their components' specs (one per pipeline), hosts, readers and
+    element spec."""
 
     __slots__ = ["_component_specs_", "_hosts", "_readers", "_element_spec"]
 
@@ -263,6 +315,23 @@ class SplitIteratorSpec(_PipelinesSpec):
 
     def _from_components(self, components):
         return SplitIterator(components, self._hosts, self._readers, self._element_spec)
+
+
+class SplitOptionalSpec(_PipelinesSpec):
+    """The `TypeSpec` of a `SplitOptional` (its component specs: one tuple
+    of `OptionalSpec`s per pipeline)."""
+
+    __slots__ = []
+
+    @property
+    def value_type(self):
+        return SplitOptional
+
+    def _to_components(self, value):
+        return value._drawn  # noqa: SLF001
+
+    def _from_components(self, components):
+        return SplitOptional(components, self._hosts, self._readers, self._element_spec)
 
 
 def regroup(per_replica: list):

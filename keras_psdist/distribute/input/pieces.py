@@ -43,11 +43,14 @@ class Pieces:
         `tf.errors.OutOfRangeError` at the end of the data."""
         return self.cut(iterator.get_next())
 
-    def take_optional(self, iterator):
-        """`(has_value, pieces)`: whether a global batch was left, and a
-        function that returns its kept pieces (called only if it was)."""
-        optional = iterator.get_next_as_optional()
-        return optional.has_value(), lambda: self.cut(optional.get_value())
+    def draw(self, iterator) -> tuple:
+        """The next global batch as a one-`Optional` tuple, empty at the
+        end of the data: a step's draw from the pipeline."""
+        return (iterator.get_next_as_optional(),)
+
+    def values(self, drawn: tuple) -> tuple:
+        """The kept pieces of a `draw` that has a value."""
+        return self.cut(drawn[0].get_value())
 
     def specs(self, dataset: tf.data.Dataset) -> tuple:
         """The specs of the kept pieces of `dataset`'s elements."""
@@ -100,15 +103,16 @@ class ReplicaElements:
         rest = [iterator.get_next_as_optional() for _ in range(self.count - 1)]
         return (first, *(_or_no_rows(optional, first) for optional in rest))
 
-    def take_optional(self, iterator):
-        """`(has_value, elements)`, as `Pieces.take_optional`."""
-        optionals = [iterator.get_next_as_optional() for _ in range(self.count)]
+    def draw(self, iterator) -> tuple:
+        """The next `count` elements as `Optional`s (a step's draw); the
+        first is empty at the end of the data."""
+        return tuple(iterator.get_next_as_optional() for _ in range(self.count))
 
-        def elements():
-            first = optionals[0].get_value()
-            return (first, *(_or_no_rows(o, first) for o in optionals[1:]))
-
-        return optionals[0].has_value(), elements
+    def values(self, drawn: tuple) -> tuple:
+        """One batch per replica from a `draw` whose first element has a
+        value."""
+        first = drawn[0].get_value()
+        return (first, *(_or_no_rows(o, first) for o in drawn[1:]))
 
     def specs(self, dataset: tf.data.Dataset) -> tuple:
         """Each replica's spec: the element's, any batch size (a replica

@@ -84,7 +84,15 @@ class InputPipelines:
             host = topology.input_workers[0][0]
             return SplitDataset([(host, dataset, pieces)])
         hosts = [host for host, _ in topology.input_workers]
-        clones = self._clone_to_workers(dataset) if len(hosts) > 1 else [dataset]
+        if len(hosts) > 1:
+            clones = self._clone_to_workers(dataset)
+        elif hosts[0] != topology.client_device:
+            # One worker task: its pipeline runs there when the dataset can
+            # be sent to it; one of Python code stays with the caller, and
+            # each step's batch comes from there (as one host's would).
+            clones = self._clone_to_workers(dataset, or_keep=True)
+        else:
+            clones = [dataset]
         pipelines, start = [], 0
         for (host, devices), clone in zip(topology.input_workers, clones, strict=True):
             pipelines.append((host, clone, Pieces(n, start, start + len(devices))))
@@ -129,12 +137,15 @@ class InputPipelines:
             pipelines.append((host, dataset, ReplicaElements(len(devices))))
         return SplitDataset(pipelines)
 
-    def _clone_to_workers(self, dataset):
-        """The dataset re-created on each worker task."""
+    def _clone_to_workers(self, dataset, or_keep=False):
+        """The dataset re-created on each worker task; with `or_keep`, the
+        dataset itself when it cannot be."""
         hosts = [host for host, _ in self._topology.input_workers]
         try:
             clones = data_distribute.replicate(dataset, hosts)
         except (tf.errors.OpError, ValueError, TypeError) as e:
+            if or_keep:
+                return [dataset]
             if "/job:localhost" in str(e) and "unknown device" in str(e):
                 raise ValueError(
                     "This dataset was built before the strategy connected to the "
