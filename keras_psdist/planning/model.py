@@ -17,7 +17,8 @@ of the variables (`ps_share`), `c` the cores per task, `W` the workers:
 - sync and in-graph: one update per `W` worker steps, taking `step_ms / c +
   worker_overhead_ms + rtt_ms + critical + max((Rb + G) / link, W (Rb + G) s
   / link, ps CPU / c)`, `critical` being `sync_critical_path_ms` or
-  `in_graph_chief_ms * W` (the chief drives each worker in turn).
+  `in_graph_chief_ms * W` (one step's control reaches each worker in turn,
+  from the first worker, where the step is called).
 - `machine_cores` (one machine for every task): updates/s is at most
   `machine_cores / (CPU ms of every task per update / 1000)`.
 
