@@ -135,3 +135,29 @@ def test_a_steps_optional_keeps_each_pipelines_batches_on_its_host(cpu_devices):
     iterator.get_next_as_optional()
     iterator.get_next_as_optional()
     assert not bool(iterator.get_next_as_optional().has_value())
+
+
+def test_a_steps_optional_passes_into_and_out_of_a_function(cpu_devices):
+    # As TensorFlow's own: an argument of a `tf.function` (without a
+    # retrace for the next step's) and a result of one.
+    strategy = kpd.PSStrategy(devices=cpu_devices[:2])
+    dataset = tf.data.Dataset.range(8).batch(4)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    traces = []
+
+    @tf.function
+    def read(optional):
+        traces.append(1)
+        return strategy.experimental_local_results(optional.get_value())
+
+    firsts = [
+        [int(t[0]) for t in read(iterator.get_next_as_optional())] for _ in range(2)
+    ]
+    assert firsts == [[0, 2], [4, 6]]
+    assert len(traces) == 1
+
+    @tf.function
+    def draw(iterator):
+        return iterator.get_next_as_optional()
+
+    assert not bool(draw(iterator).has_value())
