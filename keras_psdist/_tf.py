@@ -26,13 +26,15 @@ from tensorflow.python.distribute import (
 )
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute.v1 import input_lib as input_lib_v1
-from tensorflow.python.eager import context, lift_to_graph
+from tensorflow.python.eager import context, lift_to_graph, record
+from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.framework import (
     composite_tensor,
     composite_tensor_gradient,
     tensor_conversion_registry,
 )
 from tensorflow.python.ops import (
+    control_flow_util,
     embedding_ops,
     handle_data_util,
     resource_variable_ops,
@@ -71,6 +73,7 @@ __all__ = [
     "composite_tensor",
     "composite_tensor_gradient",
     "context",
+    "control_flow_util",
     "cross_device_ops_lib",
     "cross_device_utils",
     "data_distribute",
@@ -87,8 +90,10 @@ __all__ = [
     "nest",
     "numpy_dataset",
     "ps_values",
+    "record",
     "reduce_util",
     "resource_variable_ops",
+    "tape_lib",
     "tensor_conversion_registry",
     "values",
     "values_util",

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import keras_psdist as kpd
+from keras_psdist.distribute import packed_transfers
 from keras_psdist.variables import narrow_reads
 
 X = np.array([[1.0 + 2**-12, -3.0 + 2**-11, 0.5]], np.float32)
@@ -36,6 +37,16 @@ def narrowed(monkeypatch):
         return read(variable, dtype)
 
     monkeypatch.setattr(narrow_reads, "narrowed_read", counted)
+    # Reads a Keras step packs per ps task are narrowed in the pack, one
+    # dtype per variable (`keras_psdist.distribute.packed_transfers`).
+    packed = packed_transfers._packed
+
+    def packed_counted(members, source, destination, wire_dtype=None):
+        if wire_dtype is not None:
+            dtypes.extend([wire_dtype] * len(members))
+        return packed(members, source, destination, wire_dtype)
+
+    monkeypatch.setattr(packed_transfers, "_packed", packed_counted)
     return dtypes
 
 

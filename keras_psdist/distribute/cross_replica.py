@@ -34,7 +34,8 @@ class CrossReplicaReductions:
     Uses the extended's `_num_replicas_in_sync`, `_reduction_device`,
     `_reduction` (the `GradientReduction`), `_all_reduce` (a
     `ReplicatedAllReduce` or None), `_creator` (for the placement),
-    `_gather_ops`, `_compute_devices` and `_float_shares`.
+    `_gather_ops`, `_compute_devices`, `_float_shares` and `_reduced` (a set
+    the reduced gradients' refs are added to, see `as_reduced`).
     """
 
     def _reduce_to(self, reduce_op, value, destinations, options):
@@ -93,8 +94,24 @@ class CrossReplicaReductions:
             columns = [vs for _, vs in dense] + [vs for _, vs in sparse]
             reduced = self._reduction(reduce_op, columns, self._float_shares(columns))
             for (i, _), r in zip(dense + sparse, reduced, strict=True):
+                if isinstance(r, tf.Tensor):
+                    self._reduced.add(r.ref())
                 results[i] = self._to_destinations(r, pairs[i][1])
         return results
+
+    def as_reduced(self, value):
+        """`value` as the reduction made it: TensorFlow's
+        `ReplicaContext.all_reduce` hands each replica an `IdentityN` copy
+        of the reduced value on its own device (its custom gradient's); an
+        update on the parameter device takes the value it copied instead,
+        which is there already, rather than a copy sent to a replica and
+        back."""
+        op = getattr(value, "op", None)
+        if isinstance(value, tf.Tensor) and op is not None and op.type == "IdentityN":
+            source = op.inputs[value.value_index]
+            if source.ref() in self._reduced:
+                return source
+        return value
 
     def _all_reduces(self, destination) -> bool:
         """Whether a dense value for `destination` goes through TF's

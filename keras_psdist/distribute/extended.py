@@ -50,6 +50,7 @@ from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.distribute.all_reduce import ReplicatedAllReduce
 from keras_psdist.distribute.cross_replica import CrossReplicaReductions
 from keras_psdist.distribute.input import InputPipelines
+from keras_psdist.distribute.packed_transfers import PackedReads, move_together
 from keras_psdist.distribute.reduction import GradientReduction
 from keras_psdist.distribute.replica_batches import ReplicaBatches
 from keras_psdist.distribute.replica_writes import (
@@ -162,6 +163,13 @@ class PSExtended(
             reduce_to_device=self._reduction_device
         )
         self._staged = StagedMerge(self._reduction_device)
+        # A step's tensors from one task to another travel as one (see
+        # `packed_transfers.py`); False moves one per variable each way.
+        self._packed_reads = PackedReads()
+        # The gradients the reduction returned in the steps being traced
+        # (see `as_reduced`).
+        self._reduced = set()
+        self.pack_transfers = True
         # The per-replica batches of the step being traced (their shares,
         # which replicas have none; see `replica_batches.py`), else None.
         self._batches = None
@@ -316,6 +324,25 @@ class PSExtended(
         return None if self._delta_reads is None else self._delta_reads.compressor
 
     @property
+    def pack_transfers(self) -> bool:
+        """Whether a step's tensors from one task to another travel as one
+        (reads and gradients per ps task; see `packed_transfers.py`). On by
+        default; set it to `False` before a step is traced to move one
+        tensor per variable each way."""
+        return self._pack_transfers
+
+    @pack_transfers.setter
+    def pack_transfers(self, value: bool) -> None:
+        self._pack_transfers = bool(value)
+        self._reduction.pack_transfers = bool(value)
+
+    @property
+    def packed_reads(self) -> PackedReads | None:
+        """The packed reads of the steps being traced (`None` when
+        `pack_transfers` is off)."""
+        return self._packed_reads if self._pack_transfers else None
+
+    @property
     def delta_reads(self) -> DeltaReads | None:
         """The replicas' copies of the variables they read by their change,
         or `None` without `read_compression`."""
@@ -412,16 +439,37 @@ class PSExtended(
         args, kwargs = batches.with_stand_ins(args, kwargs or {})
         previous = self._batches
         self._batches = batches
+        packed = self._packed_variables(fn)
         fn = self._with_data_attack(fn)
         try:
-            outputs = mirrored_run.call_for_each_replica(
-                self._container_strategy(), fn, args, kwargs
-            )
+            with self._packed_reads.step(packed):
+                outputs = mirrored_run.call_for_each_replica(
+                    self._container_strategy(), fn, args, kwargs
+                )
         finally:
             self._batches = previous
+            if previous is None:
+                self._reduced.clear()
         return batches.trim_outputs(
             self._one_value_per_replica(outputs), zero_the_rest=not _is_keras_step(fn)
         )
+
+    def _packed_variables(self, fn) -> list[tf.Variable]:
+        """The variables whose reads in `fn`'s step come packed per ps
+        task: a Keras step's model's trainable parameter-server variables
+        (what its forward pass reads); none for other functions, whose
+        reads are not known in advance."""
+        if not self._pack_transfers or self._delta_reads is not None:
+            return []
+        model = _keras_step_model(fn)
+        if model is None:
+            return []
+        out = []
+        for variable in model.trainable_variables:
+            variable = getattr(variable, "value", variable)  # a Keras variable's
+            if isinstance(variable, ps_values.AggregatingVariable):
+                out.append(variable.get())
+        return out
 
     def _one_value_per_replica(self, outputs):
         """TF's regroup keeps an output every replica returned as the same
@@ -457,6 +505,7 @@ class PSExtended(
 
     def _update(self, var, fn, args, kwargs, group):
         inner = _unwrap(var)
+        self._packed_reads.wrote(inner)
         if isinstance(inner, ReplicatedVariable):
             return self._update_replicated(inner, fn, args, kwargs, group)
         if isinstance(inner, PartitionedVariable):
@@ -509,6 +558,8 @@ class PSExtended(
             grads_and_vars = self._wire(
                 [(self._select_single_value(g), v) for g, v in grads_and_vars]
             )
+        elif self._pack_transfers:
+            grads_and_vars = self._pushed_together(grads_and_vars)
         for grad, var in grads_and_vars:
             self.update(
                 var,
@@ -517,6 +568,26 @@ class PSExtended(
                 kwargs={"optimizer": optimizer},
                 group=False,
             )
+
+    def _pushed_together(self, grads_and_vars):
+        """`grads_and_vars` with the dense gradients of each ps task's
+        variables moved there as one tensor (see `packed_transfers.py`)."""
+        pairs = [
+            (self.as_reduced(self._select_single_value(g)), v)
+            for g, v in grads_and_vars
+        ]
+        by_device: dict[str, list[int]] = {}
+        for i, (grad, var) in enumerate(pairs):
+            inner = _unwrap(var)
+            if isinstance(inner, (PartitionedVariable, ReplicatedVariable)):
+                continue
+            if isinstance(grad, tf.Tensor):
+                by_device.setdefault(inner.device, []).append(i)
+        for device, indices in by_device.items():
+            moved = move_together([pairs[i][0] for i in indices], device)
+            for i, grad in zip(indices, moved, strict=True):
+                pairs[i] = (grad, pairs[i][1])
+        return pairs
 
     def _update_non_slot(self, colocate_with, fn, args, kwargs, group):
         with (
@@ -629,6 +700,25 @@ def _is_keras_step(fn) -> bool:
     return getattr(fn, "__name__", None) in _KERAS_STEPS and hasattr(
         owner, "make_train_function"
     )
+
+
+def _keras_step_model(fn) -> Any:
+    """The Keras model whose step `fn` is: its `train_step`, `test_step` or
+    `predict_step`, or the closure `predict` hands to `strategy.run`
+    (`one_step_on_data`, which calls `predict_step`); else `None`."""
+    if _is_keras_step(fn):
+        return inspect.unwrap(fn).__self__
+    fn = inspect.unwrap(fn)
+    if getattr(fn, "__name__", None) != "one_step_on_data":
+        return None
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            owner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if hasattr(owner, "make_predict_function"):
+            return owner
+    return None
 
 
 def _grouped(result, group):

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from keras_psdist.aggregators.base import Aggregator, column_spec
 from keras_psdist.devices import device_variable
+from keras_psdist.distribute.packed_transfers import move_together
 from keras_psdist.gradients import Replicas, gradient_path, is_plain_mean
 
 
@@ -104,6 +105,10 @@ class GradientReduction:
         spread = self.path.per_variable
         self._spread_devices = tuple(spread_devices) if spread else ()
         self._states: dict[tuple, Any] = {}
+        # Each replica's gradients for one device travel as one tensor (see
+        # `packed_transfers.py`), when nothing runs on the replicas' own
+        # devices first (compression, worker momentum).
+        self.pack_transfers = True
         self.state = ReductionState()
         names = tuple(aggregator.report_names)
         self._report = {
@@ -122,6 +127,7 @@ class GradientReduction:
         """One step: aggregates, writes the state and report, returns the values."""
         if len(self._spread_devices) > 1:
             return self._spread(reduce_op, per_replica, shares)
+        per_replica = self._moved(per_replica, self._device)
         with tf.device(self._device):
             state_vars = self._state_variables(per_replica)
             # Each stage reads its state and writes the next (worker
@@ -148,13 +154,25 @@ class GradientReduction:
         groups = _balance_by_bytes(per_replica, self._spread_devices)
         for device, indices in groups.items():
             with tf.device(device):
-                columns = [per_replica[i] for i in indices]
+                columns = self._moved([per_replica[i] for i in indices], device)
                 specs = [column_spec(column) for column in columns]
                 result, _ = self.path.apply(
                     Replicas(columns, reduce_op, shares), self.path.init(specs)
                 )
                 for i, value in zip(indices, result.values, strict=True):
                     out[i] = _identity(value)
+        return out
+
+    def _moved(self, columns, device):
+        """`columns` (one per variable, a value per replica) with each
+        replica's dense values moved to `device` as one tensor."""
+        if not self.pack_transfers or self.compression or self.worker_momentum:
+            return columns
+        out = [list(column) for column in columns]
+        for r in range(len(out[0]) if out else 0):
+            moved = move_together([column[r] for column in columns], device)
+            for column, value in zip(out, moved, strict=True):
+                column[r] = value
         return out
 
     @property

@@ -92,6 +92,13 @@ class PSVariable(ps_values.AggregatingVariable):
             )
             if copy is not None:
                 return delta.read(self._v, copy, extended.read_dtype)
+            # In a Keras step, with the task's other variables as one tensor
+            # (`keras_psdist.distribute.packed_transfers`).
+            packed = getattr(extended, "packed_reads", None)
+            if packed is not None:
+                value = packed.read(self._v, getattr(extended, "read_dtype", None))
+                if value is not None:
+                    return value
             narrow = getattr(extended, "read_dtype", None)
             if narrow is not None:
                 return narrow_reads.narrowed_read(self._v, narrow)
@@ -100,6 +107,10 @@ class PSVariable(ps_values.AggregatingVariable):
     def _assign_func(self, *args, **kwargs):
         with distribute_lib.enter_or_assert_strategy(self._distribute_strategy):
             f = kwargs.pop("f")
+            packed = getattr(self._distribute_strategy.extended, "packed_reads", None)
+            if packed is not None:
+                # Later reads of this variable in the step read it anew.
+                packed.wrote(self._v)
             if distribute_lib.get_update_replica_id() is not None:
                 # Inside `extended.update`: the write is already agreed.
                 return f(self._v, *args, **kwargs)
