@@ -106,6 +106,10 @@ BARRIER_TIMEOUT_S = 300.0
 # --------------------------------------------------------- child processes
 
 
+# A `--workers-compression` wire: none, each variable its own tensor.
+UNPACKED = "unpacked"
+
+
 def _compression_and_reads(entry: str) -> dict[str, str | None]:
     """`--compression`'s entry as the strategy's arguments:
     `"top_k(ratio=0.01)@bfloat16@top_k(ratio=0.05)"` -> compression
@@ -134,7 +138,10 @@ def _child_main(args: argparse.Namespace) -> int:
 
     import keras_psdist as kpd
 
-    wire = _compression_and_reads(args.compression[0])
+    # `unpacked`: no compression, one tensor per variable each way (see
+    # keras_psdist.distribute.packed_transfers), to measure what packing saves.
+    unpacked = args.compression[0] == UNPACKED
+    wire = _compression_and_reads("none" if unpacked else args.compression[0])
     if args.kind == "async" or args.kind == "embedding":
         partitioner = (
             kpd.partitioners.Fixed(args.num_ps) if args.kind == "embedding" else None
@@ -154,6 +161,7 @@ def _child_main(args: argparse.Namespace) -> int:
         strategy = kpd.SyncReplicaStrategy(replicas_to_aggregate=args.workers - 1)
     else:
         strategy = kpd.PSStrategy(**wire)
+    strategy.extended.pack_transfers = not unpacked
     topology = strategy.extended.topology
     index = topology.worker_index if args.kind != "in-graph" else 0
     per_step = args.batch * (args.workers if args.kind == "in-graph" else 1)
@@ -171,6 +179,7 @@ def _child_main(args: argparse.Namespace) -> int:
             args.seed,
             hidden=args.hidden,
             steps_per_execution=args.steps_per_execution,
+            depth=args.depth,
         )
         x, y = mlp.make_arrays(steps * per_step, args.seed + index)
     # The barrier lines the workers' timed windows up; not with a backup
@@ -222,6 +231,7 @@ def _model_step_child(args: argparse.Namespace, out: Path) -> int:
         args.seed,
         hidden=args.hidden,
         steps_per_execution=args.steps_per_execution,
+        depth=args.depth,
     )
     x, y = mlp.make_arrays(args.steps * (args.epochs + 1) * args.batch, args.seed)
     marks = {}
@@ -256,6 +266,7 @@ def measure_model_step(args, work: Path) -> dict:
         "--epochs", str(args.epochs), "--batch", str(args.batch),
         "--seed", str(args.seed), "--hidden", str(args.hidden),
         "--steps-per-execution", str(args.steps_per_execution),
+        "--depth", str(args.depth),
     ]  # fmt: skip
     subprocess.run(command, check=True, timeout=RUN_TIMEOUT_S)
     report = json.loads((out / "model_step.json").read_text())
@@ -350,6 +361,8 @@ def _tf_keras_child(args: argparse.Namespace, out: Path) -> int:
         steps_per_execution=args.steps_per_execution,
         seed=args.seed,
         marks=out,
+        hidden=args.hidden,
+        depth=args.depth,
     )
     steps = report["steps_per_epoch"] * args.epochs
     ours = {
@@ -760,6 +773,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_child_role((*KINDS, "embedding", "sync-backup", "model-step"))
     parser.add_argument("--hidden", type=int, default=512, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--depth", type=harness.positive, default=2,
+        help="the MLP's hidden layers (2: 6 variables; each more adds a kernel "
+        "and a bias; e.g. 23: 48 variables, for what packing saves)",
+    )  # fmt: skip
     parser.add_rounds(2, "rounds; each runs every configuration, kinds rotated (2)")
     parser.add_argument("--num-ps", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--only", nargs="+", choices=SWEEPS, default=list(SWEEPS))
@@ -791,7 +809,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--workers-compression", nargs="+", default=["none"],
         help="the workers sweep's wires besides none, each run for our kinds "
-        "(as --compression; e.g. fp16@bfloat16: 16-bit gradients and reads)",
+        "(as --compression; e.g. fp16@bfloat16: 16-bit gradients and reads; "
+        "unpacked: none, one tensor per variable each way)",
     )  # fmt: skip
     parser.add_argument("--steps", type=harness.positive, default=30)
     parser.add_argument("--epochs", type=harness.positive, default=2)
@@ -851,7 +870,7 @@ def main(argv=None) -> int:
     if args.plot and not args.quick:
         plot(results, Path(args.plot))
     settings = ("only", "kinds", "workers", "ps", "rows", "mbit", "mbit_steps", "mbit_kinds",
-                "compression", "workers_compression", "slow_mbit", "steps",
+                "compression", "workers_compression", "slow_mbit", "steps", "depth",
                 "epochs", "batch", "steps_per_execution", "rounds", "seed", "quick")  # fmt: skip
     return harness.finish(
         args, settings, load_start, time.monotonic() - start, {}, results

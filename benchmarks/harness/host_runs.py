@@ -113,7 +113,7 @@ def run_once(
     mbit = extra.get("mbit")
     rows = extra.get("rows", 0)
     slow_mbit = extra.get("slow_mbit")  # The last worker's link alone.
-    hidden = extra.get("hidden", 512)
+    hidden = extra.get("hidden", getattr(args, "hidden", 512))
     compression = extra.get("compression", "none")
     command = [
         sys.executable, str(script), "--role", kind,
@@ -123,6 +123,8 @@ def run_once(
         "--steps-per-execution", str(args.steps_per_execution),
         "--hidden", str(hidden), "--compression", compression,
     ]  # fmt: skip
+    if getattr(args, "depth", None):
+        command += ["--depth", str(args.depth)]
     entry = {
         "kind": kind,
         "workers": workers,

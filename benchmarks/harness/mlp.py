@@ -66,6 +66,7 @@ def build_model(
     jit_compile: bool = False,
     steps_per_execution: int = 1,
     legacy_optimizer: bool = False,
+    depth: int = 2,
 ) -> keras.Model:
     """The benchmark MLP, built and compiled under `strategy.scope()`.
 
@@ -75,7 +76,9 @@ def build_model(
     passed to `compile` when set (Keras's own default otherwise), and so is
     `steps_per_execution` when above 1. `legacy_optimizer` takes Adam from
     `library.optimizers.legacy` (tf_keras only: Keras 3's raises), which TensorFlow's
-    parameter-server tutorial advises for `ParameterServerStrategy`.
+    parameter-server tutorial advises for `ParameterServerStrategy`. `depth`
+    is the number of hidden layers (2: 6 variables; each more adds a kernel
+    and a bias).
     """
     compile_kwargs = {"jit_compile": True} if jit_compile else {}
     if steps_per_execution > 1:
@@ -86,8 +89,10 @@ def build_model(
         model = library.Sequential(
             [
                 library.Input(shape=(INPUT_DIM,)),
-                library.layers.Dense(hidden, activation="relu"),
-                library.layers.Dense(hidden, activation="relu"),
+                *(
+                    library.layers.Dense(hidden, activation="relu")
+                    for _ in range(depth)
+                ),
                 library.layers.Dense(num_classes),
             ]
         )

@@ -245,6 +245,8 @@ def coordinate(
     seed: int = 0,
     min_shard_bytes: int | None = None,
     marks: Path | None = None,
+    hidden: int | None = None,
+    depth: int = 2,
 ) -> dict:
     """Trains as the coordinator of the cluster in `TF_CONFIG`; the report.
 
@@ -278,6 +280,8 @@ def coordinate(
         library=tf_keras,
         steps_per_execution=steps_per_execution,
         legacy_optimizer=True,
+        hidden=hidden or mlp.HIDDEN,
+        depth=depth,
     )
     x, y = mlp.make_arrays(mlp.NUM_SAMPLES, seed)
 

@@ -553,7 +553,10 @@ class PSExtended(
         with compression, each gradient travels compressed to its variable's
         ps task (`keras_psdist.gradients.wire`), unless the mode's workers
         send it another way (`Mode.compresses_applied_gradients`: the sync
-        chief applies the aggregate as it is)."""
+        chief applies the aggregate as it is). Otherwise, with
+        `pack_transfers`, the gradients for each ps task travel there as one
+        tensor (`packed_transfers.py`), each taken where the reduction left
+        it (`as_reduced`)."""
         if self._wire is not None and self._mode.compresses_applied_gradients:
             grads_and_vars = self._wire(
                 [(self._select_single_value(g), v) for g, v in grads_and_vars]
@@ -571,16 +574,16 @@ class PSExtended(
 
     def _pushed_together(self, grads_and_vars):
         """`grads_and_vars` with the dense gradients of each ps task's
-        variables moved there as one tensor (see `packed_transfers.py`)."""
-        pairs = [
-            (self.as_reduced(self._select_single_value(g)), v)
-            for g, v in grads_and_vars
-        ]
+        variables moved there as one tensor (see `packed_transfers.py`);
+        a partitioned or replicated variable's gradient as it was."""
+        pairs = list(grads_and_vars)
         by_device: dict[str, list[int]] = {}
         for i, (grad, var) in enumerate(pairs):
             inner = _unwrap(var)
             if isinstance(inner, (PartitionedVariable, ReplicatedVariable)):
                 continue
+            grad = self.as_reduced(self._select_single_value(grad))
+            pairs[i] = (grad, var)
             if isinstance(grad, tf.Tensor):
                 by_device.setdefault(inner.device, []).append(i)
         for device, indices in by_device.items():
