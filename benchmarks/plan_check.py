@@ -56,9 +56,11 @@ PLANNER_MODE = {"async": model.BETWEEN_GRAPH, "sync": model.SYNC_REPLICAS,
 SCALING = Path(__file__).resolve().parent / "scaling.py"  # its children, run
 
 
-def mlp_bytes(hidden: int = 512) -> list[int]:
-    """The variables of scaling.py's MLP (64-hidden-hidden-2), in creation order."""
-    return [4 * n for n in (64 * hidden, hidden, hidden * hidden, hidden,
+def mlp_bytes(hidden: int = 512, depth: int = 2) -> list[int]:
+    """The variables of scaling.py's MLP (64, then `depth` layers of
+    `hidden`, then 2), in creation order."""
+    hidden_layers = [hidden * hidden, hidden] * (depth - 1)
+    return [4 * n for n in (64 * hidden, hidden, *hidden_layers,
                             hidden * 2, 2)]  # fmt: skip
 
 
@@ -165,6 +167,8 @@ def read_runs(paths: list[str]) -> tuple[list[dict], float | None, list[float]]:
             runs += [{"compression": "none", **run, "file": path} for run in value
                      if isinstance(run, dict) and run.get("kind") in KINDS
                      and not run.get("rows") and "error" not in run
+                     # The planner predicts packed transfers, the default.
+                     and run.get("compression") != "unpacked"
                      and isinstance(run.get("updates_per_s"), float)]  # fmt: skip
     return runs, cores, steps
 
@@ -248,7 +252,7 @@ def fit_main(args) -> int:
     if not runs:
         print(f"no async, sync or in-graph runs in {args.fit}", file=sys.stderr)
         return 1
-    sizes = mlp_bytes(args.hidden)
+    sizes = mlp_bytes(args.hidden, args.depth)
     costs, notes = fit(runs, sizes, cores, args.batch, steps)
     for field in dataclasses.fields(Costs):
         old, new = getattr(Costs(), field.name), getattr(costs, field.name)
@@ -289,6 +293,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps-per-execution", type=harness.positive, default=10)
     parser.add_argument("--hidden", type=harness.positive, default=512,
                         help="--fit: the MLP's hidden width in those runs (512)")  # fmt: skip
+    parser.add_argument("--depth", type=harness.positive, default=2,
+                        help="--fit: the MLP's hidden layers in those runs (2)")  # fmt: skip
     parser.add_argument("--machine-cores", type=harness.positive_float,
                         help="--fit: the cores the runs' tasks shared (default: "
                         "the JSON's cpu_count)")  # fmt: skip

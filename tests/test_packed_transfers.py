@@ -223,3 +223,9 @@ def test_tensors_too_large_travel_alone(cpu_devices, across_tasks, monkeypatch):
 
     moved()
     assert kept["large"]
+
+
+def test_the_planner_packs_what_a_step_packs():
+    from keras_psdist.planning import model
+
+    assert model.PACKED_MAX_BYTES == 4 * packed_transfers.MAX_PACKED_ELEMENTS

@@ -69,23 +69,30 @@ def test_whole_variables_go_as_greedy_placement_puts_them():
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_the_same_bytes_in_more_variables_cost_the_ps_more(mode):
-    # Each variable is a read and a push of its own (ps_request_cost.py).
+def test_small_variables_travel_packed_large_ones_alone(mode):
+    # A task's variables of at most 4 MiB are read as one tensor and their
+    # gradients pushed as one (sync replicas push one per variable); each
+    # larger variable is a read and a push of its own (ps_request_cost.py).
     costs = Costs()
-    few = _one(mode, variable_bytes=[8_000_000] * 2, workers=4)
-    many = _one(mode, variable_bytes=[100_000] * 160, workers=4)
+    large = _one(mode, variable_bytes=[8_000_000] * 2, workers=4)
+    small = _one(mode, variable_bytes=[100_000] * 160, workers=4)
     steps = 1 if mode == "between-graph" else 4
-    extra = steps * 2 * (160 - 2) * costs.ps_tensor_ms
-    assert many.ps_cpu_ms_per_update - few.ps_cpu_ms_per_update == pytest.approx(extra)
+    tensors = 1 + (160 if mode == "sync-replicas" else 1)
+    extra = steps * (tensors - 4) * costs.ps_tensor_ms
+    assert small.ps_cpu_ms_per_update - large.ps_cpu_ms_per_update == pytest.approx(
+        extra
+    )
 
 
 def test_the_calibration_model_keeps_its_measured_cost_per_step():
     # ps_request_ms was split out of 3.40 ms per step of a 6-variable model
     # on one ps task: that model's prediction is what it was.
     costs = Costs()
-    busiest, total = ps_tensors(MLP, 1, partitioned=False)
-    assert busiest == total == 12
-    assert costs.ps_request_ms + busiest * costs.ps_tensor_ms == pytest.approx(3.40)
+    busiest, total = ps_tensors(MLP, 1, partitioned=False, packed_pushes=False)
+    assert busiest == total == 7  # one packed read, 6 pushes (sync replicas)
+    unpacked = 12  # as the model was measured: a read and a push per variable
+    assert costs.ps_request_ms + unpacked * costs.ps_tensor_ms == pytest.approx(3.40)
+    assert ps_tensors(MLP, 1, partitioned=False) == (2, 2)
     # Partitioned, every task holds a shard of each variable.
     assert ps_tensors(MLP, 4, partitioned=True) == (12, 48)
 

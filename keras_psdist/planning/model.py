@@ -5,11 +5,13 @@ Per update, with `B` the variables' bytes, `Rb` the bytes a worker reads and
 of the variables (`ps_share`), `c` the cores per task, `W` the workers:
 
 - ps CPU per update, on the busiest ps task: `ps_fixed_ms + k (ps_request_ms
-  + 2 v ps_tensor_ms) + ps_ms_per_mb k (Rb + G) s + ps_apply_ms_per_mparam *
+  + t ps_tensor_ms) + ps_ms_per_mb k (Rb + G) s + ps_apply_ms_per_mparam *
   params s`, with `k = 1` worker steps per update for async and `k = W` for
   sync and in-graph (each step's requests reach every ps task holding a
-  variable) and `v` the variables (or shards) on that task, each read and
-  pushed once a step (`ps_tensors`).
+  variable) and `t` the tensors a worker step moves to and from that task
+  (`ps_tensors`: its variables read as one and their gradients pushed as
+  one, each variable over 4 MiB and each shard alone; sync pushes one per
+  variable).
 - async: a worker's step takes `step_ms / c + worker_overhead_ms + rtt_ms +
   (Rb + G) / link + ps CPU` (it waits for its own update on the ps);
   updates/s is the least of `W / step`, `c / ps CPU` and, the link carrying
@@ -130,21 +132,60 @@ def ps_share(variable_bytes: Sequence[int], num_ps: int, partitioned: bool):
     return max(loads) / total, sum(load > 0 for load in loads)
 
 
-def ps_tensors(variable_bytes: Sequence[int], num_ps: int, partitioned: bool):
+# A variable of more bytes than this travels as its own tensor; smaller
+# ones of a task travel as one (`keras_psdist.distribute.packed_transfers`'s
+# `MAX_PACKED_ELEMENTS` float32 elements).
+PACKED_MAX_BYTES = 4 << 20
+
+
+def ps_tensors(
+    variable_bytes: Sequence[int],
+    num_ps: int,
+    partitioned: bool,
+    packed_pushes: bool = True,
+):
     """`(busiest, total)`: the tensors a worker step moves to and from the
     busiest ps task (by bytes, as `ps_share` places them), and to and from
-    every task: a read and a pushed gradient per variable, or per shard of
-    a partitioned one (every task holds a shard of each).
+    every task. A step reads each task's variables of at most
+    `PACKED_MAX_BYTES` as one tensor and each larger one alone, and pushes
+    their gradients the same way (`packed_pushes`; sync replicas' pushes go
+    one per variable). A partitioned variable's shards (every task holds a
+    shard of each) are read and pushed one by one.
 
     >>> ps_tensors([1000, 10, 10], 2, partitioned=False)
-    (2, 6)
+    (2, 4)
+    >>> ps_tensors([1000, 10, 10], 1, partitioned=False, packed_pushes=False)
+    (4, 4)
     >>> ps_tensors([1000, 10, 10], 4, partitioned=True)
     (6, 24)
     """
     if partitioned:
         return 2 * len(variable_bytes), 2 * len(variable_bytes) * num_ps
-    loads, counts = _greedy(variable_bytes, num_ps)
-    return 2 * counts[loads.index(max(loads))], 2 * len(variable_bytes)
+    loads, _ = _greedy(variable_bytes, num_ps)
+    per_task = [
+        _task_tensors(sizes, packed_pushes)
+        for sizes in _greedy_tasks(variable_bytes, num_ps)
+    ]
+    return per_task[loads.index(max(loads))], sum(per_task)
+
+
+def _task_tensors(sizes: Sequence[int], packed_pushes: bool) -> int:
+    """The tensors one worker step moves to and from a task holding
+    variables of `sizes` bytes."""
+    large = sum(size > PACKED_MAX_BYTES for size in sizes)
+    small = len(sizes) - large
+    packed = large + min(small, 1)
+    return packed + (packed if packed_pushes else len(sizes))
+
+
+def _greedy_tasks(variable_bytes: Sequence[int], num_ps: int) -> list[list[int]]:
+    """The sizes each ps task holds, as `_greedy` places them."""
+    loads, tasks = [0] * num_ps, [[] for _ in range(num_ps)]
+    for size in variable_bytes:
+        task = loads.index(min(loads))
+        loads[task] += size
+        tasks[task].append(size)
+    return tasks
 
 
 def _greedy(variable_bytes: Sequence[int], num_ps: int):
@@ -189,7 +230,12 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
     steps = 1 if mode == BETWEEN_GRAPH else workers  # worker steps per update
     ps_mb = steps * (read_mb + grad_mb) * share
     select = steps * compress_ms if wire.read_top_k else 0.0
-    busiest, tensors = ps_tensors(setup.variable_bytes, setup.num_ps, setup.partitioned)
+    busiest, tensors = ps_tensors(
+        setup.variable_bytes,
+        setup.num_ps,
+        setup.partitioned,
+        packed_pushes=mode != SYNC_REPLICAS,
+    )
     requests = steps * costs.ps_request_ms
     ps_cpu = (
         costs.ps_fixed_ms
