@@ -23,8 +23,8 @@ writes. A read of a variable the step has written (an update inside a
 custom `train_step`) reads it again where it lives; reads inside a
 `tf.cond` or a loop of the step (an RNN's), custom training loops, eager
 steps and XLA-compiled steps read each variable as before. Tensors larger
-than `MAX_PACKED_ELEMENTS` travel alone: their bytes, not their count, are
-their cost. `strategy.extended.pack_transfers = False` moves one tensor per
+than `MAX_PACKED_ELEMENTS` (256 KiB of float32) travel alone: their bytes,
+not their count, are their cost. `strategy.extended.pack_transfers = False` moves one tensor per
 variable each way again (for measuring what packing saves).
 
 Examples:
@@ -46,8 +46,12 @@ import tensorflow as tf
 from keras_psdist._tf import control_flow_util, device_util, record, tape_lib
 from keras_psdist.variables import narrow_reads
 
-# Tensors of more elements than this (4 MiB of float32) travel alone.
-MAX_PACKED_ELEMENTS = 1 << 20
+# Tensors of more elements than this (256 KiB of float32) travel alone:
+# copying one into a pack costs about what its own transfer costs the ps
+# (~0.06 ms; `benchmarks/ps_request_cost.py`: packing the benchmark MLP's 6
+# variables, one of them 1 MiB, left the ps's CPU as it was and made a
+# worker's step 10% slower).
+MAX_PACKED_ELEMENTS = 1 << 16
 
 
 def move_together(tensors: Sequence[Any], device: str) -> list[Any]:

@@ -10,7 +10,7 @@ of the variables (`ps_share`), `c` the cores per task, `W` the workers:
   sync and in-graph (each step's requests reach every ps task holding a
   variable) and `t` the tensors a worker step moves to and from that task
   (`ps_tensors`: its variables read as one and their gradients pushed as
-  one, each variable over 4 MiB and each shard alone; sync pushes one per
+  one, each variable over 256 KiB and each shard alone; sync pushes one per
   variable).
 - async: a worker's step takes `step_ms / c + worker_overhead_ms + rtt_ms +
   (Rb + G) / link + ps CPU` (it waits for its own update on the ps);
@@ -135,7 +135,7 @@ def ps_share(variable_bytes: Sequence[int], num_ps: int, partitioned: bool):
 # A variable of more bytes than this travels as its own tensor; smaller
 # ones of a task travel as one (`keras_psdist.distribute.packed_transfers`'s
 # `MAX_PACKED_ELEMENTS` float32 elements).
-PACKED_MAX_BYTES = 4 << 20
+PACKED_MAX_BYTES = 256 << 10
 
 
 def ps_tensors(
