@@ -39,7 +39,7 @@ def _strategy(cpu_devices, ps=1, **kwargs):
     )
 
 
-def _mlp(strategy, model_class=keras.Sequential):
+def _mlp(strategy):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential(

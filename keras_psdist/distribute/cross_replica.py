@@ -34,8 +34,9 @@ class CrossReplicaReductions:
     Uses the extended's `_num_replicas_in_sync`, `_reduction_device`,
     `_reduction` (the `GradientReduction`), `_all_reduce` (a
     `ReplicatedAllReduce` or None), `_creator` (for the placement),
-    `_gather_ops`, `_compute_devices`, `_float_shares` and `_reduced` (a set
-    the reduced gradients' refs are added to, see `as_reduced`).
+    `_gather_ops`, `_compute_devices`, `_float_shares`, `_batches` (set while
+    a step is traced) and `_reduced` (a set the reduced gradients' refs of
+    that step are added to, see `as_reduced`).
     """
 
     def _reduce_to(self, reduce_op, value, destinations, options):
@@ -94,7 +95,8 @@ class CrossReplicaReductions:
             columns = [vs for _, vs in dense] + [vs for _, vs in sparse]
             reduced = self._reduction(reduce_op, columns, self._float_shares(columns))
             for (i, _), r in zip(dense + sparse, reduced, strict=True):
-                if isinstance(r, tf.Tensor):
+                if isinstance(r, tf.Tensor) and self._batches is not None:
+                    # In a step being traced (cleared at its end).
                     self._reduced.add(r.ref())
                 results[i] = self._to_destinations(r, pairs[i][1])
         return results
