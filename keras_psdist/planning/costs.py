@@ -109,8 +109,14 @@ class Costs:
             scaling*.json (2026-11-28) predate that protocol and are left
             out.
         in_graph_chief_ms: The in-graph chief's time per worker per step
-            (it drives each worker's part of the step). 6.262: the same fit
-            to the COSTS RUN's 6 in-graph runs; its chief's own CPU per
+            (it drives each worker's part of the step). 4.673: the
+            least-squares fit of log updates/s to the 9 in-graph runs of
+            scaling_packed.json (the step on the first worker, packed reads
+            and pushes; the other constants kept), which predicts them with
+            a median error of 17 %, the 6 of scaling_packed_deep.json (48
+            variables) with 8 % and the 9 of scaling_step_device.json with
+            17 % (6.262 gave 26 %, 14 % and 12 %). Before: 6.262, the same
+            fit to the COSTS RUN's 6 in-graph runs; its chief's own CPU per
             update there was 4.8, 6.1 and 11.5 ms at W = 1, 2, 4. Before: 7.3, the
             least-squares fit of this model's in-graph updates/s to the 7
             in-graph runs on unlimited links without compression
@@ -141,7 +147,7 @@ class Costs:
     ps_ms_per_mb: float = 0.2081
     ps_apply_ms_per_mparam: float = 3.27
     sync_critical_path_ms: float = 4.906
-    in_graph_chief_ms: float = 6.262
+    in_graph_chief_ms: float = 4.673
     compress_ms_per_mparam: float = 12.4
 
     def __post_init__(self):
