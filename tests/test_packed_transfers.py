@@ -88,6 +88,28 @@ def test_fit_is_the_same_packed_and_not(cpu_devices, across_tasks, packs, ps):
     assert len(packs) == 2 * ps + 2 + (ps - 1), packs
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"aggregator": "median"},  # per variable, spread over the ps tasks
+        {"aggregator": "centered_clipping"},  # state on the reduction device
+        {"worker_momentum": 0.9},  # each replica's momentum first: unpacked
+        {"compression": "fp16"},  # compressed on the replicas: unpacked
+        {"dense": "all_reduce"},  # replicated variables: neither read nor push
+        {"read_dtype": "bfloat16"},
+    ],
+    ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()),
+)
+def test_each_option_trains_the_same_packed_and_not(cpu_devices, across_tasks, options):
+    """Packing beside the other options, with 2 ps tasks: the same losses
+    and weights as one tensor per variable."""
+    alone, alone_loss = _fit(_strategy(cpu_devices, 2, **options), pack=False)
+    together, together_loss = _fit(_strategy(cpu_devices, 2, **options))
+    assert together_loss == alone_loss
+    for a, b in zip(alone.get_weights(), together.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_reads_travel_in_read_dtype_in_the_pack(cpu_devices, across_tasks, packs):
     strategy = _strategy(cpu_devices, read_dtype="bfloat16")
     _fit(strategy, epochs=1)
