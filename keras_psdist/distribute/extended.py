@@ -459,7 +459,11 @@ class PSExtended(
         task: a Keras step's model's trainable parameter-server variables
         (what its forward pass reads); none for other functions, whose
         reads are not known in advance."""
-        if not self._pack_transfers or self._delta_reads is not None:
+        if (
+            not self._pack_transfers
+            or self._delta_reads is not None
+            or tf.executing_eagerly()  # a step run eagerly reads each alone
+        ):
             return []
         model = _keras_step_model(fn)
         if model is None:
