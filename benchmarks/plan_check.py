@@ -178,8 +178,11 @@ def _log_error(runs, sizes, cores, costs, batch) -> float:
                         / r["updates_per_s"]) ** 2 for r in runs)  # fmt: skip
 
 
-def fit(runs: list[dict], sizes: list[int], cores: float, batch: int, steps=()):
-    """The fitted `Costs`, and a note per constant on what it came from."""
+def fit(
+    runs: list[dict], sizes: list[int], cores: float, batch: int, steps=(), keep=()
+):
+    """The fitted `Costs`, and a note per constant on what it came from; the
+    ps costs named in `keep` stay as they are."""
     costs, notes = Costs(), {}
     params_m = sum(sizes) / 4e6
     apply_ms = costs.ps_apply_ms_per_mparam * params_m  # the Adam update
@@ -218,21 +221,27 @@ def fit(runs: list[dict], sizes: list[int], cores: float, batch: int, steps=()):
                          - tensors * costs.ps_tensor_ms))  # fmt: skip
     table = np.array(rows, dtype=float).reshape(-1, 4)
     a, y = table[:, :3], table[:, 3]
-    names, request = (), costs.ps_request_ms
-    if len(rows) >= 3 and np.linalg.matrix_rank(a) == 3:
-        fixed, request, per_mb = np.linalg.lstsq(a, y)[0]
-        names = ("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb")
-    elif len(rows) >= 2 and np.linalg.matrix_rank(a[:, [0, 2]]) == 2:
+    columns = ("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb")  # of `a`
+    free = [i for i, name in enumerate(columns) if name not in keep]
+
+    def solvable(chosen):
+        return len(rows) >= len(chosen) and (
+            np.linalg.matrix_rank(a[:, chosen]) == len(chosen)
+        )
+
+    if free and not solvable(free) and 1 in free:
         # Requests move with the bytes (one ps count): keep the request cost.
-        fixed, per_mb = np.linalg.lstsq(a[:, [0, 2]], y - a[:, 1] * request)[0]
-        names = ("ps_fixed_ms", "ps_ms_per_mb")
-    if names:
-        costs = dataclasses.replace(
-            costs, ps_fixed_ms=round(max(0.0, float(fixed)), 3),
-            ps_request_ms=round(max(0.0, float(request)), 3),
-            ps_ms_per_mb=round(max(0.0, float(per_mb)), 4),
-        )  # fmt: skip
-        notes.update(dict.fromkeys(names, f"least squares, {len(rows)} runs"))
+        free.remove(1)
+    if free and solvable(free):
+        values = [getattr(costs, name) for name in columns]
+        kept = [i for i in range(3) if i not in free]
+        rest = y - a[:, kept] @ np.array([values[i] for i in kept])
+        for i, value in zip(free, np.linalg.lstsq(a[:, free], rest)[0], strict=True):
+            digits = 4 if columns[i] == "ps_ms_per_mb" else 3
+            costs = dataclasses.replace(
+                costs, **{columns[i]: round(max(0.0, float(value)), digits)}
+            )
+            notes[columns[i]] = f"least squares, {len(rows)} runs"
     grid = [0.0] + [round(0.05 * 1.05**i, 3) for i in range(206)]  # to ~1 s
     for name, kind in (("sync_critical_path_ms", "sync"),
                        ("in_graph_chief_ms", "in-graph")):  # fmt: skip
@@ -253,7 +262,7 @@ def fit_main(args) -> int:
         print(f"no async, sync or in-graph runs in {args.fit}", file=sys.stderr)
         return 1
     sizes = mlp_bytes(args.hidden, args.depth)
-    costs, notes = fit(runs, sizes, cores, args.batch, steps)
+    costs, notes = fit(runs, sizes, cores, args.batch, steps, keep=args.keep)
     for field in dataclasses.fields(Costs):
         old, new = getattr(Costs(), field.name), getattr(costs, field.name)
         said = notes.get(field.name, "kept: these runs cannot tell it")
@@ -295,6 +304,10 @@ def parse_args(argv=None):
                         help="--fit: the MLP's hidden width in those runs (512)")  # fmt: skip
     parser.add_argument("--depth", type=harness.positive, default=2,
                         help="--fit: the MLP's hidden layers in those runs (2)")  # fmt: skip
+    parser.add_argument("--keep", nargs="+", default=[],
+                        choices=("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb"),
+                        help="--fit: ps costs to keep as they are (e.g. "
+                        "ps_ms_per_mb, when every run moved the same bytes)")  # fmt: skip
     parser.add_argument("--machine-cores", type=harness.positive_float,
                         help="--fit: the cores the runs' tasks shared (default: "
                         "the JSON's cpu_count)")  # fmt: skip

@@ -68,6 +68,28 @@ def _check_versions() -> None:
 
 _check_versions()
 
+
+def without_thread_spinning() -> None:
+    """Has the thread pools made from this process's eager context from now
+    on sleep when they run out of work, instead of spinning first.
+
+    Sets `ConfigProto.experimental.disable_thread_spinning` in the context's
+    base config (`Context._config`; `tf.config` has no setter for it). The
+    config is copied into the `ServerDef` that
+    `tf.config.experimental_connect_to_cluster` sends to every remote task,
+    whose eager context for this client builds its pool ("tf_Compute") from
+    it: a ps task's pool then stops spinning between the bursts of a step
+    (see `keras_psdist.cluster.threads`). The pools this process already
+    made keep spinning.
+    """
+    ctx = context.context()
+    config = tf.compat.v1.ConfigProto()
+    if ctx._config is not None:
+        config.CopyFrom(ctx._config)
+    config.experimental.disable_thread_spinning = True
+    ctx._config = config
+
+
 __all__ = [
     "collective_util",
     "composite_tensor",
@@ -97,4 +119,5 @@ __all__ = [
     "tensor_conversion_registry",
     "values",
     "values_util",
+    "without_thread_spinning",
 ]

@@ -551,3 +551,24 @@ def test_an_attack_takes_arguments_as_a_stage_does(fresh_harness):
     assert digits.ATTACKS["rop(z=3)"].label == "ROP z=3"
     with pytest.raises(argparse.ArgumentTypeError, match=r"'ropp\(z=1\)'.*ids: "):
         digits.attack_list("ropp(z=1)")
+
+
+@pytest.mark.timeout(300)
+def test_plan_check_fit_keeps_the_ps_costs_it_is_told_to():
+    """`plan_check.py --fit --keep ps_ms_per_mb`: runs that all move the
+    same bytes cannot tell the per-MB cost from the fixed one; kept, the
+    others are fitted around it."""
+    results = BENCHMARKS / "results" / "scaling_ps_threads.json"
+    command = [sys.executable, str(BENCHMARKS / "plan_check.py"), "--fit", str(results)]
+    lines = {}
+    for keep in ([], ["--keep", "ps_ms_per_mb"]):
+        done = subprocess.run(
+            command + keep, capture_output=True, text=True, timeout=240, check=True
+        )
+        lines[bool(keep)] = {
+            line.split()[0]: line for line in done.stdout.splitlines() if line.strip()
+        }
+    assert "kept" in lines[True]["ps_ms_per_mb"], lines[True]["ps_ms_per_mb"]
+    assert "0.2081 -> 0.2081" in lines[True]["ps_ms_per_mb"]
+    assert "least squares" in lines[True]["ps_fixed_ms"]
+    assert "least squares" in lines[False]["ps_ms_per_mb"]

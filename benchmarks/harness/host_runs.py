@@ -10,6 +10,7 @@ Imports TensorFlow only through `keras_psdist` inside `run_once`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import progress
+from . import progress, tf_keras_ps
 from .processes import tail
 
 RUN_TIMEOUT_S = 900.0
@@ -147,7 +148,12 @@ def run_once(
         ps_hosts = [placement[f"ps:{i}"] for i in range(num_ps)]
         sampler = _Sampler(hosts, out, ps_hosts)
         sampler.start()
-        with open(log_path, "w") as log:
+        servers = (
+            tf_keras_ps.tensorflow_default_servers()
+            if kind == "tf_keras"
+            else contextlib.nullcontext()
+        )
+        with open(log_path, "w") as log, servers:
             code = launch(
                 command,
                 num_ps=num_ps,

@@ -54,7 +54,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from .arguments import positive
@@ -76,6 +77,28 @@ COORDINATOR = Path(__file__).resolve().parents[1] / "_tf_keras_ps.py"
 
 
 # -------------------------------------------------------- the benchmark's side
+
+
+# `keras-psdist serve` gives a ps task one thread per op (see
+# `keras_psdist.cluster.server.start_server`); 0 is TensorFlow's default.
+_PS_INTRA_OP_THREADS_ENV = "KERAS_PSDIST_PS_INTRA_OP_THREADS"
+
+
+@contextmanager
+def tensorflow_default_servers() -> Iterator[None]:
+    """Has the servers `keras_psdist.cluster.launch` starts meanwhile run
+    with TensorFlow's default threads, as the tutorial's
+    `tf.distribute.Server`s do: the baseline is tf_keras as its users run
+    it, not with keras_psdist's ps settings."""
+    before = os.environ.get(_PS_INTRA_OP_THREADS_ENV)
+    os.environ[_PS_INTRA_OP_THREADS_ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[_PS_INTRA_OP_THREADS_ENV]
+        else:
+            os.environ[_PS_INTRA_OP_THREADS_ENV] = before
 
 
 def run(
@@ -147,7 +170,7 @@ def run(
     if spec is None:
         from keras_psdist.cluster import launch
 
-        with open(log, "w") as f:
+        with open(log, "w") as f, tensorflow_default_servers():
             code = launch(
                 command,
                 num_ps=num_ps,

@@ -31,7 +31,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_psdist import devices as devices_lib
-from keras_psdist._tf import context, device_util
+from keras_psdist._tf import context, device_util, without_thread_spinning
 from keras_psdist.cluster.config import (
     LAUNCH_MODE_ENV,
     ClusterConfig,
@@ -323,6 +323,9 @@ def connect_in_graph(
     else:
         if _connected_in_graph is None and config.has_chief:
             check_port_free(config.addresses("chief")[0])
+        # The pools the workers and ps tasks make for the chief sleep
+        # between a step's bursts instead of spinning.
+        without_thread_spinning()
         # A ClusterSpec, not the resolver: with a resolver whose master() is
         # local (every TFConfigClusterResolver's), TF silently does nothing.
         tf.config.experimental_connect_to_cluster(
@@ -426,6 +429,9 @@ def connect_between_graph(
     key = (repr(spec.as_dict()), config.task_type, config.task_id)
     if _connected_between_graph is None:
         check_port_free(config.task_address)
+        # The ps tasks' pools for this worker sleep between a step's bursts
+        # instead of spinning (they are idle while the worker computes).
+        without_thread_spinning()
         tf.config.experimental_connect_to_cluster(
             spec,
             job_name=config.task_type,

@@ -135,6 +135,24 @@ PATCHES: tuple[Patch, ...] = (
         "tensor.",
     ),
     Patch(
+        "keras.src.backend.tensorflow.core:Variable.assign_add",
+        "keras_psdist.integration.colocated_updates:where_it_lives",
+        "A Keras variable's `assign_add` is `assign(self + value)`, read and "
+        "added on the caller's device: the optimizer's `iterations` went "
+        "from its ps task to the worker and back in every step. Retired by "
+        "the TF backend's variable calling `assign_add` of its `tf.Variable` "
+        "(one op, placed with the variable).",
+        "The read is a tensor conversion in the caller's device scope and the "
+        "addition an op Keras makes there; the strategy sees only the "
+        "`assign` that follows, with the sum already made.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.core:Variable.assign_sub",
+        "keras_psdist.integration.colocated_updates:where_it_lives",
+        "As assign_add.",
+        "As assign_add.",
+    ),
+    Patch(
         "keras.src.backend.tensorflow.optimizer:TFOptimizer."
         "_distributed_tf_update_step",
         "keras_psdist.variables.row_separable:with_optimizer",
