@@ -61,6 +61,21 @@ From the repository root::
         --json benchmarks/results/strategies.json \\
         --plot benchmarks/results/strategies.png
 
+With ``--ablations``, PS's steady step is timed against one device's with
+one thing changed at a time (a `MirroredStrategy` that ran `fit` in the
+same process, batches of unknown size, a larger inter-op pool, ...), each
+case in processes of its own (``harness/step_ablations.py`` lists the
+cases; JSON ``benchmarks/results/step_ablations.json``)::
+
+    python benchmarks/strategies.py --ablations all --repeats 3 --steps 100
+
+With ``--ops``, nothing is timed: the ops of each strategy's train step
+are counted instead, traced and as executed, per device partition, with
+the ``_Send`` / ``_Recv`` pairs between devices (``harness/graph_ops.py``;
+JSON ``benchmarks/results/graph_ops.json``)::
+
+    python benchmarks/strategies.py --ops
+
 Options: ``--replicas N``, ``--steps S``, ``--repeats R``, ``--batch B``,
 ``--strategies default,mirrored,central_storage,ps`` (any subset),
 ``--warmup-steps W``, ``--seed``, ``--json PATH`` (raw numbers and
@@ -70,6 +85,7 @@ PATH`` (PNG bar chart).
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import statistics
@@ -592,6 +608,12 @@ def _plot_epochs(ax, epochs: dict, args) -> None:
 # ------------------------------------------------------------------- CLI
 
 
+def _ablation_cases(text: str) -> list[str]:
+    from harness.step_ablations import CASES
+
+    return list(CASES) if text == "all" else harness.name_list(CASES, "cases")(text)
+
+
 def parse_args(argv: list[str] | None = None):
     parser = harness.BenchmarkParser(
         "Time model.fit steps of one MLP under the default strategy, "
@@ -638,7 +660,34 @@ def parse_args(argv: list[str] | None = None):
         default=4,
         help="epochs per whole-epoch fit; the first is not counted (default 4)",
     )
+    parser.add_argument(
+        "--ablations",
+        type=_ablation_cases,
+        help="time PS against one device with one thing changed at a time, "
+        "each case (comma-separated, or all) in processes of its own, "
+        "--repeats of them (harness/step_ablations.py; default JSON "
+        "benchmarks/results/step_ablations.json)",
+    )
+    parser.add_argument(
+        "--fits",
+        type=_positive,
+        default=9,
+        help="--ablations: timed fits per process (default 9)",
+    )
+    parser.add_argument("--ablation-child", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="count the ops of each strategy's train step instead of timing "
+        "it (harness/graph_ops.py; default JSON benchmarks/results/graph_ops.json)",
+    )
     args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if not any(a == "--json" or a.startswith("--json=") for a in given):
+        if args.ops:
+            args.json = str(harness.RESULTS / "graph_ops.json")
+        elif args.ablations:
+            args.json = str(harness.RESULTS / "step_ablations.json")
     if args.batch % args.replicas:
         parser.error(
             f"--batch ({args.batch}) must be a multiple of --replicas ({args.replicas})"
@@ -648,6 +697,18 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.ablation_child:
+        from harness import step_ablations
+
+        return step_ablations.run_child(args.ablation_child, args.fits, args.steps)
+    if args.ablations:
+        from harness import step_ablations
+
+        return step_ablations.run(args, __file__)
+    if args.ops:
+        from harness import graph_ops
+
+        return graph_ops.run(args)
     faulthandler.enable()  # a native abort at least leaves a Python traceback
     start = time.perf_counter()
     cases, info = run_benchmark(args)

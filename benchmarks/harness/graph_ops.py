@@ -1,8 +1,9 @@
-"""Op counts of the `model.fit` train step under each strategy.
+"""Op counts of the `model.fit` train step under each strategy
+(``strategies.py --ops``).
 
-A companion to `strategies.py` (same model, data, devices and strategies):
-it explains step-time differences by what each strategy makes TensorFlow run.
-For every strategy it builds and warms up the model, then reports
+It explains step-time differences by what each strategy makes TensorFlow
+run. For every strategy it builds and warms up `strategies.py`'s model
+(same data, devices and strategies), then reports
 
 * the traced graph of Keras' train function (`multi_step_on_iterator`, a
   `tf.function`): its own nodes and the nodes of the functions it calls
@@ -14,31 +15,20 @@ For every strategy it builds and warms up the model, then reports
 * how many other functions one `fit` call runs eagerly (iterator setup etc.);
 * the op types whose counts differ most between strategies.
 
-How to run (from the repository root)::
-
-    python benchmarks/graph_ops.py [--replicas 4] [--batch 256] [--json PATH]
-
-The counts go to ``benchmarks/results/graph_ops.json`` unless ``--json``
-says otherwise.
-
-Nothing is timed here; run `strategies.py` for step times.
+Nothing is timed here.
 """
 
 from __future__ import annotations
 
 import collections
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from keras_psdist._tf import context
+from keras_psdist.devices import split_host_cpu
 
-import harness  # noqa: E402
-
-# `mlp` sets TensorFlow's environment variables before importing it.
-from harness import Column, format_row, mlp, text_table  # noqa: E402
-from tensorflow.python.eager import context  # noqa: E402
-
-from keras_psdist.devices import split_host_cpu  # noqa: E402
+from . import mlp
+from .progress import log
+from .results import write_results
+from .tables import Column, format_row, text_table
 
 
 def _train_tf_function(model):
@@ -169,22 +159,14 @@ def format_report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = harness.BenchmarkParser(__doc__.splitlines()[0], name="graph_ops")
-    parser.add_argument("--replicas", type=harness.positive, default=4)
-    parser.add_argument("--batch", type=harness.positive, default=256)
-    parser.add_argument(
-        "--strategies",
-        type=harness.name_list(mlp.STRATEGIES, "strategies"),
-        default=list(mlp.DEFAULT_STRATEGIES),
-    )
-    args = parser.parse_args(argv)
-
+def run(args) -> int:
+    """Analyzes `args.strategies` on `args.replicas` logical CPUs at a
+    global batch of `args.batch`; prints the report and writes `args.json`."""
     devices = split_host_cpu(args.replicas)
     dataset = mlp.make_dataset(args.batch, args.seed)
     results = {}
     for name in args.strategies:
-        harness.log(f"analyzing {mlp.LABELS[name]} ...")
+        log(f"analyzing {mlp.LABELS[name]} ...")
         try:
             results[name] = analyze(name, devices, dataset, args)
         except Exception as e:  # noqa: BLE001 - report and go on
@@ -195,10 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.replicas} logical CPU devices"
     )
     print(format_report(results))
-    harness.write_results(args.json, {"environment": {}, "results": results})
+    write_results(args.json, {"environment": {}, "results": results})
     print(f"wrote {args.json}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
 """PSStrategy's steady step against one device, with one thing changed at a
-time, each case in a fresh process of its own.
+time, each case in a fresh process of its own (``strategies.py
+--ablations``).
 
 The model and data are `strategies.py`'s (MLP 64->512->512->2, Adam, global
 batch 256, 4 logical CPU replicas, tf.data autotuning off). In each case's
@@ -28,15 +29,10 @@ Cases:
 
 Each case also records the process's native threads before timing, by
 name (TensorFlow names its pools: `collective_ops`, `tf_Compute`, ...).
-
-    python benchmarks/step_ablations.py [--runs 2] [--fits 9] [--steps 100] [--cases a,b]
-
-Writes `benchmarks/results/step_ablations.json`.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -45,8 +41,9 @@ import subprocess
 import sys
 import time
 
-import harness
-from harness import Column, text_table
+from .progress import log
+from .results import write_results
+from .tables import Column, text_table
 
 CASES = (
     "static",
@@ -73,10 +70,9 @@ def thread_names() -> dict[str, int]:
 
 def child(case: str, fits: int, steps: int) -> dict:
     """Runs one case in this process; returns the per-fit ms/step."""
-    harness.prepare_tensorflow()
-    harness.ensure_importable()
     import tensorflow as tf
-    from harness import mlp
+
+    from . import mlp
 
     if case.endswith("_threads"):
         default = os.cpu_count() or 2
@@ -134,48 +130,19 @@ def child(case: str, fits: int, steps: int) -> dict:
     return times
 
 
-def main() -> int:
-    parser = harness.BenchmarkParser(
-        __doc__.split("\n\n")[0], name="step_ablations", seed=False
-    )
-    parser.add_argument("--runs", type=harness.positive, default=2)
-    parser.add_argument("--fits", type=harness.positive, default=9)
-    parser.add_argument("--steps", type=harness.positive, default=100)
-    parser.add_argument(
-        "--cases",
-        type=harness.name_list(CASES, "cases"),
-        default=list(CASES),
-        help=f"comma-separated cases to run (default: all): {', '.join(CASES)}",
-    )
-    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args.child, args.fits, args.steps)))
-        return 0
-    results = {case: [] for case in args.cases}
-    for run in range(args.runs):
-        for case in args.cases:
-            harness.log(f"run {run + 1}/{args.runs}: {case}")
-            out = (
-                subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--child",
-                        case,
-                        "--fits",
-                        str(args.fits),
-                        "--steps",
-                        str(args.steps),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                    timeout=1200,
-                )
-                .stdout.strip()
-                .splitlines()[-1]
-            )
+def run(args, script: str) -> int:
+    """Runs `args.ablations` (cases), `args.repeats` processes each, as
+    children `script --ablation-child CASE`; prints the table and writes
+    `args.json`."""
+    results = {case: [] for case in args.ablations}
+    for repeat in range(args.repeats):
+        for case in args.ablations:
+            log(f"run {repeat + 1}/{args.repeats}: {case}")
+            command = [sys.executable, script, "--ablation-child", case,
+                       "--fits", str(args.fits), "--steps", str(args.steps)]  # fmt: skip
+            out = subprocess.run(
+                command, capture_output=True, text=True, check=True, timeout=1200
+            ).stdout.strip().splitlines()[-1]  # fmt: skip
             times = json.loads(out)
             ratio = statistics.median(times["ps"]) / statistics.median(times["default"])
             threads = times.pop("native_threads")
@@ -194,7 +161,7 @@ def main() -> int:
             ", ".join(f"{r['ps_over_default']:.2f}x" for r in results[case]),
             ", ".join(str(r["native_threads"]) for r in results[case]),
         ]
-        for case in args.cases
+        for case in args.ablations
     ]
     columns = [
         Column("case", 30, "<"),
@@ -202,10 +169,14 @@ def main() -> int:
         Column("threads", 12, "<"),
     ]
     print("\n".join(text_table(columns, rows)))
-    out = harness.write_results(args.json, {"settings": vars(args), "results": results})
+    settings = {k: v for k, v in vars(args).items() if k in
+                ("ablations", "repeats", "fits", "steps", "json")}  # fmt: skip
+    out = write_results(args.json, {"settings": settings, "results": results})
     print(f"wrote {out}")
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run_child(case: str, fits: int, steps: int) -> int:
+    """The child's side: times `case` and prints its JSON line."""
+    print(json.dumps(child(case, fits, steps)))
+    return 0
