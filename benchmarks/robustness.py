@@ -45,7 +45,9 @@ Options: ``--rules``, ``--attacks`` (comma-separated subsets), ``--epochs``,
 ``--quick``, ``--output PATH.md``, ``--json PATH``, ``--diagnose
 rule:attack,...`` (runs whose per-replica report is shown), ``--tolerance``
 (accuracy points a robust rule may lose against the clean mean run),
-``--num-byzantine``, ``--section NAME`` (a second generated block in the same
+``--noise RUNS`` (train no table: how much of a gap the draw makes, see
+``harness/robustness_noise.py``), ``--num-byzantine``, ``--section NAME``
+(a second generated block in the same
 markdown file), ``--from-json PATH`` (train nothing: re-render a previous
 run's tables and checks), ``--across-seeds PATH,PATH,...`` (train nothing:
 from runs that differ in ``--seed`` only, each configuration's worst case per
@@ -76,7 +78,7 @@ harness.ensure_importable()
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
-from harness.digits import (  # noqa: E402  (the runs, shared with robustness_noise.py)
+from harness.digits import (  # noqa: E402  (the runs, shared with --noise)
     ATTACKS,
     Run,
     Setup,
@@ -720,6 +722,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "rop(z=0.3)",
     )
     what.add_argument(
+        "--noise",
+        type=int,
+        metavar="RUNS",
+        help="train no table: how far below the clean mean a harmless column "
+        "falls by chance. The clean mean and each --rules configuration "
+        "(default 'arc>geometric_median+wm') RUNS times each without attack, "
+        "and under each of --attacks (default: none) RUNS times; at the "
+        "default setup, on the split of --seed (harness/robustness_noise.py; "
+        "default JSON benchmarks/results/robustness_noise_seed<SEED>.json)",
+    )
+    what.add_argument(
+        "--columns",
+        type=int,
+        default=11,
+        help="--noise: attack columns a worst case is taken over (11: the table's)",
+    )
+    what.add_argument(
         "--quick",
         action="store_true",
         help="smoke run: mean, median, trimmed_mean x none, sign_flip, nan; "
@@ -856,6 +875,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.noise is not None:
+        return _noise_args(parser, args)
     if args.quick:
         args.rules = args.rules or [
             r
@@ -896,6 +917,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# Flags that change the table's setup or output: `--noise` runs the default
+# setup (the table's, whose draw it measures) and writes its own JSON.
+_NOT_WITH_NOISE = (
+    "--quick", "--data", "--input", "--epochs", "--replicas", "--attackers",
+    "--num-byzantine", "--batch", "--hidden", "--lr", "--momentum",
+    "--read-dtype", "--read-compression", "--no-deterministic", "--output",
+    "--section", "--plot", "--diagnose", "--broken-drop", "--verbose-verdicts",
+    "--across-seeds", "--seed-means", "--from-json",
+)  # fmt: skip
+
+
+def _given(args, flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args.argv)
+
+
+def _noise_args(parser, args) -> argparse.Namespace:
+    """`args` of a `--noise` study, checked; its own defaults filled in."""
+    if args.noise < 2:
+        parser.error(f"--noise must be at least 2 runs (got {args.noise})")
+    if args.columns < 1:
+        parser.error(f"--columns must be at least 1 (got {args.columns})")
+    if clash := [flag for flag in _NOT_WITH_NOISE if _given(args, flag)]:
+        parser.error(
+            f"--noise runs the table's default setup; {', '.join(clash)} "
+            "would change it. Leave them out (or run the table with them)."
+        )
+    args.rules = args.rules or config_names("arc>geometric_median+wm")
+    args.attacks = [a for a in (args.attacks or []) if a != "none"]
+    if not _given(args, "--tolerance"):
+        args.tolerance = 2.0  # points, for P(chance gap > tolerance)
+    if not _given(args, "--json"):
+        args.json = str(
+            REPO_ROOT / f"benchmarks/results/robustness_noise_seed{args.seed}.json"
+        )
+    return args
+
+
 def load_json(path: str, args) -> tuple[list[Run], dict, float, dict]:
     """A previous run's results; its run parameters replace `args`'s."""
     payload = json.loads(Path(path).read_text())
@@ -931,6 +989,10 @@ RUN_PARAMETERS = (
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.noise is not None:
+        from harness import robustness_noise
+
+        return robustness_noise.run(args)
     if args.across_seeds or args.seed_means:
         block = (
             across_seeds_block(args.across_seeds, args.section)

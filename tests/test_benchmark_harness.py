@@ -206,7 +206,7 @@ def script_runs(tmp_path_factory):
             ]
         )
     calls.append([robustness, "--input", "arrays", "--data", "dirichlet:0.5"])
-    calls.append([str(BENCHMARKS / "robustness_noise.py"), "--runs", "1"])
+    calls.append([robustness, "--noise", "1"])
     protocol = str(BENCHMARKS / "robustness_protocol.py")
     processes = str(BENCHMARKS / "robustness_processes.py")
     calls += [
@@ -217,9 +217,7 @@ def script_runs(tmp_path_factory):
         [processes, "--attackers", "0,7"],
         [processes, "--batch", "100"],
     ]
-    calls.append(
-        [str(BENCHMARKS / "robustness_noise.py"), "--attacks", "optimal_alie,bogus"]
-    )
+    calls.append([robustness, "--noise", "8", "--attacks", "optimal_alie,bogus"])
     probe = tmp / "worker_momentum_checks.py"
     probe.write_text(_WORKER_MOMENTUM_PROBE)
     calls.append([str(probe)])
@@ -288,7 +286,7 @@ def test_robustness_refuses_arrays_for_non_iid_data_naming_the_fix(script_runs):
 def test_robustness_noise_needs_two_runs_to_measure_a_spread(script_runs):
     _, (_, _, _, one_run, *_), _ = script_runs
     assert one_run["code"] == 2
-    assert "--runs must be at least 2 (got 1)" in one_run["stderr"]
+    assert "--noise must be at least 2 runs (got 1)" in one_run["stderr"]
 
 
 @pytest.mark.xdist_group("benchmark_help")
@@ -310,10 +308,8 @@ def test_worker_momentum_is_checked_against_its_own_rule(script_runs):
 def test_robustness_noise_names_an_unknown_attack_and_the_choices(script_runs):
     _, (*_, unknown, _), _ = script_runs
     assert unknown["code"] == 2
-    assert (
-        "unknown attacks ['bogus']; choose from none,sign_flip," in (unknown["stderr"])
-    )
-    assert "optimal_alie" in unknown["stderr"].split("choose from")[1]
+    assert "unknown attack 'bogus': one of none,sign_flip," in unknown["stderr"]
+    assert "optimal_alie" in unknown["stderr"].split("one of")[1]
 
 
 @pytest.mark.xdist_group("benchmark_help")
@@ -572,3 +568,17 @@ def test_plan_check_fit_keeps_the_ps_costs_it_is_told_to():
     assert "0.2081 -> 0.2081" in lines[True]["ps_ms_per_mb"]
     assert "least squares" in lines[True]["ps_fixed_ms"]
     assert "least squares" in lines[False]["ps_ms_per_mb"]
+
+
+@pytest.mark.timeout(300)
+def test_robustness_noise_refuses_a_setup_it_would_not_run():
+    """`robustness.py --noise` measures the draw of the table's default
+    setup: a flag that changes the setup is refused, named, not ignored."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "robustness.py"), "--noise", "3",
+         "--epochs", "3", "--replicas", "4"],
+        capture_output=True, text=True, timeout=240,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--epochs, --replicas would change it" in done.stderr

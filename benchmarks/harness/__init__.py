@@ -40,6 +40,9 @@ What several scripts train, imported by name (these import TensorFlow):
 imports TensorFlow only in the coordinator), and `harness.host_runs` (one
 run of a script's children on separate hosts, network namespaces, with
 the hosts' link counters and CPU: `scaling.py`'s and `plan_check.py`'s).
+A script's second study lives here too, run by a flag of the script:
+`harness.graph_ops` and `harness.step_ablations` (`strategies.py --ops`,
+`--ablations`), `harness.robustness_noise` (`robustness.py --noise`).
 No script imports another.
 
 ``python -m pytest tests/test_benchmark_harness.py`` runs the examples.

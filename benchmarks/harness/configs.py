@@ -40,7 +40,7 @@ def parse_config(
     if configuration.compression is not None and not allow_compression:
         raise ValueError(
             f"{name!r} starts with a compressor; this benchmark does not compress "
-            "(robustness.py and robustness_noise.py do): leave it out."
+            "(robustness.py does): leave it out."
         )
     return configuration.rule, configuration.aggregator, configuration.worker_momentum
 

@@ -1,6 +1,6 @@
 """`robustness.py`'s training runs: the digits MLP under a simulated attack.
 
-Shared with `robustness_noise.py`, which trains the same runs again with
+Shared with `robustness.py --noise` (`harness/robustness_noise.py`), which trains the same runs again with
 other seeds. One run (`Run`) is one (configuration, attack) pair: data
 (`load_data`: scikit-learn's digits, 80 % train, 20 % held out), input
 (`make_input`: IID, or a Dirichlet split over the replicas), the MLP

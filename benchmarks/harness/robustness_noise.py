@@ -7,7 +7,7 @@ attacks with one clean ``mean`` run of the same ``--seed``. Each of those
 numbers is one training run scored on 360 held-out digits, so part of any
 gap is the draw, not the attack. This script measures that part: on the
 held-out split of ``--seed``, it trains the clean ``mean`` and each
-``--rules`` configuration, without attack, ``--runs`` times, with training
+``--rules`` configuration, without attack, ``--noise`` times, with training
 seeds 1000, 1001, ... (initial weights and batch order change; the split and
 everything else stay as in ``robustness.py``). Per configuration it prints:
 
@@ -19,7 +19,7 @@ everything else stay as in ``robustness.py``). Per configuration it prints:
 * ``P(gap > tol)``: how often that chance gap alone exceeds ``--tolerance``
   points.
 
-With ``--attacks``, each configuration is also trained ``--runs`` times
+With ``--attacks``, each configuration is also trained ``--noise`` times
 under each attack (robustness.py's names; the attack's own randomness
 follows the training seed), and a second table gives, per attack, the
 runs' spread and the attack's expected cost: the mean of the attacked runs
@@ -28,11 +28,11 @@ own clean runs, each with its standard error. That is the gap of the table
 with the draw averaged out; the attack with the lowest mean is the
 configuration's expected worst case.
 
-Run::
+Run (``robustness.py --noise RUNS``)::
 
-    python benchmarks/robustness_noise.py --rules 'arc>geometric_median+wm' --runs 12
-    python benchmarks/robustness_noise.py --rules 'arc>geometric_median+wm' \
-        --attacks optimal_alie,ipm_small --runs 8 --seed 2
+    python benchmarks/robustness.py --noise 12 --rules 'arc>geometric_median+wm'
+    python benchmarks/robustness.py --noise 8 --rules 'arc>geometric_median+wm' \
+        --attacks optimal_alie,ipm_small --seed 2
 
 Two cores: about 7 s per clean run (24 runs for the first command, ~3 min),
 up to 20 s under the optimised attacks.
@@ -40,84 +40,28 @@ up to 20 s under the optimised attacks.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-import harness
 import numpy as np
-from harness import (
-    RESULTS,
-    attack_costs,
-    chance_gap,
-    config_names,
-    keep_table,
-    name_list,
-    write_results,
-)
+import tensorflow as tf
 
-# Before TensorFlow is imported anywhere in this process.
-harness.prepare_tensorflow()
-harness.ensure_importable()
+from keras_psdist.devices import split_host_cpu
 
-import tensorflow as tf  # noqa: E402
-from harness import digits  # noqa: E402  (robustness.py's runs)
-
-from keras_psdist.devices import split_host_cpu  # noqa: E402
+from . import digits
+from .results import write_results
+from .stats import chance_gap
+from .tables import attack_costs, keep_table
 
 # Training seeds are offset from the split's, so that no run repeats a run of
 # the table (whose training seed is its --seed).
 SEED_OFFSET = 1000
+# What the JSON records of the command line.
+SETTINGS = ("rules", "attacks", "noise", "seed", "columns", "tolerance", "json")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command-line flags."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--rules",
-        default="arc>geometric_median+wm",
-        help="comma-separated configurations, as robustness.py's --rules "
-        "(the clean mean runs as well)",
-    )
-    parser.add_argument(
-        "--attacks",
-        type=name_list(list(digits.ATTACKS), "attacks"),
-        default=[],
-        help="comma-separated attacks (robustness.py's names) each configuration "
-        "is also trained under, --runs times each (default: none)",
-    )
-    parser.add_argument("--runs", type=int, default=12, help="runs each (12)")
-    parser.add_argument(
-        "--seed", type=int, default=0, help="the held-out split's seed (0)"
-    )
-    parser.add_argument(
-        "--columns",
-        type=int,
-        default=11,
-        help="attack columns a worst case is taken over (11: robustness.py's)",
-    )
-    parser.add_argument(
-        "--tolerance", type=float, default=2.0, help="points, for P(gap > tol)"
-    )
-    parser.add_argument(
-        "--json",
-        metavar="PATH",
-        help="raw accuracies (default "
-        "benchmarks/results/robustness_noise_seed<SEED>.json)",
-    )
-    args = parser.parse_args(argv)
-    if args.runs < 2:
-        parser.error(f"--runs must be at least 2 (got {args.runs})")
-    if args.columns < 1:
-        parser.error(f"--columns must be at least 1 (got {args.columns})")
-    args.attacks = [a for a in args.attacks if a != "none"]
-    if args.json is None:
-        args.json = str(RESULTS / f"robustness_noise_seed{args.seed}.json")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    configs = ["mean", *[c for c in config_names(args.rules) if c != "mean"]]
+def run(args) -> int:
+    """The study of `args` (robustness.py's, with `--noise`)."""
+    configs = ["mean", *[c for c in args.rules if c != "mean"]]
     # robustness.py's setup at its defaults (op determinism on, as there).
     table_args = digits.Setup(seed=args.seed)
     table_args.devices = split_host_cpu(table_args.replicas)
@@ -131,24 +75,24 @@ def main(argv: list[str] | None = None) -> int:
     cells = [(config, "none") for config in configs]
     cells += [(c, a) for c in configs if c != "mean" for a in args.attacks]
     for config, attack in cells:
-        for k in range(args.runs):
+        for k in range(args.noise):
             table_args.seed = SEED_OFFSET + k
-            run = digits.Run(config, attack)
-            digits.train_one(run, data, eval_model, table_args)
-            if run.status != "ok":
-                print(f"{config} x {attack}: {run.reason}", file=sys.stderr)
+            trained = digits.Run(config, attack)
+            digits.train_one(trained, data, eval_model, table_args)
+            if trained.status != "ok":
+                print(f"{config} x {attack}: {trained.reason}", file=sys.stderr)
                 _write_json(args, accuracies, attacked)  # what ran, for a re-run
                 return 1
             if attack == "none":
-                accuracies.setdefault(config, []).append(run.accuracy)
+                accuracies.setdefault(config, []).append(trained.accuracy)
             else:
-                attacked.setdefault((config, attack), []).append(run.accuracy)
+                attacked.setdefault((config, attack), []).append(trained.accuracy)
             print(
-                f"{config} x {attack} run {k}: {100 * run.accuracy:.1f}",
+                f"{config} x {attack} run {k}: {100 * trained.accuracy:.1f}",
                 file=sys.stderr,
             )
     print(
-        f"clean runs on the split of --seed {args.seed}, {args.runs} training "
+        f"clean runs on the split of --seed {args.seed}, {args.noise} training "
         f"seeds each; chance gap: one clean mean run minus the worst of "
         f"{args.columns} runs, no attack"
     )
@@ -179,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         labels = {a: digits.ATTACKS[a].label for a in args.attacks}
         print(
-            f"under attack, {args.runs} training seeds each; below: the clean "
+            f"under attack, {args.noise} training seeds each; below: the clean "
             "runs' mean minus the attacked runs' (points, +- standard error)"
         )
         print(attack_costs(accuracies, attacked, labels))
@@ -193,14 +137,10 @@ def _write_json(args, accuracies, attacked) -> None:
     write_results(
         args.json,
         {
-            "args": vars(args),
+            "args": {k: v for k, v in vars(args).items() if k in SETTINGS},
             "accuracies": accuracies,
             "attacked": {f"{c} x {a}": v for (c, a), v in attacked.items()},
         },
         indent=1,
     )
     print(f"wrote {args.json}", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
