@@ -79,8 +79,9 @@ def without_thread_spinning() -> None:
     `tf.config.experimental_connect_to_cluster` sends to every remote task,
     whose eager context for this client builds its pool ("tf_Compute") from
     it: a ps task's pool then stops spinning between the bursts of a step
-    (see `keras_psdist.cluster.threads`). The pools this process already
-    made keep spinning.
+    (`keras_psdist.cluster.runtime` calls it before connecting; measured in
+    docs/benchmarks.md, "The ps task's threads and the optimizer's step
+    counter"). The pools this process already made keep spinning.
     """
     ctx = context.context()
     config = tf.compat.v1.ConfigProto()

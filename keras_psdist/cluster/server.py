@@ -203,8 +203,8 @@ def start_server(tf: types.ModuleType, config: ClusterConfig) -> object | None:
     wake-up, and between steps the idle threads spun. Independent ops, and
     the requests of several workers, still run in parallel (the inter-op
     pool). Measured on the scaling MLP, async, one worker: 20 % less ps
-    CPU per update, with the same updates/s (docs/benchmarks.md, "The ps
-    task's threads").
+    CPU per update, and no fewer updates/s (docs/benchmarks.md, "The ps
+    task's threads and the optimizer's step counter").
 
     Returns:
         The `tf.distribute.Server` of a worker task, to keep referenced;
