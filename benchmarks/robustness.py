@@ -928,26 +928,22 @@ _NOT_WITH_NOISE = (
 )  # fmt: skip
 
 
-def _given(args, flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args.argv)
-
-
 def _noise_args(parser, args) -> argparse.Namespace:
     """`args` of a `--noise` study, checked; its own defaults filled in."""
     if args.noise < 2:
         parser.error(f"--noise must be at least 2 runs (got {args.noise})")
     if args.columns < 1:
         parser.error(f"--columns must be at least 1 (got {args.columns})")
-    if clash := [flag for flag in _NOT_WITH_NOISE if _given(args, flag)]:
+    if clash := [flag for flag in _NOT_WITH_NOISE if harness.given(args.argv, flag)]:
         parser.error(
             f"--noise runs the table's default setup; {', '.join(clash)} "
             "would change it. Leave them out (or run the table with them)."
         )
     args.rules = args.rules or config_names("arc>geometric_median+wm")
     args.attacks = [a for a in (args.attacks or []) if a != "none"]
-    if not _given(args, "--tolerance"):
+    if not harness.given(args.argv, "--tolerance"):
         args.tolerance = 2.0  # points, for P(chance gap > tolerance)
-    if not _given(args, "--json"):
+    if not harness.given(args.argv, "--json"):
         args.json = str(
             REPO_ROOT / f"benchmarks/results/robustness_noise_seed{args.seed}.json"
         )

@@ -682,8 +682,7 @@ def parse_args(argv: list[str] | None = None):
         "it (harness/graph_ops.py; default JSON benchmarks/results/graph_ops.json)",
     )
     args = parser.parse_args(argv)
-    given = sys.argv[1:] if argv is None else argv
-    if not any(a == "--json" or a.startswith("--json=") for a in given):
+    if not harness.given(sys.argv[1:] if argv is None else argv, "--json"):
         if args.ops:
             args.json = str(harness.RESULTS / "graph_ops.json")
         elif args.ablations:

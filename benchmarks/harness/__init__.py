@@ -50,6 +50,7 @@ No script imports another.
 
 from .arguments import (
     BenchmarkParser,
+    given,
     int_list,
     name_list,
     non_negative_float,
@@ -128,6 +129,7 @@ __all__ = [
     "median_or_none",
     "median_row",
     "median_table",
+    "given",
     "name_list",
     "non_negative_float",
     "ok",

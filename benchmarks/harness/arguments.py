@@ -11,6 +11,16 @@ from pathlib import Path  # noqa: F401 - the examples use it
 from .checkout import RESULTS
 
 
+def given(argv: Sequence[str], flag: str) -> bool:
+    """Whether the command line `argv` sets `flag` (`--flag V` or
+    `--flag=V`), for a default that depends on what else was asked.
+
+    >>> given(["--ops", "--json=out.json"], "--json"), given(["--ops"], "--json")
+    (True, False)
+    """
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
 def positive(text: str) -> int:
     """argparse type: an integer >= 1.
 
