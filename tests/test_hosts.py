@@ -209,6 +209,29 @@ def test_close_kills_the_processes_inside_and_removes_every_namespace():
     made.close()  # twice is fine
 
 
+def test_close_kills_a_process_on_its_way_into_a_host():
+    """`ip netns exec` opens the namespace, then enters it: a process
+    between the two is not yet inside (`ip netns pids` does not list it),
+    and would enter after the deletion, in a namespace nothing names. One
+    that holds the namespace open is killed too."""
+    made = NamespaceHosts(["x"])
+    made.start()
+    path = f"/run/netns/{made.namespace('x')}"
+    holding = subprocess.Popen(
+        [sys.executable, "-c",
+         f"import os, sys, time; os.open({path!r}, os.O_RDONLY); "
+         "print(flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        holding.stdout.readline()  # it holds the namespace open now
+        made.close()
+        assert holding.wait(timeout=10) is not None
+    finally:
+        holding.kill()
+        holding.wait()
+
+
 def test_a_failure_inside_the_block_still_removes_everything():
     with pytest.raises(ZeroDivisionError):
         with NamespaceHosts(["x"]) as made:

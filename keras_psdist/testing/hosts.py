@@ -140,8 +140,7 @@ def remove_stale(prefix: str = PREFIX) -> list[str]:
         match = re.match(re.escape(prefix) + r"(\d+)-", name)
         if match and _pid_alive(int(match.group(1))):
             continue
-        _kill_inside(name)
-        _ip("netns", "del", name, check=False)
+        _remove_namespace(name)
         removed.append(name)
     return removed
 
@@ -238,8 +237,7 @@ class NamespaceHosts:
         for proc in self._procs:
             _kill_group(proc)
         for ns in reversed(self._made):
-            _kill_inside(ns)
-            _ip("netns", "del", ns, check=False)
+            _remove_namespace(ns)
         self._made.clear()
 
     # What the hosts are.
@@ -478,13 +476,35 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _kill_inside(ns: str) -> None:
-    """SIGKILLs every process inside namespace `ns` and waits (up to 10 s)
-    until none is left: a namespace is only gone when its last process is."""
+def _remove_namespace(ns: str) -> None:
+    """Kills every process inside namespace `ns` and deletes it.
+
+    A process can still be on its way in: `ip netns exec` opens
+    `/run/netns/NS`, then enters it. One that opened it before the
+    deletion enters after any kill made by name (`ip netns pids` does not
+    list it yet), and would live on in a namespace nothing names. So the
+    processes are found by the namespace's inode, inside it or holding it
+    open, before the deletion and once more after it, when no process can
+    open it any more.
+    """
+    try:
+        stat = os.stat(f"/run/netns/{ns}")
+    except FileNotFoundError:
+        _ip("netns", "del", ns, check=False)
+        return
+    namespace = (stat.st_dev, stat.st_ino)
+    _kill_holders(namespace)
+    _ip("netns", "del", ns, check=False)
+    _kill_holders(namespace)
+
+
+def _kill_holders(namespace: tuple[int, int]) -> None:
+    """SIGKILLs every process inside the network namespace `namespace`
+    (its file's device and inode) or holding it open, and waits (up to
+    10 s) until none is left."""
     deadline = time.monotonic() + 10.0
     while True:
-        listed = _run(["ip", "netns", "pids", ns], check=False)
-        pids = [int(p) for p in listed.stdout.split()]
+        pids = _holders(namespace)
         if not pids or time.monotonic() > deadline:
             return
         for pid in pids:
@@ -493,6 +513,31 @@ def _kill_inside(ns: str) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+
+
+def _holders(namespace: tuple[int, int]) -> list[int]:
+    """The processes whose network namespace, or one of whose open files,
+    is `namespace` (device and inode, as `os.stat` gives them)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        paths = [f"/proc/{entry}/ns/net"]
+        try:
+            paths += [
+                f"/proc/{entry}/fd/{fd}" for fd in os.listdir(f"/proc/{entry}/fd")
+            ]
+        except OSError:  # gone, or a kernel thread's
+            pass
+        for path in paths:
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue
+            if (stat.st_dev, stat.st_ino) == namespace:
+                found.append(int(entry))
+                break
+    return found
 
 
 def _pid_alive(pid: int) -> bool:
