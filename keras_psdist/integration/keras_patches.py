@@ -62,6 +62,14 @@ class Patch:
         return getattr(importlib.import_module(module), name)(original)
 
 
+def keras_reduce_per_replica(outputs, strategy):
+    """What Keras's TF trainer does to a step's per-replica outputs
+    (`keras.src.backend.tensorflow.trainer.reduce_per_replica`, "auto")."""
+    from keras.src.backend.tensorflow.trainer import reduce_per_replica
+
+    return reduce_per_replica(outputs, strategy, reduction="auto")
+
+
 _CHIEF_ONLY = (
     "Between-graph, every worker runs the same script and the weights are "
     "shared: only the chief may write (and only its file may be restored). "
@@ -205,6 +213,19 @@ PATCHES: tuple[Patch, ...] = (
         "same trainer hook as fit above.",
         "Callbacks mark the steps (`_Progress`), but leaving the protocol "
         "must also happen when `fit` raises, and callbacks are not told.",
+    ),
+    Patch(
+        "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function",
+        "keras_psdist.integration.step_loop:without_step_branch",
+        "Keras's loop over `steps_per_execution` steps puts each step in a "
+        "`tf.cond` that repeats the loop's condition; across tasks every ps "
+        "task receives that branch's predicate and pivot each step, two "
+        "transfers without data. The wrapper makes the same loop with the "
+        "step as its body (`integration/step_loop.py`). Retired by Keras "
+        "dropping the branch (it only matters when the loop is unrolled).",
+        "The loop is built inside `_make_function` around the step function "
+        "Keras is given; a strategy sees only the step (`strategy.run`), not "
+        "the loop around it.",
     ),
     Patch(
         "keras.src.backend.tensorflow.trainer:TensorFlowTrainer._make_function",
