@@ -64,10 +64,16 @@ def mlp_bytes(hidden: int = 512, depth: int = 2) -> list[int]:
                             hidden * 2, 2)]  # fmt: skip
 
 
-def predict(run: dict, sizes: list[int], cores: float, costs: Costs, batch: int):
+def run_sizes(run: dict) -> list[int]:
+    """The variables' bytes of the MLP `run` trained (`hidden`, `depth`;
+    scaling.py's defaults, 512 and 2, for a run that does not say)."""
+    return mlp_bytes(run.get("hidden", 512), run.get("depth", 2))
+
+
+def predict(run: dict, cores: float, costs: Costs, batch: int):
     """The planner's prediction for one run's configuration."""
     return plan(
-        variable_bytes=sizes, workers=run["workers"], num_ps=run["num_ps"],
+        variable_bytes=run_sizes(run), workers=run["workers"], num_ps=run["num_ps"],
         link_mbit=run.get("mbit") or None, cores_per_task=cores, batch=batch,
         machine_cores=cores, modes=(PLANNER_MODE[run["kind"]],),
         compressions=(run.get("compression") or "none",), costs=costs,
@@ -81,7 +87,8 @@ def measure(args) -> int:
 
     hosts.check_available()
     harness.use_checkout()
-    cores, sizes, runs, rows = os.cpu_count(), mlp_bytes(), [], []
+    cores, runs, rows = os.cpu_count(), [], []
+    model_size = {"hidden": args.hidden, "depth": args.depth}
     load_start, start = harness.loadavg(), time.monotonic()
     grid = itertools.product(args.kinds, args.workers, args.ps, args.mbit,
                              args.compression)  # fmt: skip
@@ -90,7 +97,7 @@ def measure(args) -> int:
             # scaling.py's children train each configuration.
             run = host_runs.run_once(SCALING, kind, workers, num_ps, args, Path(tmp),
                                      mbit=mbit or None, compression=compression)  # fmt: skip
-            runs.append(_checked(run, sizes, cores, args.batch))
+            runs.append(_checked({**run, **model_size}, cores, args.batch))
             rows.append(_row(runs[-1]))
     columns = ["kind", "workers", "ps", "link", "compression", "measured examples/s",
                "predicted examples/s", "error", "predicted bottleneck",
@@ -104,7 +111,8 @@ def measure(args) -> int:
         {
             "settings": {k: getattr(args, k) for k in
                          ("kinds", "workers", "ps", "mbit", "compression", "steps",
-                          "epochs", "batch", "steps_per_execution", "seed")},
+                          "epochs", "batch", "steps_per_execution", "seed",
+                          "hidden", "depth")},
             "costs": dataclasses.asdict(Costs()),
             "loadavg_start": load_start,
             "loadavg_end": harness.loadavg(),
@@ -116,11 +124,11 @@ def measure(args) -> int:
     return 1 if any("error" in r for r in runs) else 0
 
 
-def _checked(run: dict, sizes: list[int], cores: int, batch: int) -> dict:
+def _checked(run: dict, cores: int, batch: int) -> dict:
     """`run` with its prediction and the prediction's error."""
     if "error" in run:  # the run failed; scaling.py put its log tail there
         return run
-    p = predict(run, sizes, cores, Costs(), batch)
+    p = predict(run, cores, Costs(), batch)
     error = p.examples_per_s / run["examples_per_s"] - 1
     return {**run, "predicted": dataclasses.asdict(p), "prediction_error": error}
 
@@ -152,76 +160,123 @@ def worker_cpu_per_step(run: dict) -> float | None:
     return statistics.median(samples) if samples else None
 
 
-def read_runs(paths: list[str]) -> tuple[list[dict], float | None, list[float]]:
-    """Every run of the dense MLP in `paths`, the machine's cores, and the
-    CPU ms of the model's own step on one device (`model_step`), if timed."""
-    runs, cores, steps = [], None, []
+def _model_size(payload: dict, hidden: int, depth: int) -> dict:
+    """The MLP a results file's runs trained: its settings' (or command's)
+    `--hidden` and `--depth`, else `hidden` and `depth`."""
+    settings, words = payload.get("settings") or {}, payload.get("command", "").split()
+    size = {"hidden": hidden, "depth": depth}
+    for name in size:
+        if f"--{name}" in words[:-1]:
+            size[name] = int(words[words.index(f"--{name}") + 1])
+        size[name] = settings.get(name) or size[name]
+    return size
+
+
+def read_runs(
+    paths: list[str], hidden: int = 512, depth: int = 2
+) -> tuple[list[dict], float | None]:
+    """Every run of the dense MLP in `paths` (each with its model's `hidden`
+    and `depth`, and `model_step_ms`, the CPU ms of that model's own step on
+    one device when its file timed it), and the machine's cores."""
+    runs, cores = [], None
     for path in paths:
         payload = json.loads(Path(path).read_text())
         machine = payload.get("machine") or payload.get("environment") or {}
         cores = cores or machine.get("cpu_count")
-        steps += [m["cpu_ms"] for m in payload.get("model_step") or [] if m]
+        steps = [m["cpu_ms"] for m in payload.get("model_step") or [] if m]
+        size = _model_size(payload, hidden, depth)
+        size["model_step_ms"] = statistics.median(steps) if steps else None
         for value in payload.values():
             if not isinstance(value, list):
                 continue
-            runs += [{"compression": "none", **run, "file": path} for run in value
+            runs += [{"compression": "none", **size, **run, "file": path} for run in value
                      if isinstance(run, dict) and run.get("kind") in KINDS
                      and not run.get("rows") and "error" not in run
                      # The planner predicts packed transfers, the default.
                      and run.get("compression") != "unpacked"
                      and isinstance(run.get("updates_per_s"), float)]  # fmt: skip
-    return runs, cores, steps
+    return runs, cores
 
 
-def _log_error(runs, sizes, cores, costs, batch) -> float:
-    return sum(math.log(predict(r, sizes, cores, costs, batch).updates_per_s
+def _log_error(runs, cores, costs, batch) -> float:
+    return sum(math.log(predict(r, cores, costs, batch).updates_per_s
                         / r["updates_per_s"]) ** 2 for r in runs)  # fmt: skip
 
 
-def fit(
-    runs: list[dict], sizes: list[int], cores: float, batch: int, steps=(), keep=()
-):
+def _least_log_error(name, grid, runs, cores, costs, batch) -> float:
+    """The value of `costs.name` in `grid` that predicts `runs`' updates/s
+    best (least squares of the log)."""
+    return min(grid, key=lambda v: _log_error(
+        runs, cores, dataclasses.replace(costs, **{name: v}), batch))  # fmt: skip
+
+
+def _params_m(run: dict) -> float:
+    return sum(run_sizes(run)) / 4e6  # float32 parameters, millions
+
+
+def fit(runs: list[dict], cores: float, batch: int, keep=()):
     """The fitted `Costs`, and a note per constant on what it came from; the
-    ps costs named in `keep` stay as they are."""
+    ps costs named in `keep` stay as they are. Each run is predicted with
+    its own model's sizes (`run_sizes`)."""
     costs, notes = Costs(), {}
-    params_m = sum(sizes) / 4e6
-    apply_ms = costs.ps_apply_ms_per_mparam * params_m  # the Adam update
-    if steps and statistics.median(steps) > apply_ms:  # one device applies too
-        own = statistics.median(steps) - apply_ms
+
+    def apply_ms(run):  # the Adam update of the run's model
+        return costs.ps_apply_ms_per_mparam * _params_m(run)
+
+    own = {}  # each model's own step on one device, less the update
+    for r in runs:
+        if r.get("model_step_ms") and r["model_step_ms"] > apply_ms(r):
+            flops = 6 * _params_m(r) * 1e6 * batch
+            own[r["file"]] = flops / (r["model_step_ms"] - apply_ms(r))
+    if own:
         costs = dataclasses.replace(
-            costs, flops_per_core_ms=round(6 * params_m * 1e6 * batch / own, -4)
+            costs, flops_per_core_ms=round(statistics.median(own.values()), -4)
         )
-        notes["flops_per_core_ms"] = f"the model's own step, {len(steps)} timed"
-    step = 6 * params_m * 1e6 * batch / costs.flops_per_core_ms
+        notes["flops_per_core_ms"] = f"the models' own steps, {len(own)} files"
+
+    def step(run):
+        return 6 * _params_m(run) * 1e6 * batch / costs.flops_per_core_ms
+
     plain = [r for r in runs if r["compression"] == "none"]
     # Async workers on unlimited links: a slow link or the sync protocol
     # adds CPU per step that is not the step's own.
     fast = [r for r in runs if r["kind"] == "async" and not r.get("mbit")]
     cpu = {id(r): c for r in fast if (c := worker_cpu_per_step(r)) is not None}
-    base = [cpu[id(r)] for r in fast if id(r) in cpu and r["compression"] == "none"]
+    base = [cpu[id(r)] - step(r) for r in fast
+            if id(r) in cpu and r["compression"] == "none"]  # fmt: skip
     if base:
-        value = max(0.0, statistics.median(base) - step)
+        value = max(0.0, statistics.median(base))
         costs = dataclasses.replace(costs, worker_overhead_ms=round(value, 3))
         notes["worker_overhead_ms"] = f"median async worker CPU/step, {len(base)} runs"
-        extra = [cpu[id(r)] - statistics.median(base) for r in fast if id(r) in cpu
-                 and wire.parse(r["compression"]).gradient_top_k]  # fmt: skip
+        extra = [(cpu[id(r)] - step(r) - value) / _params_m(r) for r in fast
+                 if id(r) in cpu and wire.parse(r["compression"]).gradient_top_k]  # fmt: skip
         if extra:
-            value = max(0.0, statistics.median(extra) / params_m)
+            value = max(0.0, statistics.median(extra))
             costs = dataclasses.replace(costs, compress_ms_per_mparam=round(value, 3))
             notes["compress_ms_per_mparam"] = f"median top-k extra, {len(extra)} runs"
     rows = []  # every ps task's CPU per update less the apply, against the
     for r in plain:  # tasks holding variables, their requests, and the MB
         if r.get("ps_cpu_ms_per_update") is not None:
+            sizes = run_sizes(r)
             used = model.ps_share(sizes, r["num_ps"], partitioned=False)[1]
             k = 1 if r["kind"] == "async" else r["workers"]  # steps per update
             # The tensors' CPU is measured apart (ps_request_cost.py).
-            tensors = k * model.ps_tensors(sizes, r["num_ps"], partitioned=False)[1]
-            rows.append((used, k * used, k * 2 * sum(sizes) / 1e6,
-                         r["ps_cpu_ms_per_update"] - apply_ms
+            tensors = k * model.ps_tensors(
+                sizes, r["num_ps"], partitioned=False,
+                packed_pushes=r["kind"] != "sync",  # sync pushes each variable
+            )[1]  # fmt: skip
+            variables = model.ps_variables(sizes, r["num_ps"], partitioned=False)[1]
+            rows.append((used, k * used, k * 2 * sum(sizes) / 1e6, variables,
+                         r["ps_cpu_ms_per_update"] - apply_ms(r)
                          - tensors * costs.ps_tensor_ms))  # fmt: skip
-    table = np.array(rows, dtype=float).reshape(-1, 4)
-    a, y = table[:, :3], table[:, 3]
-    columns = ("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb")  # of `a`
+    table = np.array(rows, dtype=float).reshape(-1, 5)
+    a, y = table[:, :4], table[:, 4]
+    columns = (
+        "ps_fixed_ms",
+        "ps_request_ms",
+        "ps_ms_per_mb",
+        "ps_apply_ms_per_variable",
+    )  # of `a`; fmt: skip
     free = [i for i, name in enumerate(columns) if name not in keep]
 
     def solvable(chosen):
@@ -229,47 +284,64 @@ def fit(
             np.linalg.matrix_rank(a[:, chosen]) == len(chosen)
         )
 
+    if free and not solvable(free) and 3 in free:
+        # One model: its variables cost the same in every run.
+        free.remove(3)
     if free and not solvable(free) and 1 in free:
         # Requests move with the bytes (one ps count): keep the request cost.
         free.remove(1)
     if free and solvable(free):
         values = [getattr(costs, name) for name in columns]
-        kept = [i for i in range(3) if i not in free]
+        kept = [i for i in range(len(columns)) if i not in free]
         rest = y - a[:, kept] @ np.array([values[i] for i in kept])
-        for i, value in zip(free, np.linalg.lstsq(a[:, free], rest)[0], strict=True):
+        fitted = dict.fromkeys(free, 0.0)
+        while chosen := [i for i in free if i in fitted]:
+            # Least squares with no cost below 0: a negative one is set to 0
+            # and the others fitted again without it (clipping it after the
+            # fit would leave the others fitted around the negative value).
+            solution = np.linalg.lstsq(a[:, chosen], rest)[0]
+            if (solution >= 0).all():
+                fitted.update(zip(chosen, solution, strict=True))
+                break
+            del fitted[chosen[int(np.argmin(solution))]]
+        for i in free:
             digits = 4 if columns[i] == "ps_ms_per_mb" else 3
-            costs = dataclasses.replace(
-                costs, **{columns[i]: round(max(0.0, float(value)), digits)}
+            value = round(float(fitted.get(i, 0.0)), digits)
+            costs = dataclasses.replace(costs, **{columns[i]: value})
+            notes[columns[i]] = f"least squares, {len(rows)} runs" + (
+                "" if i in fitted else " (would be < 0)"
             )
-            notes[columns[i]] = f"least squares, {len(rows)} runs"
+    # The share of the shared cores the tasks keep busy: from async runs on
+    # unlimited links, the runs it bounds (no critical path of its own).
+    if bound := [r for r in plain if r["kind"] == "async" and not r.get("mbit")]:
+        grid = [round(0.3 + 0.01 * i, 2) for i in range(71)]  # 0.3 to 1
+        value = _least_log_error("shared_core_use", grid, bound, cores, costs, batch)
+        costs = dataclasses.replace(costs, shared_core_use=value)
+        notes["shared_core_use"] = f"least squares of log updates/s, {len(bound)} runs"
     grid = [0.0] + [round(0.05 * 1.05**i, 3) for i in range(206)]  # to ~1 s
     for name, kind in (("sync_critical_path_ms", "sync"),
                        ("in_graph_chief_ms", "in-graph")):  # fmt: skip
-        chosen = [r for r in plain if r["kind"] == kind]
-        if chosen:
-            value = min(grid, key=lambda v: _log_error(
-                chosen, sizes, cores, dataclasses.replace(costs, **{name: v}), batch
-            ))  # fmt: skip
+        if chosen := [r for r in plain if r["kind"] == kind]:
+            value = _least_log_error(name, grid, chosen, cores, costs, batch)
             costs = dataclasses.replace(costs, **{name: value})
             notes[name] = f"least squares of log updates/s, {len(chosen)} runs"
     return costs, notes
 
 
 def fit_main(args) -> int:
-    runs, cores, steps = read_runs(args.fit)
+    runs, cores = read_runs(args.fit, args.hidden, args.depth)
     cores = args.machine_cores or cores or os.cpu_count()
     if not runs:
         print(f"no async, sync or in-graph runs in {args.fit}", file=sys.stderr)
         return 1
-    sizes = mlp_bytes(args.hidden, args.depth)
-    costs, notes = fit(runs, sizes, cores, args.batch, steps, keep=args.keep)
+    costs, notes = fit(runs, cores, args.batch, keep=args.keep)
     for field in dataclasses.fields(Costs):
         old, new = getattr(Costs(), field.name), getattr(costs, field.name)
         said = notes.get(field.name, "kept: these runs cannot tell it")
         print(f"{field.name:24s} {old:>12g} -> {new:<12g} {said}")
 
     def off(run, c):  # |error| of the predicted updates/s
-        rate = predict(run, sizes, cores, c, args.batch).updates_per_s
+        rate = predict(run, cores, c, args.batch).updates_per_s
         return abs(rate / run["updates_per_s"] - 1)
 
     for kind in KINDS:
@@ -301,11 +373,14 @@ def parse_args(argv=None):
     parser.add_argument("--batch", type=harness.positive, default=128)
     parser.add_argument("--steps-per-execution", type=harness.positive, default=10)
     parser.add_argument("--hidden", type=harness.positive, default=512,
-                        help="--fit: the MLP's hidden width in those runs (512)")  # fmt: skip
+                        help="the MLP's hidden width (512); --fit: in the runs "
+                        "whose file does not say")  # fmt: skip
     parser.add_argument("--depth", type=harness.positive, default=2,
-                        help="--fit: the MLP's hidden layers in those runs (2)")  # fmt: skip
+                        help="the MLP's hidden layers (2); --fit: in the runs "
+                        "whose file does not say")  # fmt: skip
     parser.add_argument("--keep", nargs="+", default=[],
-                        choices=("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb"),
+                        choices=("ps_fixed_ms", "ps_request_ms", "ps_ms_per_mb",
+                                 "ps_apply_ms_per_variable"),  # fmt: skip
                         help="--fit: ps costs to keep as they are (e.g. "
                         "ps_ms_per_mb, when every run moved the same bytes)")  # fmt: skip
     parser.add_argument("--machine-cores", type=harness.positive_float,

@@ -568,6 +568,56 @@ def test_plan_check_fit_keeps_the_ps_costs_it_is_told_to():
     assert "0.2081 -> 0.2081" in lines[True]["ps_ms_per_mb"]
     assert "least squares" in lines[True]["ps_fixed_ms"]
     assert "least squares" in lines[False]["ps_ms_per_mb"]
+    # One model: its variables cost the same in every run, so kept.
+    assert "kept" in lines[False]["ps_apply_ms_per_variable"]
+
+
+@pytest.mark.timeout(300)
+def test_plan_check_fit_predicts_each_run_with_its_own_model(fresh_harness):
+    """Runs of two MLPs (6 and 48 variables) fitted together: each file's
+    runs are predicted with the model its command trained, which tells the
+    ps's cost per variable from its cost per byte."""
+    _forget("plan_check")
+    plan_check = importlib.import_module("plan_check")
+    files = [str(BENCHMARKS / "results" / f"scaling_ps_threads{end}.json")
+             for end in ("", "_deep")]  # fmt: skip
+    runs, cores = plan_check.read_runs(files)
+    models = {
+        (r["file"], r["hidden"], r["depth"], r["model_step_ms"] > 0) for r in runs
+    }
+    assert models == {(files[0], 512, 2, True), (files[1], 128, 23, True)}
+    assert [len(plan_check.run_sizes(r)) for r in (runs[0], runs[-1])] == [6, 48]
+    costs, notes = plan_check.fit(runs, cores, batch=128)
+    assert "least squares" in notes["ps_apply_ms_per_variable"]
+    assert costs.ps_apply_ms_per_variable > 0
+    assert 0.3 <= costs.shared_core_use <= 1
+
+
+@pytest.mark.timeout(300)
+def test_the_committed_costs_predict_the_ps_cpu_of_their_runs(fresh_harness):
+    """`Costs()`'s defaults were fitted to these runs (one ps task, two
+    MLPs, async, sync and in-graph at W = 1, 2, 4, two rounds): the planner predicts
+    the ps task's CPU per update of each within 25 % at the median, and
+    the same file's tf_keras runs are not among them."""
+    _forget("plan_check")
+    plan_check = importlib.import_module("plan_check")
+    from keras_psdist.planning import Costs
+
+    files = [str(BENCHMARKS / "results" / f"scaling_step_loop{end}.json")
+             for end in ("", "_deep")]  # fmt: skip
+    runs, cores = plan_check.read_runs(files)
+    measured = [r for r in runs if r.get("ps_cpu_ms_per_update") is not None]
+    assert {r["kind"] for r in measured} == {"async", "sync", "in-graph"}
+    errors = sorted(
+        abs(
+            plan_check.predict(r, cores, Costs(), 128).ps_cpu_ms_per_update
+            / r["ps_cpu_ms_per_update"]
+            - 1
+        )
+        for r in measured
+    )
+    assert len(errors) == 36, len(errors)  # 18 configurations, 2 rounds
+    assert errors[len(errors) // 2] <= 0.25, errors
 
 
 @pytest.mark.timeout(300)

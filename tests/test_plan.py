@@ -11,7 +11,13 @@ import pytest
 
 from keras_psdist.cli import main as cli
 from keras_psdist.planning import Costs, Plan, plan
-from keras_psdist.planning.model import MODES, Setup, ps_share, ps_tensors
+from keras_psdist.planning.model import (
+    MODES,
+    Setup,
+    ps_share,
+    ps_tensors,
+    ps_variables,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,9 +79,9 @@ def test_small_variables_travel_packed_large_ones_alone(mode):
     # A task's variables of at most 256 KiB are read as one tensor and their
     # gradients pushed as one (sync replicas push one per variable); each
     # larger variable is a read and a push of its own (ps_request_cost.py).
-    costs = Costs()
-    large = _one(mode, variable_bytes=[8_000_000] * 2, workers=4)
-    small = _one(mode, variable_bytes=[100_000] * 160, workers=4)
+    costs = Costs(ps_apply_ms_per_variable=0)  # the transfers' count alone
+    large = _one(mode, variable_bytes=[8_000_000] * 2, workers=4, costs=costs)
+    small = _one(mode, variable_bytes=[100_000] * 160, workers=4, costs=costs)
     steps = 1 if mode == "between-graph" else 4
     tensors = 1 + (160 if mode == "sync-replicas" else 1)
     extra = steps * (tensors - 4) * costs.ps_tensor_ms
@@ -84,15 +90,10 @@ def test_small_variables_travel_packed_large_ones_alone(mode):
     )
 
 
-def test_the_calibration_model_keeps_its_measured_cost_per_step():
-    # ps_request_ms was split out of 3.40 ms per step of a 6-variable model
-    # on one ps task: that model's prediction is what it was.
-    costs = Costs()
-    busiest, total = ps_tensors(MLP, 1, partitioned=False, packed_pushes=False)
+def test_the_transfers_a_step_makes_to_each_ps_task():
     # Reads: the 1 MiB kernel alone and the other 5 as one; 6 pushes (sync).
+    busiest, total = ps_tensors(MLP, 1, partitioned=False, packed_pushes=False)
     assert busiest == total == 8
-    unpacked = 12  # as the model was measured: a read and a push per variable
-    assert costs.ps_request_ms + unpacked * costs.ps_tensor_ms == pytest.approx(3.40)
     assert ps_tensors(MLP, 1, partitioned=False) == (4, 4)
     # Partitioned, every task holds a shard of each variable.
     assert ps_tensors(MLP, 4, partitioned=True) == (12, 48)
@@ -117,6 +118,31 @@ def test_few_shared_cores_are_the_shared_cores(mode):
     # Each task alone would be fast; 0.01 cores shared by all are not.
     result = _one(mode, workers=4, cores_per_task=8, machine_cores=0.01)
     assert result.bottleneck == "shared cores"
+
+
+def test_the_shared_cores_cap_scales_with_the_share_the_tasks_keep_busy():
+    # Bound by the shared cores, the updates go as the share of them in use.
+    full, most = (
+        _one(workers=4, machine_cores=0.01, costs=Costs(shared_core_use=use))
+        for use in (1.0, 0.8)
+    )
+    assert full.bottleneck == most.bottleneck == "shared cores"
+    assert most.updates_per_s / full.updates_per_s == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_variable_costs_the_ps_its_optimizer_ops(mode):
+    # The same bytes in 6 or in 48 variables (their transfers' count costs
+    # nothing here): the ps pays the optimizer's ops once more per variable.
+    few, many = [240_000] * 6, [30_000] * 48
+    costs = Costs(ps_apply_ms_per_variable=0.05, ps_tensor_ms=0)
+    cpu = [
+        _one(mode, variable_bytes=sizes, workers=2, costs=costs).ps_cpu_ms_per_update
+        for sizes in (few, many)
+    ]
+    assert cpu[1] - cpu[0] == pytest.approx(42 * 0.05)
+    assert ps_variables(many, 4, partitioned=False) == (12, 48)
+    assert ps_variables(many, 4, partitioned=True) == (48, 192)
 
 
 def test_the_critical_paths_are_named():
@@ -196,6 +222,8 @@ def test_the_first_compression_listed_wins_within_5_percent():
 def test_costs_refuse_a_negative_constant():
     with pytest.raises(ValueError, match="Received: rtt_ms=-1"):
         Costs(rtt_ms=-1)
+    with pytest.raises(ValueError, match="> 0. Received: shared_core_use=0"):
+        Costs(shared_core_use=0)
 
 
 @pytest.mark.parametrize(

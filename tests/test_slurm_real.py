@@ -53,6 +53,9 @@ def test_a_real_srun_step_trains_between_graph_and_ends(slurm, tmp_path):
             "between-graph",
             "--port",
             str(port),
+            # The ps stops 3 s after the trainers end, not the default 40.
+            "--serve-idle-timeout",
+            "3",
             "--",
             "python",
             str(JOB),

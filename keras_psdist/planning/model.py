@@ -8,7 +8,8 @@ of the variables (`ps_share`), `c` the cores per task, `W` the workers:
   + t ps_tensor_ms) + ps_ms_per_mb k (Rb + G) s + ps_apply_ms_per_mparam *
   params s`, with `k = 1` worker steps per update for async and `k = W` for
   sync and in-graph (each step's requests reach every ps task holding a
-  variable) and `t` the tensors a worker step moves to and from that task
+  variable), plus `ps_apply_ms_per_variable` for each variable the task
+  updates, and `t` the tensors a worker step moves to and from that task
   (`ps_tensors`: its variables read as one and their gradients pushed as
   one, each variable over 256 KiB and each shard alone; sync pushes one per
   variable).
@@ -22,7 +23,8 @@ of the variables (`ps_share`), `c` the cores per task, `W` the workers:
   `in_graph_chief_ms * W` (one step's control reaches each worker in turn,
   from the first worker, where the step is called).
 - `machine_cores` (one machine for every task): updates/s is at most
-  `machine_cores / (CPU ms of every task per update / 1000)`.
+  `machine_cores * shared_core_use / (CPU ms of every task per update /
+  1000)`, the tasks keeping that fraction of the cores busy.
 
 The bottleneck is the least cap's name; for a step's own time, the largest
 of its terms.
@@ -169,6 +171,22 @@ def ps_tensors(
     return per_task[loads.index(max(loads))], sum(per_task)
 
 
+def ps_variables(variable_bytes: Sequence[int], num_ps: int, partitioned: bool):
+    """`(busiest, total)`: the variables (or shards) the busiest ps task (by
+    bytes, as `ps_share` places them) updates, and every task's together:
+    each costs the optimizer's ops once per update, whatever its size.
+
+    >>> ps_variables([1000, 10, 10], 2, partitioned=False)
+    (1, 3)
+    >>> ps_variables([1000, 10, 10], 4, partitioned=True)
+    (3, 12)
+    """
+    if partitioned:
+        return len(variable_bytes), len(variable_bytes) * num_ps
+    loads, counts = _greedy(variable_bytes, num_ps)
+    return counts[loads.index(max(loads))], sum(counts)
+
+
 def _task_tensors(sizes: Sequence[int], packed_pushes: bool) -> int:
     """The tensors one worker step moves to and from a task holding
     variables of `sizes` bytes."""
@@ -237,18 +255,23 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
         packed_pushes=mode != SYNC_REPLICAS,
     )
     requests = steps * costs.ps_request_ms
+    updated, variables = ps_variables(
+        setup.variable_bytes, setup.num_ps, setup.partitioned
+    )
     ps_cpu = (
         costs.ps_fixed_ms
         + requests
         + steps * costs.ps_tensor_ms * busiest
         + costs.ps_ms_per_mb * ps_mb
         + (costs.ps_apply_ms_per_mparam * params_m + select) * share
+        + costs.ps_apply_ms_per_variable * updated
     )
     ps_cpu_all = (
         (costs.ps_fixed_ms + requests) * used
         + steps * costs.ps_tensor_ms * tensors
         + costs.ps_ms_per_mb * steps * (read_mb + grad_mb)
         + costs.ps_apply_ms_per_mparam * params_m
+        + costs.ps_apply_ms_per_variable * variables
         + select
     )
     worker_link = link_ms(read_mb + grad_mb)
@@ -281,7 +304,8 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
         caps = {_largest(terms): 1000 / sum(terms.values())}
     if setup.machine_cores is not None:
         cpu_ms = steps * worker_cpu + ps_cpu_all  # every task's, per update
-        _add(caps, "shared cores", 1000 * setup.machine_cores / cpu_ms)
+        busy = setup.machine_cores * costs.shared_core_use
+        _add(caps, "shared cores", 1000 * busy / cpu_ms)
     bottleneck = min(caps, key=caps.get)
     updates = caps[bottleneck]
     examples = updates * setup.batch * steps
