@@ -90,20 +90,29 @@ def measure(args) -> int:
     cores, runs, rows = os.cpu_count(), [], []
     model_size = {"hidden": args.hidden, "depth": args.depth}
     load_start, start = harness.loadavg(), time.monotonic()
-    grid = itertools.product(args.kinds, args.workers, args.ps, args.mbit,
-                             args.compression)  # fmt: skip
+    grid = list(itertools.product(args.kinds, args.workers, args.ps, args.mbit,
+                                  args.compression))  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="plan-check-") as tmp:
-        for kind, workers, num_ps, mbit, compression in grid:
-            # scaling.py's children train each configuration.
-            run = host_runs.run_once(SCALING, kind, workers, num_ps, args, Path(tmp),
-                                     mbit=mbit or None, compression=compression)  # fmt: skip
-            runs.append(_checked({**run, **model_size}, cores, args.batch))
-            rows.append(_row(runs[-1]))
+        for round_ in range(args.rounds):
+            # Odd rounds run the grid backwards: no configuration always
+            # runs first, or after the same one.
+            for kind, workers, num_ps, mbit, compression in (
+                grid if round_ % 2 == 0 else grid[::-1]
+            ):
+                # scaling.py's children train each configuration.
+                run = host_runs.run_once(SCALING, kind, workers, num_ps, args, Path(tmp),
+                                         mbit=mbit or None, compression=compression)  # fmt: skip
+                runs.append({**run, **model_size, "round": round_})
+    configurations = [_checked(c, cores, args.batch) for c in _medians(runs)]
+    rows = [_row(c) for c in configurations]
     columns = ["kind", "workers", "ps", "link", "compression", "measured examples/s",
                "predicted examples/s", "error", "predicted bottleneck",
                "within 25 %"]  # fmt: skip
+    if args.rounds > 1:
+        columns[5] = f"measured examples/s (median of {args.rounds} rounds)"
     print(harness.markdown_table(rows, columns))
-    errors = [abs(r["prediction_error"]) for r in runs if "prediction_error" in r]
+    errors = [abs(c["prediction_error"]) for c in configurations
+              if "prediction_error" in c]  # fmt: skip
     within = sum(e <= 0.25 for e in errors)
     print(f"{within} of {len(errors)} configurations within 25 %")
     out = harness.write_results(
@@ -117,11 +126,37 @@ def measure(args) -> int:
             "loadavg_start": load_start,
             "loadavg_end": harness.loadavg(),
             "wall_s": time.monotonic() - start,
+            "rounds": args.rounds,
             "runs": runs,
+            "configurations": configurations,
         },
     )  # fmt: skip
     print(f"wrote {out}")
     return 1 if any("error" in r for r in runs) else 0
+
+
+def _medians(runs: list[dict]) -> list[dict]:
+    """One entry per configuration, in the order first run: its first
+    round's run with the medians of every round's examples/s and updates/s
+    (`examples_per_s_rounds` lists them); a configuration that failed in
+    every round keeps its first error."""
+    keys = ("kind", "workers", "num_ps", "mbit", "compression")
+    by_config: dict[tuple, list[dict]] = {}
+    for run in runs:
+        by_config.setdefault(tuple(run.get(k) for k in keys), []).append(run)
+    merged = []
+    for same in by_config.values():
+        done = [r for r in same if "error" not in r]
+        if not done:
+            merged.append(same[0])
+            continue
+        merged.append({
+            **done[0],
+            "examples_per_s": statistics.median(r["examples_per_s"] for r in done),
+            "updates_per_s": statistics.median(r["updates_per_s"] for r in done),
+            "examples_per_s_rounds": [r["examples_per_s"] for r in done],
+        })  # fmt: skip
+    return merged
 
 
 def _checked(run: dict, cores: int, batch: int) -> dict:
@@ -186,9 +221,9 @@ def read_runs(
         steps = [m["cpu_ms"] for m in payload.get("model_step") or [] if m]
         size = _model_size(payload, hidden, depth)
         size["model_step_ms"] = statistics.median(steps) if steps else None
-        for value in payload.values():
-            if not isinstance(value, list):
-                continue
+        for key, value in payload.items():
+            if not isinstance(value, list) or key == "configurations":
+                continue  # plan_check's medians: its runs are read
             runs += [{"compression": "none", **size, **run, "file": path} for run in value
                      if isinstance(run, dict) and run.get("kind") in KINDS
                      and not run.get("rows") and "error" not in run
@@ -368,6 +403,8 @@ def parse_args(argv=None):
                         default=[0, 100, 10], help="link rates, Mbit/s; 0: unlimited")  # fmt: skip
     parser.add_argument("--compression", nargs="+", default=["none"],
                         help="as scaling.py's --compression (default none)")  # fmt: skip
+    parser.add_rounds(1, "runs of each configuration, the grid backwards in odd "
+                      "rounds; each is predicted against its median (default 1)")  # fmt: skip
     parser.add_argument("--steps", type=harness.positive, default=30)
     parser.add_argument("--epochs", type=harness.positive, default=2)
     parser.add_argument("--batch", type=harness.positive, default=128)

@@ -76,6 +76,13 @@ JSON ``benchmarks/results/graph_ops.json``)::
 
     python benchmarks/strategies.py --ops
 
+With ``--profile``, TensorFlow's profiler traces steady steps of the
+default strategy and PS and sums the op times by kind
+(``harness/profile_step.py``; JSON ``benchmarks/results/profile_step.json``,
+``profile_step_dynamic.json`` with ``--dynamic-batch``)::
+
+    python benchmarks/strategies.py --profile --steps 100 [--dynamic-batch]
+
 Options: ``--replicas N``, ``--steps S``, ``--repeats R``, ``--batch B``,
 ``--strategies default,mirrored,central_storage,ps`` (any subset),
 ``--warmup-steps W``, ``--seed``, ``--json PATH`` (raw numbers and
@@ -681,10 +688,30 @@ def parse_args(argv: list[str] | None = None):
         help="count the ops of each strategy's train step instead of timing "
         "it (harness/graph_ops.py; default JSON benchmarks/results/graph_ops.json)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="trace --steps steady steps of the default strategy and PS with "
+        "TensorFlow's profiler and sum the op times by kind instead of timing "
+        "fits (harness/profile_step.py; default JSON "
+        "benchmarks/results/profile_step.json; --steps 100 as in its runs)",
+    )
+    parser.add_argument(
+        "--dynamic-batch",
+        action="store_true",
+        help="--profile: batches without drop_remainder (a global batch size "
+        "unknown when tracing)",
+    )
     args = parser.parse_args(argv)
-    if not harness.given(sys.argv[1:] if argv is None else argv, "--json"):
+    given = sys.argv[1:] if argv is None else argv
+    if args.dynamic_batch and not args.profile:
+        parser.error("--dynamic-batch is a setting of --profile; add --profile")
+    if not harness.given(given, "--json"):
         if args.ops:
             args.json = str(harness.RESULTS / "graph_ops.json")
+        elif args.profile:
+            name = "profile_step_dynamic" if args.dynamic_batch else "profile_step"
+            args.json = str(harness.RESULTS / f"{name}.json")
         elif args.ablations:
             args.json = str(harness.RESULTS / "step_ablations.json")
     if args.batch % args.replicas:
@@ -708,6 +735,10 @@ def main(argv: list[str] | None = None) -> int:
         from harness import graph_ops
 
         return graph_ops.run(args)
+    if args.profile:
+        from harness import profile_step
+
+        return profile_step.run(args)
     faulthandler.enable()  # a native abort at least leaves a Python traceback
     start = time.perf_counter()
     cases, info = run_benchmark(args)

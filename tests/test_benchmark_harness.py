@@ -593,6 +593,32 @@ def test_plan_check_fit_predicts_each_run_with_its_own_model(fresh_harness):
     assert 0.3 <= costs.shared_core_use <= 1
 
 
+def test_plan_check_predicts_each_configuration_against_its_rounds_median(
+    fresh_harness,
+):
+    """`plan_check.py --rounds 3`: a configuration's runs merge into one
+    entry with the medians of the rounds that finished; one that failed in
+    every round keeps its error; `--fit` reads the runs, not the medians."""
+    _forget("plan_check")
+    plan_check = importlib.import_module("plan_check")
+
+    def run(kind, examples, round_, error=None):
+        entry = {"kind": kind, "workers": 2, "num_ps": 1, "mbit": None,
+                 "compression": "none", "round": round_}  # fmt: skip
+        if error:
+            return {**entry, "error": error}
+        return {**entry, "examples_per_s": examples, "updates_per_s": examples / 128}
+
+    runs = [run("async", 100.0, 0), run("sync", 0, 0, "lost"),
+            run("async", 300.0, 1), run("sync", 0, 1, "lost again"),
+            run("async", 0, 2, "timed out")]  # fmt: skip
+    merged = plan_check._medians(runs)
+    assert [m["kind"] for m in merged] == ["async", "sync"]
+    assert merged[0]["examples_per_s"] == 200.0
+    assert merged[0]["examples_per_s_rounds"] == [100.0, 300.0]
+    assert merged[1]["error"] == "lost"
+
+
 @pytest.mark.timeout(300)
 def test_the_committed_costs_predict_the_ps_cpu_of_their_runs(fresh_harness):
     """`Costs()`'s defaults were fitted to these runs (one ps task, two

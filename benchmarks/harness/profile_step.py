@@ -1,5 +1,6 @@
-"""Where the steady `fit` step's time goes: a TensorFlow profiler trace of
-the single device and of PSStrategy, op times summed by kind.
+"""Where the steady `fit` step's time goes (`strategies.py --profile`): a
+TensorFlow profiler trace of the single device and of PSStrategy, op times
+summed by kind.
 
 The model, data and replicas are `strategies.py`'s (MLP 64->512->512->2,
 Adam, global batch 256, 4 logical CPU replicas). Each strategy is warmed up,
@@ -9,12 +10,9 @@ per step. Summed kernel time is not wall time: ops of several replicas run
 at once on the same cores, and each one's time then includes its waits for
 a core. Read the kinds side by side, as where the extra work is.
 
-    python benchmarks/profile_step.py [--steps 100] [--dynamic-batch] [--autotune]
-
 `--dynamic-batch` batches without `drop_remainder` (a global batch size not
 known when tracing: the step then carries the stand-in machinery for empty
-replicas); `--autotune` keeps tf.data's autotuning on. Writes
-`benchmarks/results/profile_step.json`.
+replicas); `--autotune` keeps tf.data's autotuning on.
 """
 
 from __future__ import annotations
@@ -24,16 +22,13 @@ import glob
 import tempfile
 import time
 
-import harness
-from harness import Column, text_table
+import tensorflow as tf
 
-harness.prepare_tensorflow()
-harness.ensure_importable()
+from keras_psdist.devices import split_host_cpu
 
-import tensorflow as tf  # noqa: E402
-from harness import mlp  # noqa: E402
-
-from keras_psdist.devices import split_host_cpu  # noqa: E402
+from . import mlp
+from .results import write_results
+from .tables import Column, text_table
 
 KINDS = {
     "forward/backward kernels": (
@@ -137,22 +132,17 @@ def profile(
         return wall_ms, op_times(logdir, steps)
 
 
-def main() -> int:
-    parser = harness.BenchmarkParser(
-        __doc__.split("\n\n")[0], name="profile_step", seed=False
-    )
-    parser.add_argument("--steps", type=harness.positive, default=100)
-    parser.add_argument("--replicas", type=harness.positive, default=4)
-    parser.add_argument("--dynamic-batch", action="store_true")
-    parser.add_argument("--autotune", action="store_true")
-    args = parser.parse_args()
+def run(args) -> int:
+    """Profiles the default strategy and PSStrategy on `args.replicas`
+    logical CPUs, `args.steps` steps at a global batch of `args.batch`;
+    prints ms per step by kind and writes `args.json`."""
     split_host_cpu(args.replicas)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
     x, y = mlp.make_arrays(mlp.NUM_SAMPLES, 0)
     dataset = (
         tf.data.Dataset.from_tensor_slices((x, y))
         .repeat()
-        .batch(256, drop_remainder=not args.dynamic_batch)
+        .batch(args.batch, drop_remainder=not args.dynamic_batch)
     )
     if not args.autotune:
         options = tf.data.Options()
@@ -182,10 +172,6 @@ def main() -> int:
     )
     columns = [Column("ms per step", 40, "<"), Column("1 device", 9), Column("PS", 9)]
     print("\n".join(text_table(columns, rows)))
-    out = harness.write_results(args.json, {"settings": vars(args), "results": results})
+    out = write_results(args.json, {"settings": vars(args), "results": results})
     print(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
