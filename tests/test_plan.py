@@ -130,6 +130,23 @@ def test_the_shared_cores_cap_scales_with_the_share_the_tasks_keep_busy():
     assert most.updates_per_s / full.updates_per_s == pytest.approx(0.8)
 
 
+def test_a_sync_update_on_shared_cores_adds_its_barrier_to_their_time():
+    # No worker computes while a sync update is released: on shared cores
+    # the critical path adds to the cores' time; async has no barrier.
+    def period_ms(mode, critical):
+        costs = Costs(sync_critical_path_ms=critical)
+        result = _one(mode, workers=4, machine_cores=0.05, costs=costs)
+        assert result.bottleneck == "shared cores"
+        return 1000 / result.updates_per_s
+
+    assert period_ms("sync-replicas", 50) - period_ms("sync-replicas", 0) == (
+        pytest.approx(50)
+    )
+    assert period_ms("between-graph", 50) == pytest.approx(
+        period_ms("between-graph", 0)
+    )
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_each_variable_costs_the_ps_its_optimizer_ops(mode):
     # The same bytes in 6 or in 48 variables (their transfers' count costs

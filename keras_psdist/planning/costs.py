@@ -32,7 +32,7 @@ class Costs:
             benchmarks/results/scaling_ps_threads.json \
             benchmarks/results/scaling_ps_threads_deep.json
 
-    In sample, the median error of updates/s is 11 % (27 async runs), 12 %
+    In sample, the median error of updates/s is 11 % (27 async runs), 9 %
     (12 sync) and 9 % (27 in-graph). All were measured on one 2-core
     machine (AMD EPYC, TF 2.21, Keras 3.15) whose tasks shared its cores.
     The MLP of `benchmarks/scaling.py` is 64-512-512-2 (296,962 parameters,
@@ -94,8 +94,10 @@ class Costs:
             times the variables can tell from the per-update costs.
         sync_critical_path_ms: What a sync update waits for beyond the
             workers' step and the ps's share (the protocol's calls, the
-            chief's release). 6.262: the least-squares fit of log updates/s
-            to FIT's 12 sync runs, the other constants kept.
+            chief's release; on one machine's shared cores, also the time
+            they sit idle at the update's barrier). 4.45: the least-squares
+            fit of log updates/s to FIT's 12 sync runs, the other constants
+            kept.
         in_graph_chief_ms: The in-graph chief's time per worker per step
             (it drives each worker's part of the step; with the step on the
             first worker, the critical path per worker rather than the
@@ -124,7 +126,7 @@ class Costs:
     ps_ms_per_mb: float = 0.2081
     ps_apply_ms_per_mparam: float = 3.27
     ps_apply_ms_per_variable: float = 0.033
-    sync_critical_path_ms: float = 6.262
+    sync_critical_path_ms: float = 4.45
     in_graph_chief_ms: float = 4.45
     compress_ms_per_mparam: float = 12.4
     shared_core_use: float = 0.84

@@ -24,7 +24,9 @@ of the variables (`ps_share`), `c` the cores per task, `W` the workers:
   from the first worker, where the step is called).
 - `machine_cores` (one machine for every task): updates/s is at most
   `machine_cores * shared_core_use / (CPU ms of every task per update /
-  1000)`, the tasks keeping that fraction of the cores busy.
+  1000)`, the tasks keeping that fraction of the cores busy; for sync, the
+  update's critical path adds to that time (no worker computes while the
+  update is released).
 
 The bottleneck is the least cap's name; for a step's own time, the largest
 of its terms.
@@ -305,7 +307,11 @@ def predict(mode: str, wire: Wire, setup: Setup, costs: Costs) -> Prediction:
     if setup.machine_cores is not None:
         cpu_ms = steps * worker_cpu + ps_cpu_all  # every task's, per update
         busy = setup.machine_cores * costs.shared_core_use
-        _add(caps, "shared cores", 1000 * busy / cpu_ms)
+        # A sync update's barrier: while its protocol releases the update,
+        # no worker computes, so the shared cores' time and the critical
+        # path add up rather than overlap.
+        barrier = costs.sync_critical_path_ms if mode == SYNC_REPLICAS else 0.0
+        _add(caps, "shared cores", 1000 / (cpu_ms / busy + barrier))
     bottleneck = min(caps, key=caps.get)
     updates = caps[bottleneck]
     examples = updates * setup.batch * steps
