@@ -313,6 +313,27 @@ def test_the_cli_says_a_bad_flag_in_flag_words(capsys):
     assert "`--workers` must be >= 1. Received: --workers=0" in capsys.readouterr().err
 
 
+def test_a_plan_beyond_the_validated_workers_says_it_extrapolates():
+    near, far = (str(plan(variable_bytes=MLP, workers=w)) for w in (8, 9))
+    assert "extrapolate" not in near
+    assert "at most 8 workers" in far and "at 9 these figures extrapolate" in far
+
+
+def test_a_flag_given_with_units_says_to_give_a_number(capsys):
+    with pytest.raises(SystemExit) as exited:
+        _cli("plan", "--variable-bytes=4096", "--workers=2", "--link-mbit=1Gbit")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--link-mbit=1Gbit" in err and "give a number, without units" in err
+
+
+def test_plan_help_says_it_tries_several_ps_counts(capsys):
+    with pytest.raises(SystemExit):
+        _cli("plan", "--help")
+    line = next(x for x in capsys.readouterr().out.splitlines() if "--num-ps" in x)
+    assert "(default: 1 to 8 tried" in line
+
+
 @pytest.mark.parametrize(
     "kwargs, received",
     [

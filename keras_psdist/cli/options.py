@@ -10,6 +10,8 @@ Examples:
 '--num-ps'
 >>> in_flag_words("flag --num_ps=0: must be >= 1")
 'flag --num-ps=0: must be >= 1'
+>>> in_flag_words("flag --link_mbit=1Gbit: could not convert string to float: '1Gbit'")
+"flag --link-mbit=1Gbit: could not convert string to float: '1Gbit' (give a number, without units, e.g. --link-mbit=2)"
 """
 
 import re
@@ -82,7 +84,7 @@ flags.DEFINE_string(
 flags.DEFINE_integer("task", None, "Task index to serve, instead of TF_CONFIG's.")
 
 # `launch`
-flags.DEFINE_integer("num_ps", 1, "Number of parameter-server tasks (plan: 1-8 tried).")
+flags.DEFINE_integer("num_ps", 1, "Number of parameter-server tasks.")
 flags.DEFINE_integer("num_workers", 1, "Number of worker tasks.")
 flags.DEFINE_string(
     "mode",
@@ -251,7 +253,16 @@ def in_flag_words(message: str) -> str:
         if guesses:
             said += f" Did you mean {' or '.join(map(flag, guesses.split(', ')))}?"
         return said
-    return re.sub(r"--(\w+)", lambda m: flag(m.group(1)), message)
+    message = re.sub(r"--(\w+)", lambda m: flag(m.group(1)), message)
+    number = re.match(
+        r"flag (--[\w-]+)=.*: (could not convert string to float|"
+        r"invalid literal for int)",
+        message.strip(),
+    )
+    if number:  # absl's words name Python's conversion, not the fix
+        kind = "a number" if "float" in number.group(2) else "a whole number"
+        message += f" (give {kind}, without units, e.g. {number.group(1)}=2)"
+    return message
 
 
 def mode_flag(command: str) -> str:

@@ -8,6 +8,9 @@ from typing import Any
 
 from keras_psdist.planning.model import Prediction
 
+# The most workers of the runs the constants were fitted and validated on.
+VALIDATED_WORKERS = 8
+
 
 def render(
     predictions: Sequence[Prediction],
@@ -36,6 +39,13 @@ def render(
         + ".",
         "",
     ]
+    if given["workers"] > VALIDATED_WORKERS:
+        lines += [
+            f"The constants were measured with at most {VALIDATED_WORKERS} "
+            'workers on one 2-core machine (docs/planning.md, "Validated"): '
+            f"at {given['workers']} these figures extrapolate.",
+            "",
+        ]
     columns = ["mode", "compression", "ps tasks", "predicted updates/s",
                "predicted examples/s", "bottleneck", "ps CPU ms/update",
                "ps link MB/update", ""]  # fmt: skip
