@@ -114,19 +114,28 @@ def make_arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def make_dataset(batch: int, seed: int, autotune: bool = True) -> tf.data.Dataset:
+def make_dataset(
+    batch: int,
+    seed: int,
+    autotune: bool = True,
+    drop_remainder: bool = True,
+    prefetch: bool = True,
+) -> tf.data.Dataset:
     """Endless batches of `make_arrays` data. `autotune=False` turns tf.data's
     autotuning off: on this machine it puts whole `fit` calls, on one device
     and under every strategy alike, into a slow mode (6 ms steps became
     12.7 ms in 4 of 15 fits of 100 steps; none with it off), noise that
-    swamps the ratios."""
+    swamps the ratios. `drop_remainder=False` leaves the batch size unknown
+    when tracing; `prefetch=False` leaves out the prefetch (the profile's
+    runs had none)."""
     x, y = make_arrays(NUM_SAMPLES, seed)
     dataset = (
         tf.data.Dataset.from_tensor_slices((x, y))
         .repeat()
-        .batch(batch, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
+        .batch(batch, drop_remainder=drop_remainder)
     )
+    if prefetch:
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
     if not autotune:
         options = tf.data.Options()
         options.autotune.enabled = False

@@ -138,16 +138,13 @@ def run(args) -> int:
     prints ms per step by kind and writes `args.json`."""
     split_host_cpu(args.replicas)
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    x, y = mlp.make_arrays(mlp.NUM_SAMPLES, 0)
-    dataset = (
-        tf.data.Dataset.from_tensor_slices((x, y))
-        .repeat()
-        .batch(args.batch, drop_remainder=not args.dynamic_batch)
+    dataset = mlp.make_dataset(
+        args.batch,
+        0,
+        autotune=args.autotune,
+        drop_remainder=not args.dynamic_batch,
+        prefetch=False,
     )
-    if not args.autotune:
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        dataset = dataset.with_options(options)
     results = {}
     for name in ("default", "ps"):
         wall_ms, times = profile(name, devices, dataset, args.steps)
