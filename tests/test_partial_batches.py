@@ -8,6 +8,7 @@ worker. The results stay a single device's: weights for the deterministic
 layers, metric counts and predictions for all.
 """
 
+import keras
 import layer_zoo  # tests/cluster_jobs, see conftest.py
 import numpy as np
 import pytest
@@ -151,3 +152,60 @@ def test_replicas_without_data_get_a_stand_in_of_ragged_and_sparse_batches(
         sums, sizes = step(x)
         assert strategy.gather(sums, axis=0).numpy().tolist() == [expected]
         assert [int(s) for s in strategy.experimental_local_results(sizes)] == [1, 0, 0]
+
+
+def test_equal_sizes_known_when_tracing_build_no_shares():
+    """Batches whose sizes every replica's static shape gives, all equal
+    (`drop_remainder=True` with a batch the replicas divide), have equal
+    shares: the step builds no masking of replicas without data and no
+    weighing. Unequal or unknown sizes keep theirs."""
+    from keras_psdist._tf import values
+    from keras_psdist.distribute.replica_batches import ReplicaBatches
+
+    def shares(*shapes):
+        specs = [tf.TensorSpec(shape, tf.float32) for shape in shapes]
+
+        @tf.function(autograph=False)
+        def read(*pieces):
+            batches = ReplicaBatches((values.PerReplica(pieces),), {}, len(pieces))
+            found.append((batches.shares, batches.without_data))
+
+        found = []
+        read.get_concrete_function(*specs)
+        return found[0]
+
+    assert shares([4, 2], [4, 2], [4, 2]) == (None, None)
+    for shapes in ([[4, 2], [3, 2], [3, 2]], [[None, 2], [None, 2]], [[0], [0]]):
+        found, without_data = shares(*shapes)
+        assert len(found) == len(shapes) and len(without_data) == len(shapes)
+
+
+@pytest.mark.parametrize("rule", ["mean", "median"])
+def test_static_and_unknown_batch_sizes_train_the_same_weights(cpu_devices, rule):
+    """The same batches, once with their size known when tracing and once
+    not: the weights agree exactly (the shares-free step is the one the
+    runtime conditions took)."""
+    x = np.random.default_rng(0).normal(size=(96, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+    results = []
+    for drop_remainder in (True, False):
+        strategy = kpd.PSStrategy(
+            devices=cpu_devices[:4],
+            aggregator=rule,
+            num_byzantine=0 if rule == "mean" else 1,
+        )
+        with strategy.scope():
+            keras.utils.set_random_seed(0)
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+            model.compile(
+                optimizer="sgd",
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
+            16, drop_remainder=drop_remainder
+        )
+        assert (dataset.element_spec[0].shape[0] is None) is not drop_remainder
+        model.fit(dataset, epochs=2, verbose=0)
+        results.append(model.get_weights())
+    for static, unknown in zip(*results, strict=True):
+        np.testing.assert_array_equal(static, unknown)

@@ -46,7 +46,10 @@ class ReplicaBatches:
     def __init__(self, args: tuple, kwargs: dict, num_replicas: int):
         sizes = _batch_sizes(args, kwargs, num_replicas)
         #: Each replica's fraction of the global batch (0 for a replica
-        #: without data), or None when there is one replica or no batch.
+        #: without data), or None for equal shares: one replica, no batch,
+        #: or batches whose equal sizes are known when tracing
+        #: (`drop_remainder=True`), which then get no masking of replicas
+        #: without data and no weighing of uneven ones.
         self.shares: list[tf.Tensor] | None = None
         #: Per replica, whether it got no data (a scalar bool), or None.
         self.without_data: list[tf.Tensor] | None = None
@@ -88,17 +91,20 @@ class ReplicaBatches:
 
 def _batch_sizes(args, kwargs, num_replicas):
     """Examples per replica, read from the first batched per-replica tensor
-    (dense, ragged or sparse)."""
+    (dense, ragged or sparse); None when the shares are equal: one replica,
+    no batch, or the same nonzero size in every replica's static shape."""
     if num_replicas == 1:
         return None
-    sizes = []
+    firsts = []
     for r in range(num_replicas):
         flat = tf.nest.flatten(distribute_utils.select_replica(r, (args, kwargs)))
         first = next((t for t in flat if _is_batched(t)), None)
         if first is None:
             return None
-        sizes.append(tf.cast(batch_size(first), tf.float32))
-    return sizes
+        firsts.append(first)
+    if all(map(_static_rows, firsts)) and len({f.shape[0] for f in firsts}) == 1:
+        return None
+    return [tf.cast(batch_size(first), tf.float32) for first in firsts]
 
 
 def _fill_empty(value, without_data, any_empty):
