@@ -72,17 +72,12 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The tests that start processes are spread over the first three
-    quarters of the run, between modules of tests that run in this
-    process; the tests that share a launch share an `xdist` worker.
+    """The modules that start processes run first, each module's tests in
+    their order; the tests that share a launch share an `xdist` worker.
 
-    A launch's processes wait at times (for servers, for a cut link, for a
-    heartbeat to go missing): two launches at once left up to a quarter of
-    the two cores idle. Between modules of in-process tests, a launch mostly
-    runs beside tests that keep a core busy. The launches come largest
-    first (the most tests sharing one), and none comes in the last quarter,
-    where a long one could leave a worker idle while the other finishes it.
-    (`--no-loadscope-reorder` in pyproject.toml: xdist keeps this order.)
+    Under `-n 2` the workers take tests (or `xdist_group`s) as they free up,
+    in this order, so a long cluster launch collected last could leave one
+    worker idle while the other finishes it; longest first packs the two.
 
     A module-scoped fixture is set up once per `xdist` worker that runs a
     test using it: a cluster launch shared by two tests that the two
@@ -99,60 +94,12 @@ def pytest_collection_modifyitems(config, items):
         shared = _own_module_fixtures(item)
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
-    items[:] = _launches_spread(items)
-
-
-def _unit(item) -> str:
-    """What xdist hands a worker at once: the test's `xdist_group`, or the
-    test alone."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark is None:
-        return item.nodeid
-    return mark.args[0] if mark.args else mark.kwargs.get("name", "default")
-
-
-def _launches_spread(items, until: float = 0.75) -> list:
-    """`items` with the units that start processes spread evenly among the
-    others' first `until`, largest first, never between two tests of a
-    module that share a module-scoped fixture of their own; the others keep
-    their order, the groups of them first (the longest in-process units:
-    late, one would leave the other worker idle)."""
-    units = {}
-    for item in items:
-        units.setdefault(_unit(item), []).append(item)
-    launches, groups, others = [], [], []
-    for key, unit in units.items():
-        if any(i.get_closest_marker("multiprocess") is not None for i in unit):
-            launches.append(unit)
-        elif key != unit[0].nodeid:
-            groups.append(unit)
-        else:
-            others.append(unit)
-    others = groups + others
-    if not launches or not others:
-        return [item for unit in units.values() for item in unit]
-    launches.sort(key=len, reverse=True)
-    spacing = until * sum(map(len, others)) / len(launches)
-    ordered, placed, seen, previous = [], 0, 0, None
-    for unit in others:
-        if previous is None or not _share_module_fixtures(previous[-1], unit[0]):
-            while placed < len(launches) and placed * spacing <= seen:
-                ordered += launches[placed]
-                placed += 1
-        ordered += unit
-        seen += len(unit)
-        previous = unit
-    ordered += [item for unit in launches[placed:] for item in unit]
-    return ordered
-
-
-def _share_module_fixtures(item, other) -> bool:
-    """Whether `item` and `other` are of one module whose own module-scoped
-    fixtures one of them uses (a launch between them would tear those down
-    and set them up again)."""
-    if item.module is not other.module:
-        return False
-    return bool(_own_module_fixtures(item) or _own_module_fixtures(other))
+    launching_modules = {
+        item.module.__name__
+        for item in items
+        if item.get_closest_marker("multiprocess") is not None
+    }
+    items.sort(key=lambda item: item.module.__name__ not in launching_modules)
 
 
 def _own_module_fixtures(item) -> list[str]:
