@@ -19,7 +19,8 @@ import threading
 import time
 
 import pytest
-from launching import PID_LINE  # tests/cluster_jobs, see conftest.py
+import zygote  # tests/cluster_jobs, see conftest.py
+from launching import PID_LINE
 
 import keras_psdist as kpd
 from keras_psdist.cluster import config as cluster_config
@@ -55,6 +56,22 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def _children(pid: int) -> set[int]:
+    """The child processes of `pid` (none once it is gone)."""
+    children = set()
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children") as f:
+                children.update(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return children
 
 
 def _wait_until(predicate, timeout: float, what: str) -> None:
@@ -100,6 +117,8 @@ class _Processes:
     def __init__(self):
         self.pids: set[int] = set()
         self.groups: set[int] = set()
+        # The test zygotes whose forks served (`_launch`): none may be left.
+        self.zygotes: set[int] = set()
 
     def add_from_output(self, text: str) -> None:
         for line in text.splitlines():
@@ -122,10 +141,15 @@ class _Processes:
         # Teardown waits for every process; the grace here only absorbs
         # the kernel's bookkeeping.
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and any(_alive(p) for p in self.pids):
+        while time.monotonic() < deadline and self._left():
             time.sleep(0.05)
-        left = sorted(p for p in self.pids if _alive(p))
+        left = self._left()
         assert not left, f"processes left running: {left}"
+
+    def _left(self) -> list[int]:
+        """The live pids seen, and the live forks of the zygotes used."""
+        forks = {pid for zygote_pid in self.zygotes for pid in _children(zygote_pid)}
+        return sorted(p for p in self.pids | forks if _alive(p))
 
     def kill_all(self) -> None:
         for group in self.groups:
@@ -133,7 +157,9 @@ class _Processes:
                 os.killpg(group, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for pid in self.pids:
+        for pid in self.pids | {
+            pid for zygote_pid in self.zygotes for pid in _children(zygote_pid)
+        }:
             if _alive(pid):
                 try:
                     os.killpg(pid, signal.SIGKILL)
@@ -155,9 +181,24 @@ def processes():
 
 
 def _launch(tmp_path, processes, action, out=None, **kwargs) -> tuple[int, _Lines]:
+    """Launches the fake trainer (a plain interpreter: the launcher's own
+    process handling is what is tested); its ps servers are the real
+    `keras_psdist serve`, forks of the test zygote (`launching.launch_job`'s:
+    not one TensorFlow import each) when one is enabled, which
+    `assert_all_gone` then sees gone as well."""
     out = _Lines() if out is None else out
     report_dir = tmp_path / "reports"
     report_dir.mkdir(exist_ok=True)
+    server_command = launcher_lib.SERVER_COMMAND
+    if zygote.enabled() and server_command == (
+        sys.executable,
+        "-m",
+        "keras_psdist",
+        "serve",
+    ):
+        zygote.ensure_running()
+        processes.zygotes.update(proc.pid for proc in zygote._servers.values())
+        launcher_lib.SERVER_COMMAND = tuple(zygote.command(list(server_command[1:])))
     try:
         code = launch(
             [sys.executable, FAKE_TRAINER, action, str(report_dir)],
@@ -165,6 +206,7 @@ def _launch(tmp_path, processes, action, out=None, **kwargs) -> tuple[int, _Line
             **kwargs,
         )
     finally:
+        launcher_lib.SERVER_COMMAND = server_command
         processes.add_from_output(out.text)
         processes.add_from_reports(report_dir)
     return code, out
