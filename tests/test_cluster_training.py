@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import launching  # tests/cluster_jobs, see conftest.py
@@ -21,6 +20,7 @@ import layer_zoo
 import numpy as np
 import pytest
 import tutorial_patterns
+import zygote
 
 import keras_psdist as kpd
 from keras_psdist import cluster
@@ -418,9 +418,10 @@ def test_worker_without_a_chief_times_out_with_a_clear_message(tmp_path):
         "ps": [f"127.0.0.1:{ps_port}"],
         "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"],
     }
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # Both processes are forks of the test zygote (one TensorFlow import).
+    env, python = zygote.python_in(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     server = subprocess.Popen(
-        [sys.executable, "-m", "keras_psdist", "serve"],
+        [*python, "-m", "keras_psdist", "serve"],
         env={
             **env,
             "TF_CONFIG": json.dumps(
@@ -437,9 +438,11 @@ def test_worker_without_a_chief_times_out_with_a_clear_message(tmp_path):
         "with s.scope():\n"
         "    keras.layers.Dense(2).build((None, 3))\n"
     )
+    worker_script = tmp_path / "worker.py"
+    worker_script.write_text(script)
     try:
         worker = subprocess.run(
-            [sys.executable, "-c", script],
+            [*python, str(worker_script)],
             env={
                 **env,
                 "TF_CONFIG": json.dumps(

@@ -6,11 +6,12 @@ measure). `tests/scripts/remote_init_race.py` makes variables on a ps task
 while other threads keep the task busy, writes them at once, and counts the
 reads that missed the write."""
 
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import zygote  # tests/cluster_jobs, see conftest.py
 
 SCRIPT = Path(__file__).parent / "scripts" / "remote_init_race.py"
 RUNS = 100
@@ -21,8 +22,11 @@ pytestmark = pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_a_remote_variable_holds_its_value_before_the_first_write():
     makers = ("device_variable", "shared_variables")
+    # A fork of the test zygote: TensorFlow imported, its runtime not begun.
+    env, python = zygote.python_in(dict(os.environ))
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--runs", str(RUNS), "--make", *makers],
+        [*python, str(SCRIPT), "--runs", str(RUNS), "--make", *makers],
+        env=env,
         capture_output=True,
         text=True,
         timeout=240,
