@@ -18,8 +18,9 @@ import sys
 import threading
 import time
 
+import launching  # tests/cluster_jobs, see conftest.py
 import pytest
-import zygote  # tests/cluster_jobs, see conftest.py
+import zygote
 from launching import PID_LINE
 
 import keras_psdist as kpd
@@ -56,22 +57,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-
-
-def _children(pid: int) -> set[int]:
-    """The child processes of `pid` (none once it is gone)."""
-    children = set()
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return children
-    for thread in threads:
-        try:
-            with open(f"/proc/{pid}/task/{thread}/children") as f:
-                children.update(int(c) for c in f.read().split())
-        except OSError:
-            pass
-    return children
 
 
 def _wait_until(predicate, timeout: float, what: str) -> None:
@@ -117,8 +102,9 @@ class _Processes:
     def __init__(self):
         self.pids: set[int] = set()
         self.groups: set[int] = set()
-        # The test zygotes whose forks served (`_launch`): none may be left.
-        self.zygotes: set[int] = set()
+        # Whether the test zygote's forks served (`_launch`): none may be
+        # left either.
+        self.forked = False
 
     def add_from_output(self, text: str) -> None:
         for line in text.splitlines():
@@ -146,10 +132,12 @@ class _Processes:
         left = self._left()
         assert not left, f"processes left running: {left}"
 
+    def _seen(self) -> set[int]:
+        """The pids seen, and the zygote's forks when they served."""
+        return self.pids | (zygote.forks() if self.forked else set())
+
     def _left(self) -> list[int]:
-        """The live pids seen, and the live forks of the zygotes used."""
-        forks = {pid for zygote_pid in self.zygotes for pid in _children(zygote_pid)}
-        return sorted(p for p in self.pids | forks if _alive(p))
+        return sorted(p for p in self._seen() if _alive(p))
 
     def kill_all(self) -> None:
         for group in self.groups:
@@ -157,9 +145,7 @@ class _Processes:
                 os.killpg(group, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for pid in self.pids | {
-            pid for zygote_pid in self.zygotes for pid in _children(zygote_pid)
-        }:
+        for pid in self._seen():
             if _alive(pid):
                 try:
                     os.killpg(pid, signal.SIGKILL)
@@ -182,31 +168,21 @@ def processes():
 
 def _launch(tmp_path, processes, action, out=None, **kwargs) -> tuple[int, _Lines]:
     """Launches the fake trainer (a plain interpreter: the launcher's own
-    process handling is what is tested); its ps servers are the real
-    `keras_psdist serve`, forks of the test zygote (`launching.launch_job`'s:
-    not one TensorFlow import each) when one is enabled, which
-    `assert_all_gone` then sees gone as well."""
+    process handling is what is tested); its ps servers are forks of the
+    test zygote (`launching.servers_from_zygote`: not one TensorFlow import
+    each), which `assert_all_gone` then sees gone as well."""
     out = _Lines() if out is None else out
     report_dir = tmp_path / "reports"
     report_dir.mkdir(exist_ok=True)
-    server_command = launcher_lib.SERVER_COMMAND
-    if zygote.enabled() and server_command == (
-        sys.executable,
-        "-m",
-        "keras_psdist",
-        "serve",
-    ):
-        zygote.ensure_running()
-        processes.zygotes.update(proc.pid for proc in zygote._servers.values())
-        launcher_lib.SERVER_COMMAND = tuple(zygote.command(list(server_command[1:])))
     try:
-        code = launch(
-            [sys.executable, FAKE_TRAINER, action, str(report_dir)],
-            out=out,
-            **kwargs,
-        )
+        with launching.servers_from_zygote():
+            processes.forked = zygote.enabled()
+            code = launch(
+                [sys.executable, FAKE_TRAINER, action, str(report_dir)],
+                out=out,
+                **kwargs,
+            )
     finally:
-        launcher_lib.SERVER_COMMAND = server_command
         processes.add_from_output(out.text)
         processes.add_from_reports(report_dir)
     return code, out

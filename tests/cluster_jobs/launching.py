@@ -26,24 +26,37 @@ def launch_job(job, args, out=None, **launch_kwargs):
     test zygote, which imported TensorFlow once (`zygote.py`), unless
     `KERAS_PSDIST_TEST_ZYGOTE_FORKS=0`."""
     from keras_psdist import cluster
-    from keras_psdist.cluster.launcher import run
 
     out = io.StringIO() if out is None else out
     # A caller's `out` may hold earlier text; the log is this launch's part.
     start = len(out.getvalue()) if hasattr(out, "getvalue") else 0
     args = [str(Path(job).resolve()), *map(str, args)]
-    if not zygote.enabled():
-        code = cluster.launch([sys.executable, *args], out=out, **launch_kwargs)
-    else:
-        zygote.ensure_running()
-        server_command = run.SERVER_COMMAND
-        if server_command[0] == sys.executable:
-            run.SERVER_COMMAND = tuple(zygote.command(list(server_command[1:])))
-        try:
-            code = cluster.launch(zygote.command(args), out=out, **launch_kwargs)
-        finally:
-            run.SERVER_COMMAND = server_command
+    with servers_from_zygote():
+        # After the zygote started: `zygote.command` forks only then.
+        command = zygote.command(args) if zygote.enabled() else [sys.executable, *args]
+        code = cluster.launch(command, out=out, **launch_kwargs)
     return code, out.getvalue()[start:] if hasattr(out, "getvalue") else ""
+
+
+@contextlib.contextmanager
+def servers_from_zygote():
+    """While inside, the servers `cluster.launch` starts with a Python
+    command (`keras_psdist serve`, or a test's own) are forks of the test
+    zygote, started here, so that `zygote.command` forks too; a plain
+    interpreter each with `KERAS_PSDIST_TEST_ZYGOTE_FORKS=0`."""
+    from keras_psdist.cluster.launcher import run
+
+    server_command = run.SERVER_COMMAND
+    if not zygote.enabled():
+        yield
+        return
+    zygote.ensure_running()
+    if server_command[0] == sys.executable:
+        run.SERVER_COMMAND = tuple(zygote.command(list(server_command[1:])))
+    try:
+        yield
+    finally:
+        run.SERVER_COMMAND = server_command
 
 
 def without_progress(log):

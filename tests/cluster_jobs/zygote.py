@@ -173,6 +173,24 @@ def ensure_running(environ=None, timeout_s: float = 120.0) -> dict:
     return environ
 
 
+def forks() -> set:
+    """The pids of the running forks of the zygotes this process started
+    (read from `/proc`: each zygote's children)."""
+    pids = set()
+    for proc in _servers.values():
+        try:
+            threads = os.listdir(f"/proc/{proc.pid}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                with open(f"/proc/{proc.pid}/task/{thread}/children") as f:
+                    pids.update(int(pid) for pid in f.read().split())
+            except OSError:
+                pass
+    return pids
+
+
 def _stop_one(path: str) -> None:
     import subprocess
 
