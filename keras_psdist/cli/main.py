@@ -66,14 +66,14 @@ def _usage(command: str | None = None) -> str:
     return "\n".join(lines)
 
 
-# Defaults a command reads otherwise than the flag's own value says.
-SHOWN_DEFAULTS = {("plan", "num_ps"): "1 to 8 tried; up to 64 from 64 workers on"}
-
-
 def _flag_lines(command: str) -> list[str]:
+    # Defaults a command reads otherwise than the flag's own value says.
+    from keras_psdist.planning.planner import ps_counts_tried
+
+    shown = {("plan", "num_ps"): ps_counts_tried()}
     lines = []
     for name in COMMAND_FLAGS.get(command, ()):
-        default = SHOWN_DEFAULTS.get((command, name), repr(FLAGS[name].default))
+        default = shown.get((command, name), repr(FLAGS[name].default))
         lines.append(f"  {flag(name)} (default: {default})  {FLAGS[name].help}")
     return lines
 

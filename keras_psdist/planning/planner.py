@@ -21,10 +21,11 @@ from keras_psdist.planning.model import (
 )
 from keras_psdist.planning.report import render
 
-# ps counts tried when `num_ps` is None: every one up to 8, and from 64
-# workers on, a ladder up to 64.
+# ps counts tried when `num_ps` is None: every one up to 8, and from
+# `MANY_PS_FROM` workers on, a ladder up to 64.
 FEW_PS = tuple(range(1, 9))
 MANY_PS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+MANY_PS_FROM = 64
 # A ps count is enough once it predicts this share of its mode's best.
 ENOUGH = 0.95
 
@@ -148,6 +149,18 @@ def _how_to_run(rec: Recommendation, workers: int, partitioned: bool) -> Recomme
     )
 
 
+def ps_counts_tried() -> str:
+    """What `plan` tries when no ps count is given, in words.
+
+    >>> ps_counts_tried()
+    '1 to 8 tried; up to 64 from 64 workers on'
+    """
+    return (
+        f"{FEW_PS[0]} to {FEW_PS[-1]} tried; up to {MANY_PS[-1]} from "
+        f"{MANY_PS_FROM} workers on"
+    )
+
+
 def plan(
     model: Any = None,
     *,
@@ -236,7 +249,7 @@ def plan(
     """
     workers = inputs.integer("workers", workers)
     counts = (
-        (FEW_PS if workers < 64 else MANY_PS)
+        (FEW_PS if workers < MANY_PS_FROM else MANY_PS)
         if num_ps is None
         else (inputs.integer("num_ps", num_ps),)
     )
