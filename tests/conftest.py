@@ -102,6 +102,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.module.__name__ not in launching_modules)
 
 
+def pytest_collection_finish(session):
+    """Moves what collection left (TensorFlow, Keras, the test modules:
+    about 700,000 objects) to the garbage collector's permanent generation,
+    as the zygote does before it forks (`zygote.preload`): a full collection
+    no longer goes through them. Measured on
+    `test_combinations.py -k "median or krum"` and `test_exactness.py` with
+    `gc.callbacks`: 2.7 -> 2.1 CPU-seconds of collections."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def _own_module_fixtures(item) -> list[str]:
     """The module-scoped fixtures defined in `item`'s own module that it
     uses, as `module:fixture`."""

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multiprocess
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys, time
+    import gc, json, os, sys, time
     import tensorflow as tf
     what = sys.argv[1]
     if what == "report":
@@ -25,6 +25,8 @@ SCRIPT = textwrap.dedent(
             "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
             "env": os.environ.get("ZYGOTE_TEST"), "main": __name__,
             "pid": os.getpid(), "sum": int(tf.constant(2) + 3),
+            "frozen": gc.get_freeze_count(),
+            "preloaded": "keras_psdist.strategies.ps" in sys.modules,
         }), flush=True)
         print("to stderr", file=sys.stderr, flush=True)
         sys.exit(int(sys.argv[2]))
@@ -92,6 +94,18 @@ def test_a_task_gets_its_arguments_environment_directory_and_streams(script, tmp
     assert report["env"] == "here" and report["main"] == "__main__"
     assert report["sum"] == 5
     assert "to stderr" in result.stderr
+    # What the zygote preloaded (`zygote.preload`): the package's modules,
+    # and its objects frozen out of the fork's collections.
+    assert report["preloaded"] and report["frozen"] > 100_000
+
+
+def test_the_zygote_runs_no_thread_of_tensorflow_s_runtime(script):
+    # Its imports (`zygote.preload` too) start none: a fork of it is as
+    # safe as a fresh start. The runtime's threads are named tf_*
+    # (tf_Compute, tf_graph_runner, ...), as the forks' are once they run.
+    names = zygote.thread_names()
+    assert names, "no zygote running"
+    assert not [name for name in names if name.startswith("tf_")], names
 
 
 def test_a_module_runs_as_with_python_m(script):
