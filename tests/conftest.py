@@ -1,7 +1,7 @@
 """Shared test setup.
 
-At import time, before any test module imports TensorFlow, the host CPU is
-split into 8 logical devices (only when no GPU is present) so multi-replica
+When pytest configures, before any test module imports TensorFlow, the host
+CPU is split into 8 logical devices (only when no GPU is present) so multi-replica
 strategies can be exercised on a CPU-only machine. `tests/cluster_jobs` goes
 on `sys.path` for the tests that launch those jobs.
 
@@ -23,19 +23,32 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from keras_psdist.devices import split_host_cpu  # noqa: E402
 
 NUM_LOGICAL_CPUS = 8
 
-if not tf.config.list_physical_devices("GPU"):
-    split_host_cpu(NUM_LOGICAL_CPUS)
+
+def pytest_configure(config):
+    """Splits the host CPU (before any test module imports TensorFlow), in
+    the processes that run tests: not in the `-n 2` controller, which runs
+    none and would otherwise import TensorFlow (about 6 CPU-seconds) while
+    its two workers start."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(
+        config, "workerinput"
+    ):
+        return
+    import tensorflow as tf
+
+    from keras_psdist.devices import split_host_cpu
+
+    if not tf.config.list_physical_devices("GPU"):
+        split_host_cpu(NUM_LOGICAL_CPUS)
 
 
 @pytest.fixture(scope="session")
 def cpu_devices() -> list[str]:
     """Names of the logical CPU devices, e.g. `"/device:CPU:0"`."""
+    import tensorflow as tf
+
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
@@ -137,6 +150,8 @@ def across_tasks(monkeypatch):
     """Every read from another device counts as one from another task
     (`PSStrategy(read_dtype=...)` then narrows it): one host's logical CPUs
     take the path a cluster's tasks do."""
+    import tensorflow as tf
+
     from keras_psdist.variables import narrow_reads
 
     monkeypatch.setattr(
