@@ -176,25 +176,19 @@ def ensure_running(environ=None, timeout_s: float = 120.0) -> dict:
 def forks() -> set:
     """The pids of the running forks of the zygotes this process started
     (read from `/proc`: each zygote's children)."""
-    pids = set()
-    for proc in _servers.values():
-        try:
-            threads = os.listdir(f"/proc/{proc.pid}/task")
-        except OSError:
-            continue
-        for thread in threads:
-            try:
-                with open(f"/proc/{proc.pid}/task/{thread}/children") as f:
-                    pids.update(int(pid) for pid in f.read().split())
-            except OSError:
-                pass
-    return pids
+    return {int(pid) for text in _per_thread("children") for pid in text.split()}
 
 
 def thread_names() -> list:
     """The names of the threads of the zygotes this process started (from
     `/proc`)."""
-    names = []
+    return [text.strip() for text in _per_thread("comm")]
+
+
+def _per_thread(name: str) -> list:
+    """The text of `/proc/PID/task/TID/<name>` for every thread of every
+    zygote this process started (those gone in between left out)."""
+    texts = []
     for proc in _servers.values():
         try:
             threads = os.listdir(f"/proc/{proc.pid}/task")
@@ -202,11 +196,11 @@ def thread_names() -> list:
             continue
         for thread in threads:
             try:
-                with open(f"/proc/{proc.pid}/task/{thread}/comm") as f:
-                    names.append(f.read().strip())
+                with open(f"/proc/{proc.pid}/task/{thread}/{name}") as f:
+                    texts.append(f.read())
             except OSError:
                 pass
-    return names
+    return texts
 
 
 def _stop_one(path: str) -> None:
