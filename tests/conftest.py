@@ -1,8 +1,8 @@
 """Shared test setup.
 
-When pytest configures, before any test module imports TensorFlow, the host
-CPU is split into 8 logical devices (only when no GPU is present) so multi-replica
-strategies can be exercised on a CPU-only machine. `tests/cluster_jobs` goes
+When pytest configures, before any test module imports TensorFlow, the
+host CPU is split into 8 logical devices (only when no GPU is present) so
+multi-replica strategies can be exercised on a CPU-only machine. `tests/cluster_jobs` goes
 on `sys.path` for the tests that launch those jobs.
 
 The tasks those tests start (ps servers, workers, chiefs, the docs' blocks)
@@ -119,9 +119,10 @@ def pytest_collection_finish(session):
     """Moves what collection left (TensorFlow, Keras, the test modules:
     about 700,000 objects) to the garbage collector's permanent generation,
     as the zygote does before it forks (`zygote.preload`): a full collection
-    no longer goes through them. Measured on
-    `test_combinations.py -k "median or krum"` and `test_exactness.py` with
-    `gc.callbacks`: 2.7 -> 2.1 CPU-seconds of collections."""
+    no longer goes through them. Measured with `gc.callbacks` on
+    `test_every_compressor_with_a_rule_of_each_kind[median]` and `[krum]`
+    with `test_exactness.py` (`-n 0`): 2.7 -> 2.1 CPU-seconds of
+    collections."""
     import gc
 
     gc.collect()
