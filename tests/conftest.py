@@ -2,8 +2,9 @@
 
 When pytest configures, before any test module imports TensorFlow, the
 host CPU is split into 8 logical devices (only when no GPU is present) so
-multi-replica strategies can be exercised on a CPU-only machine. `tests/cluster_jobs` goes
-on `sys.path` for the tests that launch those jobs.
+multi-replica strategies can be exercised on a CPU-only machine.
+`tests/cluster_jobs` goes on `sys.path` for the tests that launch those
+jobs.
 
 The tasks those tests start (ps servers, workers, chiefs, the docs' blocks)
 are forks of a zygote that imported TensorFlow once per test process
