@@ -118,7 +118,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """Moves what collection left (TensorFlow, Keras, the test modules:
-    about 700,000 objects) to the garbage collector's permanent generation,
+    about 470,000 objects) to the garbage collector's permanent generation,
     as the zygote does before it forks (`zygote.preload`): a full collection
     no longer goes through them. Measured with `gc.callbacks` on
     `test_every_compressor_with_a_rule_of_each_kind[median]` and `[krum]`

@@ -6,7 +6,9 @@ multiprocess tests start some two hundred task processes (ps servers,
 workers, chiefs) on a 2-core machine: most of their cost was that import.
 The zygote (`python zygote.py serve DIR`) imports them once, without starting
 TensorFlow's runtime (no device, no context, no thread pool: a fork is then
-as safe as a fresh start), and listens on a Unix socket. A task's command
+as safe as a fresh start), with the rest of keras_psdist and its objects
+frozen out of the forks' garbage collections (`preload`), and listens on a
+Unix socket. A task's command
 is then `python -S -E zygote.py run script.py args...` instead of `python
 script.py args...` (`command`): that client sends its arguments, environment,
 working directory and standard streams to the zygote, which forks; the fork
@@ -496,11 +498,11 @@ def preload(package) -> None:
       list no device, so a fork is still as safe as a fresh start
       (`test_zygote` checks that the zygote runs no thread of TensorFlow's
       runtime).
-    - the collections: the zygote holds about a million objects (TensorFlow,
-      Keras), and each full collection in a fork went through all of them
-      (about 0.25 CPU-seconds each, and it touched each object's page, which
-      the fork then copied). Frozen, they are never collected: they live as
-      long as the fork anyway.
+    - the collections: the zygote holds about 370,000 objects that the
+      collector tracks (TensorFlow, Keras), and each full collection in a
+      fork went through all of them (about 0.25 CPU-seconds each, and it
+      touched each object's page, which the fork then copied). Frozen, they
+      are never collected: they live as long as the fork anyway.
     """
     import gc
 
