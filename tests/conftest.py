@@ -24,6 +24,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import waiting_lane  # noqa: E402  (tests/, on sys.path with this conftest)
 
 NUM_LOGICAL_CPUS = 8
 
@@ -99,15 +100,22 @@ def pytest_collection_modifyitems(config, items):
     module-scoped fixture of its own module joins that fixture's
     `xdist_group` (before xdist reads the marks: `tryfirst`), unless it
     names its group itself.
+
+    A test marked `waits` has its group (its module, if it has none) named
+    with `waiting_lane.WAITS` in front, for the lane that runs them.
     """
     for item in items:
-        if item.get_closest_marker("multiprocess") is None:
-            continue
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        shared = _own_module_fixtures(item)
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        group = item.get_closest_marker("xdist_group")
+        if group is None and item.get_closest_marker("multiprocess") is not None:
+            shared = _own_module_fixtures(item)
+            if shared:
+                item.add_marker(pytest.mark.xdist_group(shared[0]))
+                group = item.get_closest_marker("xdist_group")
+        if item.get_closest_marker("waits") is not None:
+            name = group.args[0] if group is not None else item.module.__name__
+            item.add_marker(
+                pytest.mark.xdist_group(waiting_lane.WAITS + name), append=False
+            )
     launching_modules = {
         item.module.__name__
         for item in items
@@ -128,6 +136,40 @@ def pytest_collection_finish(session):
 
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (the suite's default) with the tests marked
+    `waits` in a lane of their own when there are three workers or more
+    (`waiting_lane`)."""
+    if config.getvalue("dist") == "loadgroup":
+        return waiting_lane.WaitingLaneScheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_unconfigure(config):
+    """An `xdist` worker ends as soon as it has unconfigured: it runs the
+    exit handlers (the zygote and the test hosts stop) and leaves without
+    tearing its interpreter down.
+
+    The worker has sent its last report (`workerfinished`, in
+    `pytest_sessionfinish`) by then, and the controller waits for both
+    workers to exit before it prints the summary. What is skipped is
+    pytest's five closing full collections, which look for unraisable
+    exceptions no report would carry any more, and freeing a heap of
+    TensorFlow graphs object by object. Not under coverage, whose data
+    an exit handler may still have to write."""
+    result = yield
+    if hasattr(config, "workerinput") and "coverage" not in sys.modules:
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.workeroutput.get("exitstatus", 0))
+    return result
 
 
 def _own_module_fixtures(item) -> list[str]:

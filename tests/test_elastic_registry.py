@@ -13,6 +13,8 @@ from keras_psdist.cluster.elastic import LEFT, MEMBER, SlotTable
 from keras_psdist.cluster.shared_variables import SharedVariables
 from keras_psdist.errors import JoinRefusedError
 
+pytestmark = pytest.mark.waits
+
 DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
 NAMES = ("chief:0", "worker:1", "worker:2")
 SLOT = 1

@@ -20,7 +20,7 @@ import ps_loss_job
 import pytest
 from launching import without_progress
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.waits]
 
 JOB = Path(__file__).parent / "cluster_jobs" / "fault_job.py"
 PS_LOSS_JOB = Path(__file__).parent / "cluster_jobs" / "ps_loss_job.py"

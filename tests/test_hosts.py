@@ -19,7 +19,7 @@ import pytest
 from keras_psdist.testing import hosts as namespace_hosts
 from keras_psdist.testing.hosts import NamespaceHosts
 
-pytestmark = [pytest.mark.hosts, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.hosts, pytest.mark.timeout(120), pytest.mark.waits]
 
 # A TCP server on the given port: prints "listening", then reads each client's
 # bytes to the end and prints how many.

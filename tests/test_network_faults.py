@@ -32,7 +32,7 @@ from launching import without_progress
 
 from keras_psdist.cluster import task_loss
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.hosts]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.hosts, pytest.mark.waits]
 
 JOB = Path(__file__).parent / "cluster_jobs" / "net_fault_job.py"
 PS_LOSS_JOB = Path(__file__).parent / "cluster_jobs" / "ps_loss_job.py"

@@ -21,6 +21,8 @@ from keras_psdist.cluster.slurm import (
     from_slurm,
 )
 
+pytestmark = pytest.mark.waits
+
 FAKE_TRAINER = os.path.join(os.path.dirname(__file__), "scripts", "fake_trainer.py")
 
 # `srun --nodes 3 --ntasks-per-node 2` on node01..node03 (Slurm 23.02).

@@ -15,6 +15,7 @@ import slurm_cluster  # tests/, beside this module
 
 pytestmark = [
     pytest.mark.multiprocess,
+    pytest.mark.waits,
     pytest.mark.skipif(
         slurm_cluster.unavailable() is not None,
         reason=f"no real Slurm here: {slurm_cluster.unavailable()}",

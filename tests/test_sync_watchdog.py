@@ -25,6 +25,9 @@ from keras_psdist.sync import protocol
 from keras_psdist.sync.protocol import SyncConfig
 from keras_psdist.sync.training import SyncTraining
 
+pytestmark = pytest.mark.waits
+
+
 # ------------------------------------- the watchdog and the stop of a fit
 
 

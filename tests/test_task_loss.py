@@ -17,6 +17,8 @@ import tensorflow as tf
 from keras_psdist import cluster
 from keras_psdist.cluster import task_loss
 
+pytestmark = pytest.mark.waits
+
 
 @pytest.fixture
 def listening():
