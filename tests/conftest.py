@@ -101,8 +101,9 @@ def pytest_collection_modifyitems(config, items):
     `xdist_group` (before xdist reads the marks: `tryfirst`), unless it
     names its group itself.
 
-    A test marked `waits` has its group (its module, if it has none) named
-    with `waiting_lane.WAITS` in front, for the lane that runs them.
+    A test marked `waits` gets one more group, its group's name (its
+    module's, if it has none) after `waiting_lane.WAITS`: the lane that
+    runs them finds them by it.
     """
     for item in items:
         group = item.get_closest_marker("xdist_group")
@@ -113,9 +114,7 @@ def pytest_collection_modifyitems(config, items):
                 group = item.get_closest_marker("xdist_group")
         if item.get_closest_marker("waits") is not None:
             name = group.args[0] if group is not None else item.module.__name__
-            item.add_marker(
-                pytest.mark.xdist_group(waiting_lane.WAITS + name), append=False
-            )
+            item.add_marker(pytest.mark.xdist_group(waiting_lane.WAITS + name))
     launching_modules = {
         item.module.__name__
         for item in items

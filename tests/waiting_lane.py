@@ -14,22 +14,29 @@ two cores keeps both cores computing while the lane waits. A worker whose
 kind of test has run out takes the other kind, so no worker idles while
 work is left. With fewer than three workers it schedules as `loadgroup`.
 
-The tests that wait are found by their `xdist_group` name, which starts
-with `WAITS` (the conftest prefixes it for every test marked `waits`): the
-controller sees only node ids, not marks.
+The tests that wait are found by their node ids, which is all the
+controller sees of them (not their marks): the conftest gives every test
+marked `waits` one more `xdist_group`, named `WAITS` and its group, and
+`xdist` ends the node id with the names of all of a test's groups.
 """
 
 from __future__ import annotations
 
 from xdist.scheduler import LoadGroupScheduling
 
-# The prefix of the `xdist_group` of a test marked `waits`.
+# The start of the extra `xdist_group` of a test marked `waits`.
 WAITS = "waits:"
+
+
+def waits(scope: str) -> bool:
+    """Whether the `loadgroup` scope `scope` (the names of a test's groups,
+    joined by `_`) is of tests marked `waits`."""
+    return WAITS in scope
 
 
 class WaitingLaneScheduling(LoadGroupScheduling):
     """`loadgroup`, with the last of three or more workers a lane for the
-    groups whose name starts with `WAITS`."""
+    tests marked `waits`."""
 
     def _assign_work_unit(self, node) -> None:
         nodes = self.nodes
@@ -37,7 +44,7 @@ class WaitingLaneScheduling(LoadGroupScheduling):
         if lane is not None:
             wanted = node is lane
             for scope in self.workqueue:
-                if scope.startswith(WAITS) == wanted:
+                if waits(scope) == wanted:
                     self.workqueue.move_to_end(scope, last=False)
                     break
         super()._assign_work_unit(node)
