@@ -68,7 +68,7 @@ def _install(session, tf, keras):
 def suite(session, tf, keras):
     """The default test suite (as `.ci/run`) on one supported pair."""
     _install(session, tf, keras)
-    session.run("python", "-m", "pytest", "-n", "2", "-m", "not slow", "-q")
+    session.run("python", "-m", "pytest", "-n", "3", "-m", "not slow", "-q")
 
 
 @nox.session(python=OLDEST[0])

@@ -31,9 +31,9 @@ NUM_LOGICAL_CPUS = 8
 
 def pytest_configure(config):
     """Splits the host CPU (before any test module imports TensorFlow), in
-    the processes that run tests: not in the `-n 2` controller, which runs
+    the processes that run tests: not in the `-n 3` controller, which runs
     none and would otherwise import TensorFlow (about 6 CPU-seconds) while
-    its two workers start."""
+    its workers start."""
     if getattr(config.option, "numprocesses", None) and not hasattr(
         config, "workerinput"
     ):
@@ -87,12 +87,14 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The modules that start processes run first, each module's tests in
-    their order; the tests that share a launch share an `xdist` worker.
+    """The modules that start processes run first, then the tests marked
+    `heavy`, each module's tests in their order; the tests that share a
+    launch share an `xdist` worker.
 
-    Under `-n 2` the workers take tests (or `xdist_group`s) as they free up,
-    in this order, so a long cluster launch collected last could leave one
-    worker idle while the other finishes it; longest first packs the two.
+    The workers take tests (or `xdist_group`s) as they free up, in this
+    order, so a long cluster launch or a 15-second XLA test collected last
+    could leave one worker idle while the other finishes it; longest first
+    packs them.
 
     A module-scoped fixture is set up once per `xdist` worker that runs a
     test using it: a cluster launch shared by two tests that the two
@@ -120,7 +122,12 @@ def pytest_collection_modifyitems(config, items):
         for item in items
         if item.get_closest_marker("multiprocess") is not None
     }
-    items.sort(key=lambda item: item.module.__name__ not in launching_modules)
+    items.sort(
+        key=lambda item: (
+            item.module.__name__ not in launching_modules,
+            item.get_closest_marker("heavy") is None,
+        )
+    )
 
 
 def pytest_collection_finish(session):

@@ -12,6 +12,8 @@ import tensorflow as tf
 import keras_psdist as kpd
 from keras_psdist.integration import xla
 
+pytestmark = pytest.mark.heavy
+
 EPOCHS = 3
 # 130 examples in global batches of 64: the last batch of 2 leaves one of
 # three replicas without data (it runs on a stand-in, weighed 0).

@@ -10,8 +10,10 @@ a default run, measured from /proc/stat).
 
 With three or more workers, `WaitingLaneScheduling` gives the last worker
 the waiting tests and the others everything else: the README's `-n 3` on
-two cores keeps both cores computing while the lane waits. A worker whose
-kind of test has run out takes the other kind, so no worker idles while
+two cores keeps both cores computing while the lane waits. Once no waiting
+test is left to start, the lane ends: a third worker computing beside the
+other two on two cores only contends with them. A computing worker that
+runs out of its own kind takes the waiting tests left, so none idles while
 work is left. With fewer than three workers it schedules as `loadgroup`.
 
 The tests that wait are found by their node ids, which is all the
@@ -47,4 +49,9 @@ class WaitingLaneScheduling(LoadGroupScheduling):
                 if waits(scope) == wanted:
                     self.workqueue.move_to_end(scope, last=False)
                     break
+            else:
+                if wanted:
+                    # It finishes what it was sent, then exits.
+                    node.shutdown()
+                    return
         super()._assign_work_unit(node)
