@@ -11,8 +11,9 @@ a default run, measured from /proc/stat).
 With three or more workers, `WaitingLaneScheduling` gives the last worker
 the waiting tests and the others everything else: the README's `-n 3` on
 two cores keeps both cores computing while the lane waits. Once no waiting
-test is left to start, the lane ends: a third worker computing beside the
-other two on two cores only contends with them. A computing worker that
+test is left to start, the lane computes too: the tests that launch
+processes leave cores idle on their own (a default run with the lane ending
+there took 769 s; computing on, 742 s and 751 s). A computing worker that
 runs out of its own kind takes the waiting tests left, so none idles while
 work is left. With fewer than three workers it schedules as `loadgroup`.
 
@@ -49,9 +50,4 @@ class WaitingLaneScheduling(LoadGroupScheduling):
                 if waits(scope) == wanted:
                     self.workqueue.move_to_end(scope, last=False)
                     break
-            else:
-                if wanted:
-                    # It finishes what it was sent, then exits.
-                    node.shutdown()
-                    return
         super()._assign_work_unit(node)
