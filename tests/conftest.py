@@ -161,12 +161,15 @@ def pytest_unconfigure(config):
     tearing its interpreter down.
 
     The worker has sent its last report (`workerfinished`, in
-    `pytest_sessionfinish`) by then, and the controller waits for both
-    workers to exit before it prints the summary. What is skipped is
+    `pytest_sessionfinish`) by then, and the controller waits for every
+    worker to exit before it prints the summary. What is skipped is
     pytest's five closing full collections, which look for unraisable
     exceptions no report would carry any more, and freeing a heap of
-    TensorFlow graphs object by object. Not under coverage, whose data
-    an exit handler may still have to write."""
+    TensorFlow graphs object by object: a default run spent 11 s of both
+    cores there after its last test; `tests/test_tutorial_patterns.py` with
+    `tests/test_xla.py` under `-n 2`, 4.5 s -> 1.8 s from the last test to
+    the summary. Not under coverage, whose data an exit handler may still
+    have to write."""
     result = yield
     if hasattr(config, "workerinput") and "coverage" not in sys.modules:
         import atexit
