@@ -13,10 +13,11 @@ the waiting tests and the others everything else: the README's `-n 3` on
 two cores keeps both cores computing while the lane waits. Once no waiting
 test is left to start, the lane computes too: the tests that launch
 processes leave cores idle on their own (default runs, `-n 3`: 769 s with
-the lane ending there; 742 s and 751 s with it computing on; 727 s and 740 s
-once the XLA tests, marked `heavy`, ran first rather than last). A computing worker that
-runs out of its own kind takes the waiting tests left, so none idles while
-work is left. With fewer than three workers it schedules as `loadgroup`.
+the lane ending there; 742 s and 751 s with it computing on; 727 s and
+740 s once the XLA tests, marked `heavy`, ran first rather than last). A
+computing worker that runs out of its own kind takes the waiting tests
+left, so none idles while work is left. With fewer than three workers it
+schedules as `loadgroup`.
 
 The tests that wait are found by their node ids, which is all the
 controller sees of them (not their marks): the conftest gives every test
