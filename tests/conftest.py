@@ -144,7 +144,7 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` (the suite's default) with the tests marked
     `waits` in a lane of their own when there are three workers or more
