@@ -8,11 +8,11 @@ The zygote (`python zygote.py serve DIR`) imports them once, without starting
 TensorFlow's runtime (no device, no context, no thread pool: a fork is then
 as safe as a fresh start), with the rest of keras_psdist and its objects
 frozen out of the forks' garbage collections (`preload`), and listens on a
-Unix socket. A task's command
-is then `python -S -E zygote.py run script.py args...` instead of `python
-script.py args...` (`command`): that client sends its arguments, environment,
-working directory and standard streams to the zygote, which forks; the fork
-enters the client's network namespace (a test host's, `ip netns exec`), its
+Unix socket. A task's command is then `python -S -E zygote.py run script.py
+args...` instead of `python script.py args...` (`command`): that client
+sends its arguments, environment, working directory and standard streams
+to the zygote, which forks; the fork enters the client's network namespace
+(a test host's, `ip netns exec`), its
 scheduling class and its streams, and runs the script as `__main__`. The
 client stays as the task's process for the launcher: it passes on the
 signals it gets (SIGTERM, SIGINT, SIGCONT, ...) to the fork's process group
