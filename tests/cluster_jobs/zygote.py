@@ -4,22 +4,22 @@ TensorFlow in each: a zygote imports it once, and forks a process per task.
 Importing TensorFlow, Keras and keras_psdist takes ~6 CPU-seconds, and the
 multiprocess tests start some two hundred task processes (ps servers,
 workers, chiefs) on a 2-core machine: most of their cost was that import.
-The zygote (`python zygote.py serve DIR`) imports them once, without starting
-TensorFlow's runtime (no device, no context, no thread pool: a fork is then
-as safe as a fresh start), with the rest of keras_psdist and its objects
-frozen out of the forks' garbage collections (`preload`), and listens on a
-Unix socket. A task's command is then `python -S -E zygote.py run script.py
-args...` instead of `python script.py args...` (`command`): that client
-sends its arguments, environment, working directory and standard streams
-to the zygote, which forks; the fork enters the client's network namespace
-(a test host's, `ip netns exec`), its
-scheduling class and its streams, and runs the script as `__main__`. The
-client stays as the task's process for the launcher: it passes on the
-signals it gets (SIGTERM, SIGINT, SIGCONT, ...) to the fork's process group
-(the zygote tells it the fork's pid), and exits with the fork's status
-(killed by signal N: it kills itself with N). When the client dies
-(SIGKILL), the zygote sees its socket close and kills the fork's group; when
-the zygote dies, its forks get SIGKILL (`PR_SET_PDEATHSIG`).
+The zygote (`python zygote.py serve DIR`) imports them once, without
+starting TensorFlow's runtime (no device, no context, no thread pool: a fork
+is then as safe as a fresh start), with the rest of keras_psdist and its
+objects frozen out of the forks' garbage collections (`preload`), and
+listens on a Unix socket. A task's command is then `python -S -E zygote.py
+run script.py args...` instead of `python script.py args...` (`command`):
+that client sends its arguments, environment, working directory and standard
+streams to the zygote, which forks; the fork enters the client's network
+namespace (a test host's, `ip netns exec`), its scheduling class and its
+streams, and runs the script as `__main__`. The client stays as the task's
+process for the launcher: it passes on the signals it gets (SIGTERM, SIGINT,
+SIGCONT, ...) to the fork's process group (the zygote tells it the fork's
+pid), and exits with the fork's status (killed by signal N: it kills itself
+with N). When the client dies (SIGKILL), the zygote sees its socket close
+and kills the fork's group; when the zygote dies, its forks get SIGKILL
+(`PR_SET_PDEATHSIG`).
 
 Only what the zygote can run exactly as a fresh `python` would is sent to
 it: `script.py ...` or `-m module ...`, with the same environment variables
