@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multiprocess
 
 SCRIPT = textwrap.dedent(
     """
-    import gc, json, os, sys, time
+    import gc, json, os, sys, tempfile, time
     import tensorflow as tf
     what = sys.argv[1]
     if what == "report":
@@ -27,6 +27,7 @@ SCRIPT = textwrap.dedent(
             "pid": os.getpid(), "sum": int(tf.constant(2) + 3),
             "frozen": gc.get_freeze_count(),
             "preloaded": "keras_psdist.strategies.ps" in sys.modules,
+            "tmp": tempfile.gettempdir(),
         }), flush=True)
         print("to stderr", file=sys.stderr, flush=True)
         sys.exit(int(sys.argv[2]))
@@ -97,6 +98,9 @@ def test_a_task_gets_its_arguments_environment_directory_and_streams(script, tmp
     # What the zygote preloaded (`zygote.preload`): the package's modules,
     # and its objects frozen out of the fork's collections.
     assert report["preloaded"] and report["frozen"] > 100_000
+    # Its temporary files go in the zygote's directory, which `zygote.stop`
+    # removes: a task killed before its clean-up leaves none in /tmp.
+    assert report["tmp"].startswith(os.environ[zygote.DIR_ENV] + os.sep)
 
 
 def test_the_zygote_runs_no_thread_of_tensorflow_s_runtime(script):

@@ -416,6 +416,7 @@ def serve(directory: str) -> None:
     """Imports what the tasks import, then forks one process per request on
     `socket_path(directory)` until SIGTERM."""
     import select
+    import tempfile
 
     # The socket's name is the environment's before the imports, which set
     # variables of their own (TF2_BEHAVIOR, KMP_INIT_AT_FORK, ...): each
@@ -435,6 +436,11 @@ def serve(directory: str) -> None:
     import keras_psdist.cli.main  # noqa: F401
 
     preload(keras_psdist)
+    # The forks' temporary files (autograph's converted functions, which a
+    # task removes at exit, but not one the tests kill) go in the sockets'
+    # directory, which `stop` removes: a killed task leaves none in /tmp.
+    tempfile.tempdir = os.path.join(directory, f"tmp-{os.getpid()}")
+    os.makedirs(tempfile.tempdir, exist_ok=True)
     imports_set = {k: v for k, v in os.environ.items() if before.get(k) != v}
     base_path = list(sys.path[1:])
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
