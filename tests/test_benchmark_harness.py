@@ -217,6 +217,7 @@ def script_runs(tmp_path_factory):
         [processes, "--attackers", "0,7"],
         [processes, "--batch", "100"],
     ]
+    calls.append([robustness, "--noise", "3", "--epochs", "3", "--replicas", "4"])
     calls.append([robustness, "--noise", "8", "--attacks", "optimal_alie,bogus"])
     probe = tmp / "worker_momentum_checks.py"
     probe.write_text(_WORKER_MOMENTUM_PROBE)
@@ -310,6 +311,15 @@ def test_robustness_noise_names_an_unknown_attack_and_the_choices(script_runs):
     assert unknown["code"] == 2
     assert "unknown attack 'bogus': one of none,sign_flip," in unknown["stderr"]
     assert "optimal_alie" in unknown["stderr"].split("one of")[1]
+
+
+@pytest.mark.xdist_group("benchmark_help")
+def test_robustness_noise_refuses_a_setup_it_would_not_run(script_runs):
+    """`robustness.py --noise` measures the draw of the table's default
+    setup: a flag that changes the setup is refused, named, not ignored."""
+    _, (*_, changed, _, _), _ = script_runs
+    assert changed["code"] == 2
+    assert "--epochs, --replicas would change it" in changed["stderr"]
 
 
 @pytest.mark.xdist_group("benchmark_help")
@@ -644,17 +654,3 @@ def test_the_committed_costs_predict_the_ps_cpu_of_their_runs(fresh_harness):
     )
     assert len(errors) == 36, len(errors)  # 18 configurations, 2 rounds
     assert errors[len(errors) // 2] <= 0.25, errors
-
-
-@pytest.mark.timeout(300)
-def test_robustness_noise_refuses_a_setup_it_would_not_run():
-    """`robustness.py --noise` measures the draw of the table's default
-    setup: a flag that changes the setup is refused, named, not ignored."""
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "robustness.py"), "--noise", "3",
-         "--epochs", "3", "--replicas", "4"],
-        capture_output=True, text=True, timeout=240,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert "--epochs, --replicas would change it" in done.stderr
