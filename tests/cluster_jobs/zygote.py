@@ -25,7 +25,9 @@ Only what the zygote can run exactly as a fresh `python` would is sent to
 it: `script.py ...` or `-m module ...`, with the same environment variables
 that take effect at import (`IMPORT_TIME_ENV`, e.g. `TF_CPP_MIN_LOG_LEVEL`,
 fixed by TensorFlow's first log line). Anything else, or no zygote running,
-and the client `exec`s the real interpreter with the same arguments.
+and the client `exec`s the real interpreter with the same arguments. One
+difference is on purpose: a fork's temporary files go in the zygote's
+directory, not /tmp, so that `stop` removes those of a task the test killed.
 
 For the tests only (`launching.launch_job` uses it); the library's launcher
 is unchanged, and the benchmarks run fresh interpreters.
