@@ -267,26 +267,59 @@ def _top_eigen(rows: np.ndarray, weights: np.ndarray):
     return float(singular[0]) ** 2, right[0], centered
 
 
-def smea(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
+# Subsets whose top eigenvalues differ by less than this (relative) are tied
+# for `smea`'s candidates: equal in exact arithmetic, e.g. mirror images,
+# their float32 values on the TF side and float64 ones here round apart
+# either way (2.2222222222222215e-01 against 2.222222222222222e-01).
+SMEA_TIE_RTOL = 1e-5
+
+
+def smea(
+    per_replica: Sequence[np.ndarray],
+    *,
+    f: int = 0,
+    report: bool = False,
+    subset: Sequence[int] | None = None,
+):
     """The mean of the n - f replicas whose covariance's largest eigenvalue is
     smallest (the first subset in lexicographic order on ties); subsets with
-    a non-finite replica never win while another exists."""
+    a non-finite replica never win while another exists. `subset`: average
+    that one instead (`smea_ties`)."""
     x = _as_float64(per_replica)
     n = x[0].shape[0]
     finite = _finite(x)
-    rows = _flatten(_zero_non_finite(x, finite))
-    best, smallest = None, np.inf
-    for subset in itertools.combinations(range(n), n - f):
-        subset = list(subset)
-        if not finite[subset].all():
-            continue
-        value, _, _ = _top_eigen(rows[subset], np.full(len(subset), 1.0 / len(subset)))
-        if best is None or value < smallest:
-            best, smallest = subset, value
-    chosen = [] if best is None else best
+    if subset is None:
+        spreads = _smea_spreads(x, f)
+        subset = min(spreads, key=spreads.get) if spreads else []
+    chosen = list(subset)
     zeroed = _zero_non_finite(x, finite)
     values = [v[chosen].mean(axis=0) if chosen else np.zeros_like(v[0]) for v in zeroed]
     return _finish(values, {"selected": _one_hot(n, chosen)}, report)
+
+
+def _smea_spreads(x: Values, f: int) -> dict[tuple[int, ...], float]:
+    """Every finite subset of n - f replicas (in lexicographic order): the
+    top eigenvalue of its covariance."""
+    n = x[0].shape[0]
+    finite = _finite(x)
+    rows = _flatten(_zero_non_finite(x, finite))
+    spreads = {}
+    for subset in itertools.combinations(range(n), n - f):
+        if finite[list(subset)].all():
+            weights = np.full(len(subset), 1.0 / len(subset))
+            spreads[subset] = _top_eigen(rows[list(subset)], weights)[0]
+    return spreads
+
+
+def smea_ties(per_replica: Sequence[np.ndarray], f: int) -> list[tuple[int, ...]]:
+    """The subsets `smea` may average: those within `SMEA_TIE_RTOL` of the
+    smallest top eigenvalue (the first of them is `smea`'s own choice)."""
+    spreads = _smea_spreads(_as_float64(per_replica), f)
+    if not spreads:
+        return [()]
+    smallest = min(spreads.values())
+    bound = smallest + SMEA_TIE_RTOL * max(abs(smallest), 1e-12)
+    return [subset for subset, value in spreads.items() if value <= bound]
 
 
 def caf(per_replica: Sequence[np.ndarray], *, f: int = 0, report: bool = False):
@@ -717,9 +750,15 @@ def candidates(rule: Any, per_replica: Sequence[np.ndarray], **extra: Any) -> It
 
     One for a deterministic rule; for `bucketing`, which permutes the replicas
     at random, one per bucket assignment (a bucketing nested inside another
-    wrapper is not enumerated).
+    wrapper is not enumerated); for `smea`, one per subset tied for the
+    smallest top eigenvalue (`smea_ties`).
     """
     ref = reference_for(rule)
+    if rule_id(rule) == "smea":
+        # Subsets tied in exact arithmetic: either rounding may pick any.
+        for subset in smea_ties(per_replica, rule.f):
+            yield ref(per_replica, report=True, subset=subset, **extra)
+        return
     if rule_id(rule) != "bucketing":
         yield ref(per_replica, report=True, **extra)
         return

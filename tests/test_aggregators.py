@@ -240,6 +240,27 @@ def test_matches_numpy_reference(name, data):
     assert_matches(rule, case.arrays, values, report, scale)
 
 
+def test_smea_may_average_any_subset_tied_in_exact_arithmetic():
+    # Every subset of 3 holds two equal values and one apart: one top
+    # eigenvalue, which float32 and float64 round apart differently. TF took
+    # replicas (0, 2, 3), the reference (0, 1, 2), in a drawn case that
+    # failed `test_matches_numpy_reference[smea]` once.
+    arrays = [
+        np.zeros((4, 3), np.float32),
+        np.ones((4, 2, 2), np.float32),
+        np.array([1.0, 1.0, 0.0, 0.0], np.float32),
+    ]
+    assert reference.smea_ties(arrays, 1) == [
+        (0, 1, 2),
+        (0, 1, 3),
+        (0, 2, 3),
+        (1, 2, 3),
+    ]
+    rule = _bound("smea", 4, 1)
+    values, report, _ = _apply(rule, arrays)
+    assert_matches(rule, arrays, values, report, scale=1.0)
+
+
 @pytest.mark.parametrize("name", RULES)
 def test_report_names_are_the_specs(name):
     rule = aggregators.get(name)
