@@ -23,8 +23,8 @@ From the repository root::
 
 It writes ``benchmarks/results/combinations.json`` and replaces the
 generated block of ``docs/compression.md``. ``tests/test_combinations.py``
-runs every compressor but the casts with a rule of each kind and top-k with every rule in
-the default suite, the whole matrix in ``nox -s slow``: no cell may fail.
+runs every compressor but the casts with a robust rule of each kind and top-k with every
+rule in the default suite, the whole matrix in ``nox -s slow``: no cell may fail.
 """
 
 from __future__ import annotations

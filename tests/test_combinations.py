@@ -7,7 +7,7 @@ names a configuration that works; none may fail (`combinations.verdict`:
 below halfway from chance to its rule uncompressed, as `top_k>median` once
 was with each replica's own coordinates: 13 % on digits). The default run
 takes, under the attack (one replica of 7 sends -10 times its gradient),
-every compressor but the casts with a rule of each kind and top-k with
+every compressor but the casts with a robust rule of each kind and top-k with
 every rule and pre-aggregation; `nox -s slow` takes every cell, with and without the
 attack, and the axes. `benchmarks/combinations.py` writes the table of
 docs/compression.md.
@@ -81,7 +81,15 @@ KINDS_OF_RULES = c.KINDS_OF_RULES
 NOT_CASTS = [name for name in COMPRESSED if name not in ("fp16", "bf16")]
 
 
-@pytest.mark.parametrize("configuration", KINDS_OF_RULES)
+# Under the attack the mean itself falls to chance (10.3 %, docs/compression.md),
+# and a cell held to a reference at chance fails only by an error: the
+# default run leaves the mean's row to the slow matrix (`test_every_cell`).
+# `test_compression.py::test_each_compressor_trains_near_the_uncompressed_accuracy`
+# holds every compressor with the mean, unattacked, to 5 points.
+ROBUST_KINDS = [name for name in KINDS_OF_RULES if name != "mean"]
+
+
+@pytest.mark.parametrize("configuration", ROBUST_KINDS)
 def test_every_compressor_with_a_rule_of_each_kind(configuration):
     _check(NOT_CASTS, configuration, "scale_-10")
 
@@ -157,6 +165,9 @@ def test_top_k_with_worker_momentum_before_a_coordinatewise_rule():
     cell = c.run_cell(
         "top_k", "trimmed_mean", "scale_-10", data=_data(), extra="wm", **extra
     )
+    # The defence holds uncompressed (the undefended mean is at chance), and
+    # compressed within 3 points of it.
+    assert reference.accuracy > 0.8, reference
     assert c.verdict(cell, reference) == "trains", (cell, reference)
 
 

@@ -587,15 +587,12 @@ def test_none_is_no_compression(cpu_devices):
 def test_compression_composes_with_a_robust_rule_momentum_and_an_attack(
     cpu_devices,
 ):
-    def make(aggregator):
-        return kpd.PSStrategy(
-            devices=cpu_devices[:5],
-            aggregator=aggregator,
-            num_byzantine=1,
-            attack=attacks.SignFlip(replicas=[4], scale=10.0),
-        )
-
-    strategy = make("top_k(ratio=0.2)>trimmed_mean+wm")
+    strategy = kpd.PSStrategy(
+        devices=cpu_devices[:5],
+        aggregator="top_k(ratio=0.2)>trimmed_mean+wm",
+        num_byzantine=1,
+        attack=attacks.SignFlip(replicas=[4], scale=10.0),
+    )
     assert "compression=TopK(ratio=0.2)" in repr(strategy)
     stages = strategy.extended._reduction.path.stages
     assert [type(s) for s in stages] == [
@@ -604,11 +601,10 @@ def test_compression_composes_with_a_robust_rule_momentum_and_an_attack(
         gradients.Attacked,
         gradients.Rule,
     ]
-    accuracy = _accuracy(strategy, epochs=6)
-    # The same defence uncompressed; the undefended mean falls to chance.
-    uncompressed = _accuracy(make("trimmed_mean+wm"), epochs=6)
-    assert uncompressed > 0.75
-    assert accuracy >= uncompressed - 0.1, (accuracy, uncompressed)
+    # That it trains, within 3 points of the same defence uncompressed, under
+    # the same attack (the replicas' momenta compressed at the leader's
+    # coordinates, then attacked, then the trimmed mean): test_combinations.py's
+    # `test_top_k_with_worker_momentum_before_a_coordinatewise_rule`.
 
 
 def test_the_string_and_the_argument_must_agree(cpu_devices):
